@@ -1,0 +1,24 @@
+# Shared settings for KV Lab's scripts (sourced, not run).
+# Downloads and build outputs live outside the clone so repeated runs are fast.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export KVLAB_CACHE="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KVLAB_CACHE/target}"
+export PATH="$HOME/.cargo/bin:$PATH"
+
+say() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+
+# Runs a command as root, through sudo when we are not root already.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# npm ci, skipped when node_modules already matches package-lock.json.
+npm_ci() {
+  local dir="$1" stamp="$1/node_modules/.kvlab-lock-sha256" want
+  want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  say "npm ci in ${dir#"$ROOT"/}"
+  (cd "$dir" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+  echo "$want" >"$stamp"
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs what KV Lab needs, and does nothing for what is already there.
+#   scripts/setup.sh run    system libraries, Rust and npm packages, the offline model
+#   scripts/setup.sh test   the same, plus Xvfb, WebKitWebDriver, tauri-driver, test assets
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+MODE="${1:-run}"
+
+APT_RUN=(libwebkit2gtk-4.1-dev libgtk-3-dev librsvg2-dev libayatana-appindicator3-dev libxdo-dev
+  libssl-dev build-essential pkg-config curl file xvfb xauth fonts-dejavu-core)
+APT_TEST=(webkit2gtk-driver imagemagick)
+TAURI_DRIVER_VERSION=2.1.0
+
+install_system_packages() {
+  case "$(uname -s)" in
+    Linux)
+      if ! command -v apt-get >/dev/null; then
+        say "not a Debian/Ubuntu system: install WebKitGTK 4.1, GTK 3 and Xvfb with your package manager"
+        return 0
+      fi
+      local wanted=("${APT_RUN[@]}") missing=()
+      [ "$MODE" = test ] && wanted+=("${APT_TEST[@]}")
+      for pkg in "${wanted[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+      done
+      if [ ${#missing[@]} -gt 0 ]; then
+        say "installing system packages: ${missing[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+      fi
+      ;;
+    Darwin)
+      xcode-select -p >/dev/null 2>&1 || { say "run: xcode-select --install"; exit 1; }
+      ;;
+  esac
+}
+
+install_rust() {
+  if ! command -v cargo >/dev/null; then
+    say "Rust is missing: install it with rustup (https://rustup.rs), then run this again"
+    exit 1
+  fi
+  rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+}
+
+install_tauri_driver() {
+  [ "$(uname -s)" = Linux ] || return 0
+  if command -v tauri-driver >/dev/null && tauri-driver --help >/dev/null 2>&1; then return 0; fi
+  say "installing tauri-driver $TAURI_DRIVER_VERSION (once)"
+  cargo install tauri-driver --version "$TAURI_DRIVER_VERSION" --locked --quiet
+}
+
+install_system_packages
+install_rust
+command -v npm >/dev/null || { say "Node.js 20+ and npm are required"; exit 1; }
+npm_ci "$ROOT/ui"
+if [ "$MODE" = test ]; then
+  install_tauri_driver
+  npm_ci "$ROOT/tests/e2e"
+fi
+say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"
+cargo run --quiet -p kvlab-cli -- assets fetch

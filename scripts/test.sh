@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs every KV Lab test: formatting and lints, Rust tests, UI checks and unit tests, and the
+# end-to-end tests on the real built app under Xvfb. Installs what is missing first.
+# Ends with one line "summary: N passed, N failed" and exits non-zero on any failure.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+LOGS="$(mktemp -d)"
+trap 'rm -rf "$LOGS"' EXIT
+failed_steps=()
+
+# step NAME CMD...: runs CMD, keeps its output for the summary, records a failure.
+step() {
+  local name="$1"
+  shift
+  say "$name"
+  if ! "$@" 2>&1 | tee "$LOGS/$name.log"; then failed_steps+=("$name"); fi
+}
+
+"$ROOT/scripts/setup.sh" test || { echo "summary: 0 passed, 1 failed"; exit 1; }
+cd "$ROOT"
+FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol)
+
+step ui-build npm --prefix ui run --silent build
+step fmt cargo fmt --all --check
+step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
+step cargo-test cargo test "${FEATURES[@]}"
+step ui-check npm --prefix ui run --silent check
+step ui-test npm --prefix ui test
+step app-build cargo build -p kvlab --features custom-protocol
+export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
+export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
+step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test
+
+# Count tests from each runner's own closing lines.
+passed=0
+failed=0
+add() { passed=$((passed + ${1:-0})); failed=$((failed + ${2:-0})); }
+while read -r p f; do add "$p" "$f"; done < <(
+  grep -hoE 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$LOGS/cargo-test.log" 2>/dev/null |
+    awk '{print $4, $6}')
+ui_pass=$(sed 's/\x1b\[[0-9;]*m//g' "$LOGS/ui-test.log" 2>/dev/null | grep -oE 'Tests +[0-9]+ passed' | grep -oE '[0-9]+' || true)
+ui_fail=$(sed 's/\x1b\[[0-9;]*m//g' "$LOGS/ui-test.log" 2>/dev/null | grep -oE 'Tests +.*[0-9]+ failed' | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' || true)
+add "${ui_pass:-0}" "${ui_fail:-0}"
+e2e_pass=$(grep -oE '^ℹ pass [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[0-9]+' || true)
+e2e_fail=$(grep -oE '^ℹ fail [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[0-9]+' || true)
+add "${e2e_pass:-0}" "${e2e_fail:-0}"
+
+if [ ${#failed_steps[@]} -gt 0 ]; then
+  say "failed steps: ${failed_steps[*]}"
+  [ "$failed" -eq 0 ] && failed=${#failed_steps[@]}
+  echo "summary: $passed passed, $failed failed"
+  exit 1
+fi
+echo "summary: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,75 @@
+// Starts tauri-driver (which starts WebKitWebDriver) and opens a WebDriver session on the
+// real built app. Shared by every end-to-end test file.
+
+import { spawn } from "node:child_process";
+import { mkdirSync } from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { remote } from "webdriverio";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const ARTIFACTS = process.env.KVLAB_E2E_ARTIFACTS ?? path.join(here, "artifacts");
+
+function required(name) {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set: run the end-to-end tests through scripts/test.sh`);
+  return value;
+}
+
+async function waitForPort(port, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const open = await new Promise((resolve) => {
+      const socket = net.connect(port, "127.0.0.1", () => {
+        socket.end();
+        resolve(true);
+      });
+      socket.on("error", () => resolve(false));
+    });
+    if (open) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`tauri-driver did not listen on port ${port} within ${timeoutMs} ms`);
+}
+
+/** Launches the app under WebDriver; returns the browser and a close function. */
+export async function launchApp({ port = 4444, env = {} } = {}) {
+  const application = required("KVLAB_APP_BIN");
+  const driverBin = process.env.TAURI_DRIVER ?? "tauri-driver";
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const driver = spawn(driverBin, ["--port", String(port), "--native-port", String(port + 1)], {
+    stdio: ["ignore", "inherit", "inherit"],
+    env: { ...process.env, ...env },
+  });
+  const exited = new Promise((resolve) => driver.on("exit", resolve));
+  await waitForPort(port, 20_000);
+  const browser = await remote({
+    hostname: "127.0.0.1",
+    port,
+    logLevel: "error",
+    capabilities: { "tauri:options": { application }, "wdio:enforceWebDriverClassic": true },
+  });
+  return {
+    browser,
+    async close() {
+      await browser.deleteSession().catch(() => {});
+      driver.kill();
+      await exited;
+    },
+  };
+}
+
+/** Calls a Tauri command from inside the page, as the UI would. */
+export async function invokeInPage(browser, command, args = {}) {
+  return browser.executeAsync(
+    (cmd, a, done) => {
+      window.__TAURI_INTERNALS__
+        .invoke(cmd, a)
+        .then((value) => done({ ok: true, value }))
+        .catch((error) => done({ ok: false, error }));
+    },
+    command,
+    args,
+  );
+}
