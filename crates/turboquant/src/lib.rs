@@ -1,2 +1,55 @@
 //! TurboQuant: a vector codec (random rotation + Lloyd–Max scalar codebook + exact bit packing)
 //! with kernels that score and accumulate directly on the compressed codes.
+//!
+//! ```
+//! use kvlab_turboquant::{Bits, Codec, Spec};
+//! let codec = Codec::new(256, Spec::mse(Bits::B4)).unwrap();
+//! let mut block = codec.new_block();
+//! let mut scratch = codec.scratch();
+//! let x: Vec<f32> = (0..256).map(|i| (i as f32).sin()).collect();
+//! codec.encode(&x, &mut block, &mut scratch).unwrap();
+//! assert_eq!(block.bytes_used(), 130); // 128 bytes of 4-bit codes + an f16 norm
+//! let mut scores = vec![0.0; block.len()];
+//! codec.scores(&x, &block, &mut scratch, &mut scores).unwrap();
+//! ```
+//! See the crate README for the byte layout and the codebook choice.
+
+pub mod baseline;
+pub mod bits;
+mod block;
+pub mod codebook;
+mod codec;
+mod error;
+mod kernels;
+mod layout;
+mod prng;
+mod qjl;
+mod rotation;
+mod scratch;
+mod spec;
+#[cfg(test)]
+mod structured_tests;
+
+pub use block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
+pub use codec::Codec;
+pub use error::{Error, Result};
+pub use layout::{bytes_per_vector, MAX_DENSE_DIM, MAX_DIM};
+pub use scratch::Scratch;
+pub use spec::{Bits, RotationKind, Spec, Variant};
+
+/// Routes the kernels to the portable scalar backend even where AVX-512 is available
+/// (for cross-checking the backends; results agree to rounding).
+#[doc(hidden)]
+pub fn force_portable_kernels(on: bool) {
+    #[cfg(target_arch = "x86_64")]
+    kernels::force_portable(on);
+    let _ = on;
+}
+
+/// Never uses AVX-512 kernels (exercises the AVX2 backend on AVX-512 machines).
+#[doc(hidden)]
+pub fn force_avx2_kernels(on: bool) {
+    #[cfg(target_arch = "x86_64")]
+    kernels::force_avx2(on);
+    let _ = on;
+}

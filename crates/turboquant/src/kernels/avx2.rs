@@ -1,0 +1,284 @@
+//! AVX2 kernels for x86-64 CPUs without AVX-512 (most desktop parts). Same structure and
+//! lane order as the AVX-512 backend (see `x86.rs`), with 8-lane registers: a 128-coordinate
+//! block is read as two halves of 8 lanes; 16-entry codebooks (4-bit) use two 8-entry
+//! `vpermps` lookups and a blend on the code's top bit. The QJL sign term of `prod` stays
+//! scalar (that variant is not meant for the hot path).
+//!
+//! Safety contract of the `unsafe fn`s: as in `x86.rs`, with AVX2+FMA instead of AVX-512F.
+
+use std::arch::x86_64::*;
+
+use super::{Ctx, Seg};
+use crate::bits;
+use crate::codec::read_f16;
+
+struct SegRegs {
+    table_lo: __m256,
+    table_hi: __m256,
+    shifts: __m256i,
+    mask: __m256i,
+    width: usize,
+    /// For w = 3: dword index of each lane's first and second dword, and the bit shifts.
+    lane_lo: __m256i,
+    lane_hi: __m256i,
+    lane_shift: __m256i,
+    lane_shift_hi: __m256i,
+    lane_blocks: usize,
+    general_from: usize,
+    general_groups: usize,
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn seg_regs(seg: &Seg) -> SegRegs {
+    let w = seg.width as i32;
+    let lo: [i32; 8] = std::array::from_fn(|i| (8 * w * i as i32) / 32);
+    let hi: [i32; 8] = std::array::from_fn(|i| ((8 * w * i as i32) / 32 + 1).min(7));
+    let sh: [i32; 8] = std::array::from_fn(|i| (8 * w * i as i32) % 32);
+    let sh_hi: [i32; 8] = std::array::from_fn(|i| 32 - sh[i]);
+    let general_from = seg.lane_blocks * 128;
+    // SAFETY: every source has exactly 8 32-bit values (one 256-bit load each).
+    unsafe {
+        SegRegs {
+            table_lo: _mm256_loadu_ps(seg.table.as_ptr()),
+            table_hi: _mm256_loadu_ps(seg.table.as_ptr().add(8)),
+            shifts: _mm256_setr_epi32(0, w, 2 * w, 3 * w, 4 * w, 5 * w, 6 * w, 7 * w),
+            mask: _mm256_set1_epi32((1 << w) - 1),
+            width: seg.width as usize,
+            lane_lo: _mm256_loadu_si256(lo.as_ptr() as *const __m256i),
+            lane_hi: _mm256_loadu_si256(hi.as_ptr() as *const __m256i),
+            lane_shift: _mm256_loadu_si256(sh.as_ptr() as *const __m256i),
+            lane_shift_hi: _mm256_loadu_si256(sh_hi.as_ptr() as *const __m256i),
+            lane_blocks: seg.lane_blocks,
+            general_from,
+            general_groups: if seg.bit_offset.is_multiple_of(8) {
+                (seg.len - general_from) / 16
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// Centroids of the codes in the low bits of each lane of `idx`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lookup(idx: __m256i, r: &SegRegs) -> __m256 {
+    let lo = _mm256_permutevar8x32_ps(r.table_lo, idx);
+    if r.width < 4 {
+        return lo;
+    }
+    let hi = _mm256_permutevar8x32_ps(r.table_hi, idx);
+    // Bit 3 of the code selects the upper half of the table (blendv reads the sign bit).
+    _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx)))
+}
+
+/// Lane i ← the w bytes (little-endian) holding codes 8i..8i+7 of the half block at `p`.
+///
+/// # Safety
+/// `p` must point at 8·w readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lanes(p: *const u8, r: &SegRegs) -> __m256i {
+    // SAFETY (all arms): the reads cover exactly 8·w bytes from `p`.
+    unsafe {
+        match r.width {
+            1 => _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)),
+            2 => _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+            4 => _mm256_loadu_si256(p as *const __m256i),
+            _ => {
+                // 8·w bytes = 2w dwords; the masked load never touches bytes past them.
+                let m: [i32; 8] = std::array::from_fn(|i| if i < 2 * r.width { -1 } else { 0 });
+                let mask = _mm256_loadu_si256(m.as_ptr() as *const __m256i);
+                let v = _mm256_maskload_epi32(p as *const i32, mask);
+                let lo = _mm256_permutevar8x32_epi32(v, r.lane_lo);
+                let hi = _mm256_permutevar8x32_epi32(v, r.lane_hi);
+                _mm256_or_si256(
+                    _mm256_srlv_epi32(lo, r.lane_shift),
+                    _mm256_sllv_epi32(hi, r.lane_shift_hi),
+                )
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lane_centroids(x: __m256i, sub: usize, r: &SegRegs) -> __m256 {
+    let count = _mm_cvtsi32_si128((sub * r.width) as i32);
+    lookup(_mm256_and_si256(_mm256_srl_epi32(x, count), r.mask), r)
+}
+
+/// Centroids of 8 codes packed in the low 8·w bits of `word`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn centroids8(word: u32, r: &SegRegs) -> __m256 {
+    let v = _mm256_set1_epi32(word as i32);
+    lookup(_mm256_and_si256(_mm256_srlv_epi32(v, r.shifts), r.mask), r)
+}
+
+fn load_u64(buf: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    let rest = buf.get(off..).unwrap_or(&[]);
+    let k = rest.len().min(8);
+    a[..k].copy_from_slice(&rest[..k]);
+    u64::from_le_bytes(a)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Calls `f(position, centroids of 8 coordinates)` for every 8-coordinate SIMD slot of the
+/// record (positions in SIMD order), then `tail(coordinate, centroid)` for the rest.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn walk(
+    ctx: &Ctx,
+    regs: &[SegRegs],
+    rec: &[u8],
+    mut f: impl FnMut(usize, __m256),
+    mut tail: impl FnMut(usize, f32),
+) {
+    let rp = rec.as_ptr();
+    for (seg, rg) in ctx.segs.iter().zip(regs) {
+        let byte0 = seg.bit_offset / 8;
+        let w = rg.width;
+        for blk in 0..rg.lane_blocks {
+            for h in 0..2 {
+                // SAFETY: the half block's 8·w bytes lie inside this record's code area.
+                let x = unsafe { lanes(rp.add(byte0 + 16 * w * blk + 8 * w * h), rg) };
+                let j0 = seg.start + blk * 128 + 8 * h;
+                for sub in 0..8 {
+                    f(j0 + 16 * sub, lane_centroids(x, sub, rg));
+                }
+            }
+        }
+        for gi in 0..rg.general_groups {
+            let word = load_u64(rec, byte0 + (rg.general_from + 16 * gi) * w / 8);
+            let j = seg.start + rg.general_from + 16 * gi;
+            f(j, centroids8(word as u32, rg));
+            f(j + 8, centroids8((word >> (8 * w)) as u32, rg));
+        }
+        for kk in rg.general_from + 16 * rg.general_groups..seg.len {
+            let i = bits::read(rec, seg.bit_offset + kk * w, seg.width);
+            tail(seg.start + kk, seg.table[i as usize]);
+        }
+    }
+}
+
+/// Σ over sign bits of ±sq (the QJL inner product ⟨S q', sign⟩), scalar.
+fn sign_dot(rec: &[u8], sb: usize, sq: &[f32], sqsum: f32) -> f32 {
+    let mut pos = 0.0f32;
+    for (j, &v) in sq.iter().enumerate() {
+        if bits::read(rec, sb + j, 1) == 1 {
+            pos += v;
+        }
+    }
+    2.0 * pos - sqsum
+}
+
+/// # Safety
+/// See the module contract.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn scores(
+    ctx: &Ctx,
+    q: &[f32],
+    sq: &[f32],
+    sqsum: &[f32],
+    g: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    let d = ctx.dim;
+    let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
+    assert!(q.len() >= g * d);
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        let norm = read_f16(rec, ctx.norm_offset);
+        // One query at a time keeps every accumulator in a register; the codes of the
+        // record stay in L1 between queries.
+        for qi in 0..g {
+            let qp = q[qi * d..].as_ptr();
+            let mut acc = _mm256_setzero_ps();
+            let mut tail = 0.0f32;
+            // SAFETY: module contract; every position + 8 ≤ d.
+            unsafe {
+                walk(
+                    ctx,
+                    &regs,
+                    rec,
+                    |j, c| acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(qp.add(j)), acc),
+                    |j, c| tail += q[qi * d + j] * c,
+                );
+            }
+            let mut dot = hsum(acc) + tail;
+            if let Some((sb, go, scale)) = ctx.qjl {
+                dot += read_f16(rec, go)
+                    * scale
+                    * sign_dot(rec, sb, &sq[qi * d..(qi + 1) * d], sqsum[qi]);
+            }
+            out[qi * n + base + r] = norm * dot;
+        }
+    }
+}
+
+/// # Safety
+/// See the module contract.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn accumulate(
+    ctx: &Ctx,
+    weights: &[f32],
+    g: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+    acc_s: &mut [f32],
+) {
+    let d = ctx.dim;
+    let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
+    assert!(acc.len() >= g * d && acc_s.len() >= g * d);
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        let norm = read_f16(rec, ctx.norm_offset);
+        for qi in 0..g {
+            let s = weights[qi * n + base + r] * norm;
+            if s == 0.0 {
+                continue;
+            }
+            let sv = _mm256_set1_ps(s);
+            let row = &mut acc[qi * d..(qi + 1) * d];
+            let ap = row.as_mut_ptr();
+            // SAFETY: module contract; every position + 8 ≤ d, row has d values.
+            unsafe {
+                walk(
+                    ctx,
+                    &regs,
+                    rec,
+                    |j, c| {
+                        let p = ap.add(j);
+                        _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv, _mm256_loadu_ps(p)));
+                    },
+                    |j, c| *ap.add(j) += s * c,
+                );
+            }
+            if let Some((sb, go, scale)) = ctx.qjl {
+                let t = s * read_f16(rec, go) * scale;
+                for (k, av) in acc_s[qi * d..(qi + 1) * d].iter_mut().enumerate() {
+                    *av += if bits::read(rec, sb + k, 1) == 1 {
+                        t
+                    } else {
+                        -t
+                    };
+                }
+            }
+        }
+    }
+}

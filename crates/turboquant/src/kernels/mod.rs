@@ -1,0 +1,371 @@
+//! Compressed-domain kernels: attention scores ⟨q, x̂_t⟩ and weighted sums Σ_t w_t x̂_t over a
+//! `CodeBlock`, computed from the codes without materializing any decoded vector.
+//!
+//! Each query is rotated once (q' = Π q); a key's score is n_t · Σ_j q'_j · c[idx_tj] (plus
+//! the QJL term for `prod`); value sums are accumulated in the rotated domain and rotated back
+//! once. Backends, chosen per call by run-time CPU detection: AVX-512 (`x86.rs`), AVX2+FMA
+//! (`avx2.rs`), portable scalar (`portable.rs`).
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::{
+    encode_simd_available, force_avx2, force_portable, pack_pext, quantize_avx512,
+};
+
+use crate::block::CodeBlock;
+use crate::codec::Codec;
+use crate::error::{Error, Result};
+use crate::scratch::Scratch;
+
+/// Per-segment data the kernels need.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seg {
+    pub start: usize,
+    pub len: usize,
+    pub width: u8,
+    pub bit_offset: usize,
+    /// Codebook levels, zero-padded to 16 entries (an AVX-512 register).
+    pub table: [f32; 16],
+    /// Decision thresholds, padded with +∞ to 16 entries.
+    pub thresholds: [f32; 16],
+    /// Leading 128-coordinate blocks (16·w bytes) the SIMD backend reads lane-wise (segment
+    /// start byte-aligned): lane i takes the w bytes holding coordinates 8i..8i+7, so within
+    /// a block the SIMD order is position 16·s + i ↔ coordinate 8i + s (see `Ctx::perm`).
+    pub lane_blocks: usize,
+}
+
+/// Everything about the record layout a kernel reads. Built once per codec.
+#[derive(Clone, Debug)]
+pub(crate) struct Ctx {
+    pub dim: usize,
+    pub stride: usize,
+    pub segs: Vec<Seg>,
+    pub norm_offset: usize,
+    /// (sign bit offset, γ offset, √(π/2)/d) for prod.
+    pub qjl: Option<(usize, usize, f32)>,
+    /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
+    /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
+    pub perm: Vec<u32>,
+}
+
+impl Ctx {
+    pub(crate) fn new(
+        codec_layout: &crate::layout::Layout,
+        books: &[std::sync::Arc<crate::codebook::Codebook>],
+        qjl_scale: Option<f32>,
+    ) -> Ctx {
+        let dim = codec_layout.dim;
+        let mut perm: Vec<u32> = (0..dim as u32).collect();
+        let segs = codec_layout
+            .segments
+            .iter()
+            .zip(books)
+            .map(|(s, b)| {
+                let mut table = [0.0f32; 16];
+                for (t, &c) in table.iter_mut().zip(b.centroids()) {
+                    *t = c;
+                }
+                let mut thresholds = [f32::INFINITY; 16];
+                for (t, &c) in thresholds.iter_mut().zip(b.thresholds()) {
+                    *t = c;
+                }
+                let lane_blocks = if s.bit_offset % 8 == 0 {
+                    let blocks = s.len / 128;
+                    for blk in 0..blocks {
+                        let base = s.start + blk * 128;
+                        for sub in 0..8 {
+                            for lane in 0..16 {
+                                perm[base + sub * 16 + lane] = (base + lane * 8 + sub) as u32;
+                            }
+                        }
+                    }
+                    blocks
+                } else {
+                    0
+                };
+                Seg {
+                    start: s.start,
+                    len: s.len,
+                    width: s.width,
+                    bit_offset: s.bit_offset,
+                    table,
+                    thresholds,
+                    lane_blocks,
+                }
+            })
+            .collect();
+        let qjl = match (
+            qjl_scale,
+            codec_layout.sign_bit_offset,
+            codec_layout.gamma_offset,
+        ) {
+            (Some(q), Some(sb), Some(go)) => Some((sb, go, q)),
+            _ => None,
+        };
+        Ctx {
+            dim,
+            stride: codec_layout.stride,
+            segs,
+            norm_offset: codec_layout.norm_offset,
+            qjl,
+            perm,
+        }
+    }
+}
+
+/// Which kernel implementation runs (chosen per call from run-time CPU detection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Backend {
+    fn detect() -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::available() {
+                return Backend::Avx512;
+            }
+            if x86::avx2_available() {
+                return Backend::Avx2;
+            }
+        }
+        Backend::Portable
+    }
+
+    /// SIMD backends read queries and accumulators in `Ctx::perm` order.
+    fn permuted(self) -> bool {
+        self != Backend::Portable
+    }
+}
+
+impl Codec {
+    /// Rotates `g` queries into `scratch.q` (and projects them with S for prod).
+    fn prepare_queries(&self, queries: &[f32], g: usize, scratch: &mut Scratch) {
+        let d = self.dim;
+        scratch.ensure(d, g);
+        for (qi, q) in queries.chunks_exact(d).enumerate() {
+            let rq = &mut scratch.q[qi * d..(qi + 1) * d];
+            self.rotation.forward(q, rq);
+            if let Some(qjl) = &self.qjl {
+                let sq = &mut scratch.sq[qi * d..(qi + 1) * d];
+                qjl.project(rq, sq);
+                scratch.sqsum[qi] = sq.iter().sum();
+            }
+        }
+    }
+
+    fn query_count(&self, len: usize) -> Result<usize> {
+        if len == 0 || !len.is_multiple_of(self.dim) {
+            return Err(Error::DimensionMismatch {
+                expected: len.div_ceil(self.dim).max(1) * self.dim,
+                got: len,
+            });
+        }
+        Ok(len / self.dim)
+    }
+
+    /// Scores of one query against every vector of `block`: `out[t] = ⟨q, x̂_t⟩`.
+    /// `out.len()` must equal `block.len()`.
+    pub fn scores(
+        &self,
+        q: &[f32],
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_len(self.dim, q.len())?;
+        self.scores_multi(q, block, scratch, out)
+    }
+
+    /// Scores of `g` queries (row-major `g × dim`, e.g. the query heads sharing one KV head)
+    /// against every vector of `block`, reading the codes once: `out[i·n + t] = ⟨q_i, x̂_t⟩`
+    /// with `n = block.len()`.
+    pub fn scores_multi(
+        &self,
+        queries: &[f32],
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_block(block)?;
+        let g = self.query_count(queries.len())?;
+        let n = block.len();
+        self.check_len(g * n, out.len())?;
+        self.prepare_queries(queries, g, scratch);
+        let ctx = &self.ctx;
+        let d = self.dim;
+        let backend = Backend::detect();
+        let simd = backend.permuted();
+        if simd {
+            // The SIMD backends read queries in their lane order.
+            for qi in 0..g {
+                let (src, dst) = (
+                    &scratch.q[qi * d..(qi + 1) * d],
+                    &mut scratch.acc[qi * d..(qi + 1) * d],
+                );
+                for (o, &p) in dst.iter_mut().zip(&ctx.perm) {
+                    *o = src[p as usize];
+                }
+            }
+        }
+        let q = if simd {
+            &scratch.acc[..g * d]
+        } else {
+            &scratch.q[..g * d]
+        };
+        let sq = &scratch.sq[..g * d];
+        let sqsum = &scratch.sqsum[..g];
+        let mut base = 0;
+        for chunk in block.chunks() {
+            let m = chunk.len() / ctx.stride;
+            match backend {
+                // SAFETY: the CPU features were detected at run time; q, sq hold g·d values
+                // and the chunk holds whole records of this layout.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx512 => unsafe {
+                    x86::scores(ctx, q, sq, sqsum, g, chunk, out, n, base)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx2 => unsafe { avx2::scores(ctx, q, sq, sqsum, g, chunk, out, n, base) },
+                Backend::Portable => portable::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
+            }
+            base += m;
+        }
+        Ok(())
+    }
+
+    /// Convenience wrapper returning a new vector (allocates; prefer [`Self::scores`]).
+    pub fn scores_vec(&self, q: &[f32], block: &CodeBlock) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; block.len()];
+        self.scores(q, block, &mut self.scratch(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Weighted sum of the stored vectors, `out = Σ_t w_t x̂_t` (`weights.len() == block.len()`,
+    /// `out.len() == dim`), accumulated in the rotated domain and rotated back once.
+    pub fn accumulate(
+        &self,
+        weights: &[f32],
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_len(block.len(), weights.len())?;
+        self.accumulate_multi(weights, block, scratch, out)
+    }
+
+    /// `g` weighted sums at once (weights row-major `g × n`, out `g × dim`), reading the codes
+    /// once.
+    pub fn accumulate_multi(
+        &self,
+        weights: &[f32],
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_block(block)?;
+        let n = block.len();
+        let d = self.dim;
+        let g = out.len() / d;
+        if g == 0 || !out.len().is_multiple_of(d) {
+            return Err(Error::DimensionMismatch {
+                expected: d,
+                got: out.len(),
+            });
+        }
+        self.check_len(g * n, weights.len())?;
+        scratch.ensure(d, g);
+        let ctx = &self.ctx;
+        let backend = Backend::detect();
+        let simd = backend.permuted();
+        scratch.acc[..g * d].fill(0.0);
+        scratch.acc_s[..g * d].fill(0.0);
+        let mut base = 0;
+        for chunk in block.chunks() {
+            let m = chunk.len() / ctx.stride;
+            let (acc, acc_s) = (&mut scratch.acc[..g * d], &mut scratch.acc_s[..g * d]);
+            match backend {
+                // SAFETY: the CPU features were detected at run time; acc, acc_s hold g·d
+                // values, weights g·n, and the chunk holds whole records of this layout.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx512 => unsafe {
+                    x86::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx2 => unsafe {
+                    avx2::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
+                },
+                Backend::Portable => {
+                    portable::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
+                }
+            }
+            base += m;
+        }
+        for qi in 0..g {
+            let y = &mut scratch.a[..d];
+            let acc = &scratch.acc[qi * d..(qi + 1) * d];
+            if simd {
+                for (&v, &p) in acc.iter().zip(&ctx.perm) {
+                    y[p as usize] = v;
+                }
+            } else {
+                y.copy_from_slice(acc);
+            }
+            if let Some(qjl) = &self.qjl {
+                qjl.project_t_add(&scratch.acc_s[qi * d..(qi + 1) * d], y);
+            }
+            self.rotation.inverse(y, &mut out[qi * d..(qi + 1) * d]);
+        }
+        Ok(())
+    }
+
+    /// Convenience wrapper returning a new vector (allocates; prefer [`Self::accumulate`]).
+    pub fn accumulate_vec(&self, weights: &[f32], block: &CodeBlock) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; self.dim];
+        self.accumulate(weights, block, &mut self.scratch(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Test oracle: decode every vector, then dot (slow; never used by the fast paths).
+    pub fn scores_reference(&self, q: &[f32], block: &CodeBlock) -> Result<Vec<f32>> {
+        self.check_len(self.dim, q.len())?;
+        let mut s = self.scratch();
+        let mut x = vec![0.0; self.dim];
+        (0..block.len())
+            .map(|t| {
+                self.decode(block, t, &mut x, &mut s)?;
+                Ok(x.iter()
+                    .zip(q)
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum::<f64>() as f32)
+            })
+            .collect()
+    }
+
+    /// Test oracle: decode every vector, then sum with weights in f64.
+    pub fn accumulate_reference(&self, weights: &[f32], block: &CodeBlock) -> Result<Vec<f32>> {
+        self.check_len(block.len(), weights.len())?;
+        let mut s = self.scratch();
+        let mut x = vec![0.0; self.dim];
+        let mut acc = vec![0.0f64; self.dim];
+        for (t, &w) in weights.iter().enumerate() {
+            self.decode(block, t, &mut x, &mut s)?;
+            for (a, &v) in acc.iter_mut().zip(&x) {
+                *a += w as f64 * v as f64;
+            }
+        }
+        Ok(acc.into_iter().map(|v| v as f32).collect())
+    }
+}

@@ -1,0 +1,484 @@
+//! Compressed-domain kernels against their dequantize-then-compute oracles, round trips,
+//! storage accounting and error handling.
+
+mod common;
+
+use common::{dot, TestRng};
+use kvlab_turboquant::{
+    bytes_per_vector, Bits, CodeBlock, Codec, Error, RotationKind, Spec, Variant,
+};
+use proptest::prelude::*;
+
+const ALL_BITS: [Bits; 6] = [
+    Bits::B1,
+    Bits::B2,
+    Bits::B2_5,
+    Bits::B3,
+    Bits::B3_5,
+    Bits::B4,
+];
+
+/// Every valid spec (seed fixed) for the given dimension.
+fn all_specs() -> Vec<Spec> {
+    let mut out = Vec::new();
+    for bits in ALL_BITS {
+        for rotation in [RotationKind::Hadamard, RotationKind::Haar] {
+            for variant in [Variant::Mse, Variant::Prod] {
+                for norm_correction in [false, true] {
+                    let spec = Spec {
+                        bits,
+                        variant,
+                        rotation,
+                        norm_correction,
+                        seed: 5,
+                    };
+                    if spec.validate().is_ok() {
+                        out.push(spec);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn filled_block(codec: &Codec, n: usize, seed: u64) -> (CodeBlock, Vec<f32>) {
+    let mut rng = TestRng::new(seed);
+    let d = codec.dim();
+    // Non-unit vectors with varied norms.
+    let xs: Vec<f32> = (0..n)
+        .flat_map(|t| {
+            let scale = 0.5 + (t % 7) as f32;
+            rng.gaussian_vec(d).into_iter().map(move |v| v * scale)
+        })
+        .collect();
+    let mut block = codec.new_block_with_chunk(37);
+    codec.encode_batch(&xs, &mut block).unwrap();
+    (block, xs)
+}
+
+fn decoded_norms(codec: &Codec, block: &CodeBlock) -> Vec<f64> {
+    let mut s = codec.scratch();
+    let mut x = vec![0.0; codec.dim()];
+    (0..block.len())
+        .map(|t| {
+            codec.decode(block, t, &mut x, &mut s).unwrap();
+            dot(&x, &x).sqrt()
+        })
+        .collect()
+}
+
+fn check_scores(codec: &Codec, block: &CodeBlock, queries: &[f32]) {
+    let d = codec.dim();
+    let g = queries.len() / d;
+    let n = block.len();
+    let norms = decoded_norms(codec, block);
+    let mut multi = vec![0.0; g * n];
+    codec
+        .scores_multi(queries, block, &mut codec.scratch(), &mut multi)
+        .unwrap();
+    for (qi, q) in queries.chunks_exact(d).enumerate() {
+        let fast = codec.scores_vec(q, block).unwrap();
+        let reference = codec.scores_reference(q, block).unwrap();
+        let qn = dot(q, q).sqrt();
+        for t in 0..n {
+            // Relative to the Cauchy–Schwarz scale ‖q‖·‖x̂‖ (a score can cancel to ~0).
+            let scale = qn * norms[t] + 1e-30;
+            let e = (fast[t] as f64 - reference[t] as f64).abs() / scale;
+            assert!(
+                e < 1e-5,
+                "{:?} d={d} t={t}: {} vs {}",
+                codec.spec(),
+                fast[t],
+                reference[t]
+            );
+            let em = (multi[qi * n + t] as f64 - reference[t] as f64).abs() / scale;
+            assert!(em < 1e-5, "multi {:?} d={d} t={t}", codec.spec());
+        }
+    }
+}
+
+fn check_accumulate(codec: &Codec, block: &CodeBlock, weights: &[f32]) {
+    let d = codec.dim();
+    let n = block.len();
+    let g = weights.len() / n;
+    let norms = decoded_norms(codec, block);
+    let mut multi = vec![0.0; g * d];
+    codec
+        .accumulate_multi(weights, block, &mut codec.scratch(), &mut multi)
+        .unwrap();
+    for (qi, w) in weights.chunks_exact(n).enumerate() {
+        let fast = codec.accumulate_vec(w, block).unwrap();
+        let reference = codec.accumulate_reference(w, block).unwrap();
+        let scale: f64 = w
+            .iter()
+            .zip(&norms)
+            .map(|(a, b)| a.abs() as f64 * b)
+            .sum::<f64>()
+            + 1e-30;
+        let err: f64 = fast
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!(
+            err / scale < 1e-5,
+            "{:?} d={d}: {err} / {scale}",
+            codec.spec()
+        );
+        let errm: f64 = multi[qi * d..(qi + 1) * d]
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!(errm / scale < 1e-5, "multi {:?} d={d}", codec.spec());
+    }
+}
+
+#[test]
+fn kernels_equal_dequantize_then_compute() {
+    for d in [3usize, 24, 100, 128, 256] {
+        for spec in all_specs() {
+            let codec = Codec::new(d, spec).unwrap();
+            let (block, _) = filled_block(&codec, 90, d as u64);
+            let mut rng = TestRng::new(77);
+            let queries: Vec<f32> = rng.gaussian_vec(d * 7);
+            let weights: Vec<f32> = (0..90 * 3).map(|_| rng.uniform() as f32 - 0.3).collect();
+            check_scores(&codec, &block, &queries);
+            check_accumulate(&codec, &block, &weights);
+        }
+    }
+}
+
+#[test]
+fn codec_is_shareable() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Codec>();
+    assert_send_sync::<CodeBlock>();
+}
+
+/// Every kernel through the portable backend (the AVX-512 one is what the other tests
+/// exercise on machines that have it). Run from `backends_agree_and_match_oracles` so no other
+/// test flips the global backend switch meanwhile.
+fn portable_backend_equals_the_oracles() {
+    kvlab_turboquant::force_portable_kernels(true);
+    for d in [24usize, 100, 256] {
+        for spec in all_specs() {
+            let codec = Codec::new(d, spec).unwrap();
+            let (block, _) = filled_block(&codec, 40, 9);
+            let mut rng = TestRng::new(4);
+            check_scores(&codec, &block, &rng.gaussian_vec(d * 3));
+            let w: Vec<f32> = (0..40 * 2).map(|_| rng.uniform() as f32).collect();
+            check_accumulate(&codec, &block, &w);
+        }
+    }
+    kvlab_turboquant::force_portable_kernels(false);
+}
+
+/// The AVX2 backend (used on x86 CPUs without AVX-512) against the oracles.
+fn avx2_backend_equals_the_oracles() {
+    kvlab_turboquant::force_avx2_kernels(true);
+    for d in [24usize, 100, 256, 384] {
+        for spec in all_specs() {
+            if spec.rotation == RotationKind::Haar && d > 256 {
+                continue;
+            }
+            let codec = Codec::new(d, spec).unwrap();
+            let (block, _) = filled_block(&codec, 40, 9);
+            let mut rng = TestRng::new(4);
+            check_scores(&codec, &block, &rng.gaussian_vec(d * 3));
+            let w: Vec<f32> = (0..40 * 2).map(|_| rng.uniform() as f32).collect();
+            check_accumulate(&codec, &block, &w);
+        }
+    }
+    kvlab_turboquant::force_avx2_kernels(false);
+}
+
+/// The backend switch is process-global: this single test owns it (other tests in this
+/// binary give correct results through either backend, so they are unaffected).
+#[test]
+fn backends_agree_and_match_oracles() {
+    portable_backend_equals_the_oracles();
+    avx2_backend_equals_the_oracles();
+    portable_and_simd_backends_agree();
+}
+
+fn portable_and_simd_backends_agree() {
+    let codec = Codec::new(256, Spec::mse(Bits::B3_5)).unwrap();
+    let (block, xs) = filled_block(&codec, 50, 1);
+    let q = &xs[..256];
+    let simd = codec.scores_vec(q, &block).unwrap();
+    kvlab_turboquant::force_portable_kernels(true);
+    let portable = codec.scores_vec(q, &block).unwrap();
+    let acc_portable = codec.accumulate_vec(&[0.5; 50], &block).unwrap();
+    kvlab_turboquant::force_portable_kernels(false);
+    let acc_simd = codec.accumulate_vec(&[0.5; 50], &block).unwrap();
+    // Encoders: AVX-512/BMI2 and portable produce identical bytes.
+    for bits in ALL_BITS {
+        for d in [24usize, 100, 256] {
+            let codec = Codec::new(d, Spec::mse(bits)).unwrap();
+            let mut rng = TestRng::new(d as u64);
+            let xs = rng.gaussian_vec(d * 20);
+            let mut simd_block = codec.new_block();
+            codec.encode_batch(&xs, &mut simd_block).unwrap();
+            kvlab_turboquant::force_portable_kernels(true);
+            let mut portable_block = codec.new_block();
+            codec.encode_batch(&xs, &mut portable_block).unwrap();
+            kvlab_turboquant::force_portable_kernels(false);
+            assert_eq!(
+                simd_block.to_bytes(),
+                portable_block.to_bytes(),
+                "{bits:?} d={d}"
+            );
+        }
+    }
+    for (a, b) in simd.iter().zip(&portable) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    for (a, b) in acc_simd.iter().zip(&acc_portable) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+}
+
+#[test]
+fn stored_bytes_equal_bytes_per_vector() {
+    assert_eq!(bytes_per_vector(256, &Spec::mse(Bits::B4)), Ok(130));
+    for d in [3usize, 17, 64, 100, 256, 512] {
+        for spec in all_specs() {
+            if spec.rotation == RotationKind::Haar && d > 256 {
+                continue; // same layout as Hadamard; skip the O(d³) setup
+            }
+            let codec = Codec::new(d, spec).unwrap();
+            let bpv = bytes_per_vector(d, &spec).unwrap();
+            assert_eq!(codec.bytes_per_vector(), bpv);
+            let (block, _) = filled_block(&codec, 41, 3);
+            assert_eq!(block.bytes_used(), 41 * bpv);
+            assert_eq!(block.to_bytes().len(), 41 * bpv);
+            // Bits are not wasted: the code area is the exact bit count rounded up once.
+            let (lo, hi) = match spec.bits {
+                Bits::B2_5 => (2.0, 3.0),
+                Bits::B3_5 => (3.0, 4.0),
+                b => (b.value(), b.value()),
+            };
+            let code_bits = match spec.variant {
+                Variant::Mse => {
+                    let h = if d >= 16 { (d / 2) & !7 } else { d / 2 };
+                    h as f64 * hi + (d - h) as f64 * lo
+                }
+                Variant::Prod => d as f64 * spec.bits.value(),
+            };
+            let fields = if spec.variant == Variant::Prod { 4 } else { 2 };
+            assert_eq!(
+                bpv,
+                (code_bits as usize).div_ceil(8) + fields,
+                "{spec:?} d={d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn block_grows_in_chunks_and_truncates() {
+    let codec = Codec::new(256, Spec::mse(Bits::B4)).unwrap();
+    let mut block = codec.new_block_with_chunk(64);
+    assert_eq!(block.bytes_allocated(), 0);
+    let mut s = codec.scratch();
+    let mut rng = TestRng::new(1);
+    codec
+        .encode(&rng.gaussian_vec(256), &mut block, &mut s)
+        .unwrap();
+    assert_eq!(block.bytes_used(), 130);
+    assert_eq!(block.bytes_allocated(), 64 * 130);
+    let batch = rng.gaussian_vec(256 * 100);
+    codec.encode_batch(&batch, &mut block).unwrap();
+    assert_eq!(block.len(), 101);
+    assert_eq!(block.bytes_allocated(), 2 * 64 * 130);
+    let before = block.to_bytes();
+    block.truncate(60);
+    assert_eq!(block.len(), 60);
+    assert_eq!(block.bytes_allocated(), 64 * 130);
+    assert_eq!(block.to_bytes(), before[..60 * 130]);
+    block.truncate(0);
+    assert_eq!(block.bytes_allocated(), 0);
+}
+
+#[test]
+fn batch_and_single_encoding_agree_and_are_deterministic() {
+    let spec = Spec {
+        seed: 9,
+        ..Spec::mse(Bits::B3)
+    };
+    let a = Codec::new(128, spec).unwrap();
+    let b = Codec::new(128, spec).unwrap();
+    let mut rng = TestRng::new(5);
+    let xs = rng.gaussian_vec(128 * 700); // above the parallel threshold
+    let mut ba = a.new_block();
+    a.encode_batch(&xs, &mut ba).unwrap();
+    let mut bb = b.new_block();
+    let mut s = b.scratch();
+    for x in xs.chunks_exact(128) {
+        b.encode(x, &mut bb, &mut s).unwrap();
+    }
+    assert_eq!(ba.to_bytes(), bb.to_bytes());
+    let c = Codec::new(128, Spec { seed: 10, ..spec }).unwrap();
+    let mut bc = c.new_block();
+    c.encode_batch(&xs, &mut bc).unwrap();
+    assert_ne!(ba.to_bytes(), bc.to_bytes());
+}
+
+#[test]
+fn errors_are_typed() {
+    let codec = Codec::new(64, Spec::mse(Bits::B2)).unwrap();
+    let mut block = codec.new_block();
+    let mut s = codec.scratch();
+    assert!(matches!(
+        codec.encode(&[1.0; 63], &mut block, &mut s),
+        Err(Error::DimensionMismatch {
+            expected: 64,
+            got: 63
+        })
+    ));
+    let mut bad = vec![1.0; 64];
+    bad[3] = f32::NAN;
+    assert!(matches!(
+        codec.encode(&bad, &mut block, &mut s),
+        Err(Error::NotEncodable { .. })
+    ));
+    assert!(matches!(
+        codec.encode(&[1e6; 64], &mut block, &mut s),
+        Err(Error::NotEncodable { .. })
+    ));
+    assert!(matches!(
+        codec.encode_batch(&[1.0; 65], &mut block),
+        Err(Error::DimensionMismatch { .. })
+    ));
+    let mut batch = vec![1.0; 64 * 3];
+    batch[64 * 2] = f32::INFINITY;
+    assert!(codec.encode_batch(&batch, &mut block).is_err());
+    assert_eq!(block.len(), 0, "a failed batch appends nothing");
+    let other = Codec::new(64, Spec::mse(Bits::B3)).unwrap();
+    assert!(matches!(
+        other.encode(&[1.0; 64], &mut block, &mut s),
+        Err(Error::LayoutMismatch { .. })
+    ));
+    assert!(matches!(
+        CodeBlock::from_bytes(&codec, &[0u8; 17 + 10]),
+        Err(Error::TruncatedBlock {
+            len: 27,
+            stride: 18
+        })
+    ));
+    let mut out = vec![0.0; 64];
+    assert!(matches!(
+        codec.decode(&block, 0, &mut out, &mut s),
+        Err(Error::IndexOutOfRange { .. })
+    ));
+    assert!(codec
+        .scores(&[0.0; 64], &block, &mut s, &mut [0.0; 1])
+        .is_err());
+    assert!(codec
+        .accumulate(&[], &block, &mut s, &mut [0.0; 63])
+        .is_err());
+    assert!(matches!(
+        Codec::new(2, Spec::mse(Bits::B2)),
+        Err(Error::InvalidDimension { .. })
+    ));
+    let prod_frac = Spec {
+        variant: Variant::Prod,
+        ..Spec::mse(Bits::B2_5)
+    };
+    assert!(matches!(
+        Codec::new(64, prod_frac),
+        Err(Error::UnsupportedSpec(_))
+    ));
+}
+
+fn spec_strategy() -> impl Strategy<Value = Spec> {
+    (
+        0usize..6,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(b, prod, haar, nc, seed)| {
+            let bits = ALL_BITS[b];
+            let variant = if prod && matches!(bits, Bits::B1 | Bits::B2 | Bits::B3 | Bits::B4) {
+                Variant::Prod
+            } else {
+                Variant::Mse
+            };
+            Spec {
+                bits,
+                variant,
+                rotation: if haar {
+                    RotationKind::Haar
+                } else {
+                    RotationKind::Hadamard
+                },
+                norm_correction: nc && variant == Variant::Mse,
+                seed,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Encoding is deterministic, to_bytes/from_bytes reproduce a block exactly, and decoding
+    /// the reloaded block gives the same vector, closer to the input than 0 is (mse, d ≥ 16).
+    #[test]
+    fn encode_decode_roundtrip(spec in spec_strategy(), d in 3usize..80, seed in any::<u64>()) {
+        let codec = Codec::new(d, spec).unwrap();
+        let mut rng = TestRng::new(seed);
+        let x = rng.gaussian_vec(d);
+        let mut block = codec.new_block();
+        let mut s = codec.scratch();
+        codec.encode(&x, &mut block, &mut s).unwrap();
+        codec.encode(&x, &mut block, &mut s).unwrap();
+        let bytes = block.to_bytes();
+        let stride = codec.bytes_per_vector();
+        prop_assert_eq!(&bytes[..stride], &bytes[stride..]);
+        let back = CodeBlock::from_bytes(&codec, &bytes).unwrap();
+        prop_assert_eq!(back.to_bytes(), bytes.clone());
+        let (mut y0, mut y1) = (vec![0.0; d], vec![0.0; d]);
+        codec.decode(&block, 0, &mut y0, &mut s).unwrap();
+        codec.decode(&back, 1, &mut y1, &mut s).unwrap();
+        prop_assert_eq!(&y0, &y1);
+        if spec.variant == Variant::Mse && d >= 16 {
+            let rel = common::dist2(&x, &y0) / dot(&x, &x);
+            prop_assert!(rel < 1.0, "relative error {}", rel);
+        }
+    }
+
+    /// Arbitrary bytes never panic: they are either rejected as truncated or decode to
+    /// some (possibly non-finite) vectors that the kernels process.
+    #[test]
+    fn arbitrary_bytes_never_panic(spec in spec_strategy(), d in 3usize..40,
+                                   bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let codec = Codec::new(d, spec).unwrap();
+        match CodeBlock::from_bytes(&codec, &bytes) {
+            Err(e) => {
+                let truncated = matches!(e, Error::TruncatedBlock { .. });
+                prop_assert!(truncated, "unexpected error {:?}", e);
+            }
+            Ok(block) => {
+                let mut s = codec.scratch();
+                let mut y = vec![0.0; d];
+                for t in 0..block.len() {
+                    codec.decode(&block, t, &mut y, &mut s).unwrap();
+                }
+                let q = vec![1.0; d];
+                let mut out = vec![0.0; block.len()];
+                codec.scores(&q, &block, &mut s, &mut out).unwrap();
+                let w = vec![1.0; block.len()];
+                let mut acc = vec![0.0; d];
+                if !block.is_empty() {
+                    codec.accumulate(&w, &block, &mut s, &mut acc).unwrap();
+                }
+            }
+        }
+    }
+}
