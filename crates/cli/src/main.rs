@@ -1,9 +1,23 @@
 //! `kvlab`: the headless command line over KV Lab's engine, for benchmarks and scripts.
 
+mod assets_cmd;
+mod bench_attention_cmd;
+mod bench_cmd;
+mod bench_memory_cmd;
+mod chat_cmd;
+mod codec_cmd;
+mod logits_cmd;
+mod ppl_cmd;
+mod ppl_fidelity;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kvlab", version, about = "KV Lab: local language models and their KV cache, headless")]
+#[command(
+    name = "kvlab",
+    version,
+    about = "KV Lab: local language models and their KV cache, headless"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,12 +27,30 @@ struct Cli {
 enum Command {
     /// Print the engine version.
     Version,
+    /// Offline test assets: fetch, list, locate.
+    Assets(assets_cmd::AssetsArgs),
+    /// TurboQuant codec: distortion (`eval`) and speed (`bench`).
+    Codec(codec_cmd::CodecArgs),
+    /// Model speed: `bench decode` (prefill then decode tok/s).
+    Bench(bench_cmd::BenchArgs),
+    /// Chat: one user turn, streamed to stdout (stats on stderr).
+    Chat(chat_cmd::ChatArgs),
+    /// Perplexity of a text (chunked prefill through the KV cache).
+    Ppl(ppl_cmd::PplArgs),
+    /// All-position logits of token ids under a chunk schedule, to .safetensors.
+    Logits(logits_cmd::LogitsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => println!("kvlab {}", env!("CARGO_PKG_VERSION")),
+        Command::Assets(args) => assets_cmd::run(args)?,
+        Command::Codec(args) => codec_cmd::run(args)?,
+        Command::Bench(args) => bench_cmd::run(args)?,
+        Command::Chat(args) => chat_cmd::run(args)?,
+        Command::Ppl(args) => ppl_cmd::run(args)?,
+        Command::Logits(args) => logits_cmd::run(args)?,
     }
     Ok(())
 }

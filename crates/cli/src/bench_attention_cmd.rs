@@ -1,0 +1,139 @@
+//! `kvlab bench attention`: the time of one decode-step attention call (one query per head)
+//! over a full-attention layer cache of N tokens, per cache SPEC, and its speedup over f16.
+//! Synthetic K/V (attention cost does not depend on the values); the storages are the
+//! engine's own, so this is exactly the per-layer work of a decode step.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::{Device, Tensor};
+use clap::Args;
+use kvlab_engine::kv::{new_storage, AttendSpec, CacheSpec, StorageShape};
+use kvlab_engine::KvPrecision;
+use serde::Serialize;
+
+use crate::bench_memory_cmd::parse_contexts;
+
+/// `kvlab bench attention` options (defaults: a Gemma 3 270M full layer).
+#[derive(Args, Debug)]
+pub struct BenchAttentionArgs {
+    /// Context lengths, comma-separated (`2k` = 2048).
+    #[arg(long, default_value = "2k,32k")]
+    contexts: String,
+    /// Cache SPECs, comma-separated (the full-layer precision of each is measured).
+    #[arg(long, default_value = "f16,tq4")]
+    kv: String,
+    /// Query heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Key/value heads.
+    #[arg(long, default_value_t = 1)]
+    kv_heads: usize,
+    /// Head dimension.
+    #[arg(long, default_value_t = 256)]
+    head_dim: usize,
+    /// Minimum measuring time per configuration, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Print a JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct AttentionRow {
+    context: usize,
+    kv: String,
+    /// Microseconds per attention call (one token, all heads of one layer).
+    us_per_call: f64,
+    /// f16's time over this one (same context), when f16 was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speedup_vs_f16: Option<f64>,
+    kv_bytes: usize,
+}
+
+fn synthetic(seed: u64, dims: (usize, usize, usize)) -> anyhow::Result<Tensor> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n = dims.0 * dims.1 * dims.2;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Ok(Tensor::from_vec(v, dims, &Device::Cpu)?)
+}
+
+pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
+    let contexts = parse_contexts(&args.contexts)?;
+    if args.kv_heads == 0 || !args.heads.is_multiple_of(args.kv_heads) {
+        bail!("--heads must be a positive multiple of --kv-heads");
+    }
+    let mut rows: Vec<AttentionRow> = Vec::new();
+    for &n in &contexts {
+        let mut f16_us = None;
+        for spec in args.kv.split(',') {
+            let cs = CacheSpec::parse(spec).with_context(|| format!("bad --kv `{spec}`"))?;
+            let precision: KvPrecision = cs.to_policy().full;
+            let shape = StorageShape {
+                n_kv_heads: args.kv_heads,
+                head_dim: args.head_dim,
+                device: Device::Cpu,
+            };
+            let mut st = new_storage(precision, shape)?;
+            let mut at = 0;
+            while at < n {
+                let t = 512.min(n - at);
+                let k = synthetic(at as u64, (args.kv_heads, t, args.head_dim))?;
+                let v = synthetic(at as u64 + 7, (args.kv_heads, t, args.head_dim))?;
+                st.append(&k, &v)?;
+                at += t;
+            }
+            let q = synthetic(99, (args.heads, 1, args.head_dim))?;
+            let spec_a = AttendSpec {
+                query_start: n - 1,
+                key_start: 0,
+                window: None,
+                scale: 1.0 / (args.head_dim as f64).sqrt(),
+            };
+            st.attend(&q, &spec_a)?; // warm-up
+            let t0 = Instant::now();
+            let mut calls = 0u32;
+            while calls < 3 || t0.elapsed().as_secs_f64() < args.seconds {
+                st.attend(&q, &spec_a)?;
+                calls += 1;
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
+            let name = cs.to_string();
+            if name == "f16" {
+                f16_us = Some(us);
+            }
+            rows.push(AttentionRow {
+                context: n,
+                kv: name,
+                us_per_call: us,
+                speedup_vs_f16: f16_us.map(|f| f / us),
+                kv_bytes: st.bytes_used(),
+            });
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        for r in &rows {
+            println!(
+                "context {:>6} kv {:<10} {:>10.1} µs/call  KV {:>8.2} MiB{}",
+                r.context,
+                r.kv,
+                r.us_per_call,
+                r.kv_bytes as f64 / 1048576.0,
+                r.speedup_vs_f16
+                    .map(|s| format!("  ×{s:.2} vs f16"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}

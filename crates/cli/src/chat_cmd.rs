@@ -1,0 +1,250 @@
+//! `kvlab chat`: one user turn through the engine thread (the same path the app takes),
+//! streamed to stdout; thinking is dimmed on a terminal; a stats line ends the run (stderr).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use kvlab_engine::chat::Message;
+use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
+use kvlab_engine::events::{DoneReason, Event, GenStats};
+use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
+use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::source::DEFAULT_MODEL_ASSET;
+use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::{Engine, LoadOptions, ModelSource, PrecisionPolicy};
+
+/// Options shared by the commands that load a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A model file or directory, a Hugging Face repo (`owner/name[@rev]`), or an asset
+    /// name (`gemma3-270m`, also `asset:gemma3-270m`).
+    #[arg(long, default_value = DEFAULT_MODEL_ASSET)]
+    pub model: String,
+    /// The tokenizer.json to use (default: beside the model; the Gemma tokenizer asset for
+    /// GGUF files).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Device: cpu, auto, metal, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+impl ModelArgs {
+    /// Device and dtype for the load.
+    pub fn load_options(&self) -> anyhow::Result<LoadOptions> {
+        let choice = match self.device.as_str() {
+            "cpu" => DeviceChoice::Cpu,
+            "auto" => DeviceChoice::Auto,
+            "metal" => DeviceChoice::Metal,
+            "cuda" => DeviceChoice::Cuda(0),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => DeviceChoice::Cuda(i),
+                _ => bail!("unknown --device `{other}` (cpu, auto, metal, cuda, cuda:N)"),
+            },
+        };
+        let device = select_device(choice)?;
+        Ok(LoadOptions {
+            dtype: preferred_dtype(&device),
+            device,
+        })
+    }
+
+    /// The parsed model source.
+    pub fn source(&self) -> ModelSource {
+        ModelSource::parse(&self.model)
+    }
+}
+
+/// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …) into a cache policy.
+pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {
+    Ok(CacheSpec::parse(spec)
+        .with_context(|| format!("bad --kv `{spec}`"))?
+        .to_policy())
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The user message.
+    #[arg(long)]
+    prompt: String,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Let the model think before answering (Gemma 4 only).
+    #[arg(long)]
+    think: bool,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = SamplingParams::default().temperature)]
+    temp: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 64)]
+    top_k: usize,
+    /// Keep the smallest set of tokens with probability ≥ P (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache SPEC: f16, bf16, f32, or a TurboQuant spec such as tq4.
+    #[arg(long, default_value = "f16")]
+    kv: String,
+    /// How to prompt: `chat` renders the chat template; `raw` continues the text as is
+    /// (for base models); `auto` uses raw only when the checkpoint has no chat template.
+    #[arg(long, value_enum, default_value_t = Template::Auto)]
+    template: Template,
+    /// Switch the cache precision live after this many streamed tokens (with --switch-to).
+    #[arg(long, requires = "switch_to")]
+    switch_at: Option<usize>,
+    /// The cache SPEC to switch to at --switch-at (e.g. tq4).
+    #[arg(long, requires = "switch_at")]
+    switch_to: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Template {
+    Auto,
+    Chat,
+    Raw,
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    let policy = kv_policy(&args.kv)?;
+    let switch = match (&args.switch_at, &args.switch_to) {
+        (Some(at), Some(to)) => Some((*at, to.clone(), kv_policy(to)?)),
+        _ => None,
+    };
+    let engine = Engine::spawn()?;
+    let request = LoadRequest {
+        source: args.model.source(),
+        tokenizer: args.model.tokenizer.clone(),
+        options: args.model.load_options()?,
+        policy,
+    };
+    let card = engine
+        .load_blocking(request, |ev| {
+            if let Event::Loading {
+                phase,
+                done: Some(d),
+                total: Some(t),
+            } = ev
+            {
+                eprint!("\r{phase:?} {d}/{t} bytes");
+            }
+        })
+        .with_context(|| format!("loading {}", args.model.model))?;
+    eprintln!(
+        "{} ({}, {} layers, {:.0}M params)",
+        card.name,
+        card.architecture,
+        card.layers,
+        card.params as f64 / 1e6
+    );
+    let sampling = SamplingParams {
+        temperature: args.temp,
+        top_k: (args.top_k > 0).then_some(args.top_k),
+        top_p: (args.top_p < 1.0).then_some(args.top_p),
+        seed: args.seed,
+    };
+    let raw = match args.template {
+        Template::Raw => true,
+        Template::Chat => false,
+        Template::Auto => card.has_chat_template == Some(false),
+    };
+    let prompt = if raw {
+        eprintln!(
+            "(no chat template: continuing the prompt as plain text; --template chat forces it)"
+        );
+        let text = match &args.system {
+            Some(s) => format!("{s}\n\n{}", args.prompt),
+            None => args.prompt.clone(),
+        };
+        // Show the prompt so the continuation reads as one text.
+        print!("{text}");
+        Prompt::Text { text }
+    } else {
+        Prompt::Chat {
+            system: args.system.clone(),
+            messages: vec![Message::user(args.prompt.clone())],
+            thinking: args.think,
+        }
+    };
+    let request = GenerateRequest {
+        prompt,
+        sampling,
+        max_tokens: args.max_tokens,
+        prefill_chunk: PREFILL_CHUNK,
+    };
+    let (events, _cancel) = engine.generate_channel(request)?;
+    let tty = std::io::stdout().is_terminal();
+    let mut out = std::io::stdout().lock();
+    let mut stats: Option<GenStats> = None;
+    let mut reason = None;
+    let mut streamed = 0usize;
+    for ev in events {
+        if matches!(ev, Event::Token { .. } | Event::Thinking { .. }) {
+            streamed += 1;
+            if let Some((at, to, p)) = &switch {
+                if streamed == *at {
+                    // Applied by the engine thread between this token and the next.
+                    let t0 = std::time::Instant::now();
+                    let mem = engine
+                        .switch_cache(p.clone())
+                        .map_err(|e| anyhow::anyhow!("switching the cache to {to}: {e}"))?;
+                    eprintln!(
+                        "\n[switched the cache to {to} after {at} tokens in {:.0} ms: KV now {:.2} MiB]",
+                        t0.elapsed().as_secs_f64() * 1e3,
+                        mem.total.0 as f64 / 1048576.0
+                    );
+                }
+            }
+        }
+        match ev {
+            Event::Token { text } => write!(out, "{text}")?,
+            Event::Thinking { text } if tty => write!(out, "{DIM}{text}{RESET}")?,
+            Event::Thinking { text } => write!(out, "{text}")?,
+            Event::Stats(s) => stats = Some(s),
+            Event::Done { reason: r, .. } => {
+                reason = Some(r);
+                break;
+            }
+            Event::Error { code, message } => bail!("generation failed [{code}]: {message}"),
+            _ => {}
+        }
+        out.flush()?;
+    }
+    writeln!(out)?;
+    drop(out);
+    engine.shutdown();
+    if let Some(s) = stats {
+        eprintln!("{}", stats_line(&s, reason));
+    }
+    Ok(())
+}
+
+/// One line of figures.
+pub fn stats_line(s: &GenStats, reason: Option<DoneReason>) -> String {
+    format!(
+        "[{} prompt ({} reused), {} generated, {:?}; ttft {:.2}s, prefill {:.1} tok/s, decode {:.1} tok/s; context {}/{}; KV {:.2} MiB]",
+        s.prompt_tokens,
+        s.reused_tokens,
+        s.generated_tokens,
+        reason.unwrap_or(DoneReason::Stop),
+        s.time_to_first_token_s,
+        s.prefill_tok_per_s,
+        s.decode_tok_per_s,
+        s.context_tokens,
+        s.max_context,
+        s.kv_bytes as f64 / 1048576.0
+    )
+}

@@ -1,0 +1,87 @@
+//! `kvlab logits`: all-position logits of a token-id file under a chunk schedule, written as
+//! safetensors, for parity checks against reference implementations.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
+use kvlab_engine::{Model, ModelSource};
+
+use crate::chat_cmd::{kv_policy, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A .safetensors file with an integer tensor `input_ids` ([T] or [1, T], i64 or i32).
+    #[arg(long)]
+    input_ids: PathBuf,
+    /// Chunk sizes: the first once, then the rest cycling (default: one chunk).
+    #[arg(long)]
+    schedule: Option<String>,
+    /// KV cache SPEC.
+    #[arg(long, default_value = "f32")]
+    kv: String,
+    /// Output .safetensors file; gets the f32 tensor `logits` [T, vocab].
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Reads `input_ids` from a safetensors file as u32 ids.
+pub fn read_input_ids(path: &Path) -> anyhow::Result<Vec<u32>> {
+    let tensors = candle_core::safetensors::load(path, &Device::Cpu)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let t = tensors
+        .get("input_ids")
+        .with_context(|| format!("{} has no tensor `input_ids`", path.display()))?;
+    let t = match t.dims() {
+        [_] => t.clone(),
+        [1, _] => t.squeeze(0)?,
+        d => bail!("input_ids has shape {d:?}; expected [T] or [1, T]"),
+    };
+    let wide: Vec<i64> = match t.dtype() {
+        DType::I64 => t.to_vec1::<i64>()?,
+        DType::I32 => t.to_vec1::<i32>()?.into_iter().map(i64::from).collect(),
+        DType::U32 => t.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
+        other => bail!("input_ids is {other:?}; expected an integer tensor (i64 or i32)"),
+    };
+    wide.into_iter()
+        .map(|x| u32::try_from(x).with_context(|| format!("token id {x} is negative or too large")))
+        .collect()
+}
+
+pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
+    let ids = read_input_ids(&args.input_ids)?;
+    if ids.is_empty() {
+        bail!("input_ids is empty");
+    }
+    let schedule = match &args.schedule {
+        Some(s) => ChunkSchedule::parse(s)?,
+        None => ChunkSchedule::uniform(ids.len()),
+    };
+    let never = AtomicBool::new(false);
+    let weights = ModelSource::parse(&args.model.model)
+        .weights(&mut |_| {}, &never)
+        .with_context(|| format!("locating {}", args.model.model))?;
+    let model = Model::load(&weights, &args.model.load_options()?)
+        .with_context(|| format!("loading {}", weights.display()))?;
+    let mut cache = model.new_cache(&kv_policy(&args.kv)?)?;
+    let logits = chunked_logits(&model, &mut cache, &ids, &schedule)?
+        .to_dtype(DType::F32)?
+        .to_device(&Device::Cpu)?;
+    let map: HashMap<String, Tensor> = HashMap::from([("logits".to_owned(), logits)]);
+    candle_core::safetensors::save(&map, &args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!(
+        "wrote logits [{}, {}] to {} (chunks {:?})",
+        ids.len(),
+        model.config().vocab_size,
+        args.out.display(),
+        schedule.chunks(ids.len())
+    );
+    Ok(())
+}

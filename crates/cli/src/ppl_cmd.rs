@@ -1,0 +1,154 @@
+//! `kvlab ppl`: perplexity of a text under a model and a KV cache precision, with chunked
+//! prefill through the cache (so a compressed cache is measured exactly as it is used).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
+use kvlab_engine::generate::tokenizer_family;
+use kvlab_engine::tokenizer::GemmaTokenizer;
+use kvlab_engine::{Model, ModelSource, PrecisionPolicy};
+use serde::Serialize;
+
+use crate::chat_cmd::{kv_policy, ModelArgs};
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Perplexity of a text",
+    long_about = "Perplexity of a text. The text is tokenized as <bos> followed by the whole \
+file (CRLF line endings turned into LF, leading whitespace removed); the first --ctx tokens T0..T(ctx-1) are run through the model in chunks, and tokens \
+T1..T(ctx-1) are scored, each given all tokens before it (ctx-1 tokens scored; <bos> itself \
+is never scored). ppl = exp(mean negative log-likelihood)."
+)]
+pub struct PplArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text file (or an asset name such as `alice`).
+    #[arg(long)]
+    text: String,
+    /// Tokens of context to run (including <bos>).
+    #[arg(long, default_value_t = 256)]
+    ctx: usize,
+    /// Prefill chunk size.
+    #[arg(long, default_value_t = 128)]
+    chunk: usize,
+    /// KV cache SPEC: f16, bf16, f32, or a TurboQuant spec such as tq4.
+    #[arg(long, default_value = "f16")]
+    kv: String,
+    /// Compare against this reference cache SPEC (e.g. f16): both caches run the same
+    /// tokens in lockstep; reports ppl, ppl_reference, mean_kld, top1_agreement.
+    #[arg(long)]
+    reference: Option<String>,
+    /// Print a JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What `kvlab ppl` reports.
+#[derive(Debug, Serialize)]
+pub struct PplReport {
+    /// Perplexity.
+    pub ppl: f64,
+    /// Mean negative log-likelihood (nats).
+    pub nll: f64,
+    /// Tokens scored (`ctx − 1`).
+    pub tokens_scored: usize,
+    /// Tokens run.
+    pub ctx: usize,
+    /// The cache SPEC.
+    pub kv: String,
+    /// KV cache bytes at the end.
+    pub kv_bytes: usize,
+    /// Wall time of the scoring run.
+    pub seconds: f64,
+}
+
+/// The text file: a path, or the path of an asset with that name.
+pub fn text_path(text: &str) -> anyhow::Result<PathBuf> {
+    let p = PathBuf::from(text);
+    if p.exists() {
+        return Ok(p);
+    }
+    kvlab_engine::assets::resolve(text)
+        .with_context(|| format!("`{text}` is neither a file nor a fetched asset"))
+}
+
+/// The first `ctx` tokens of `<bos>` + the text of `path`.
+pub fn text_tokens(
+    tokenizer: &GemmaTokenizer,
+    path: &Path,
+    ctx: usize,
+) -> anyhow::Result<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut ids = tokenizer.encode(&normalize_text(&text), true)?;
+    if ids.len() < ctx {
+        bail!(
+            "{} has only {} tokens, fewer than --ctx {ctx}",
+            path.display(),
+            ids.len()
+        );
+    }
+    ids.truncate(ctx);
+    Ok(ids)
+}
+
+/// Scores `ids` through a fresh cache of `policy`: the reusable core of `kvlab ppl`.
+pub fn score(
+    model: &Model,
+    policy: &PrecisionPolicy,
+    ids: &[u32],
+    chunk: usize,
+) -> anyhow::Result<(Perplexity, usize, Vec<f32>)> {
+    let mut cache = model.new_cache(policy)?;
+    let lp = next_token_logprobs(model, &mut cache, ids, chunk, &mut |_| {})?;
+    Ok((Perplexity::from_logprobs(&lp), cache.memory().total.0, lp))
+}
+
+pub fn run(args: PplArgs) -> anyhow::Result<()> {
+    if args.ctx < 2 {
+        bail!("--ctx must be at least 2 (one token to condition on, one to score)");
+    }
+    let policy = kv_policy(&args.kv)?;
+    let never = AtomicBool::new(false);
+    let resolved = ModelSource::parse(&args.model.model)
+        .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
+        .with_context(|| format!("locating {}", args.model.model))?;
+    let model = Model::load(&resolved.weights, &args.model.load_options()?)
+        .with_context(|| format!("loading {}", resolved.weights.display()))?;
+    let tokenizer =
+        GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
+    let ids = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx)?;
+    if let Some(reference) = &args.reference {
+        return crate::ppl_fidelity::run(&model, &ids, &args.kv, reference, args.chunk, args.json);
+    }
+    let t0 = Instant::now();
+    let (p, kv_bytes, _) = score(&model, &policy, &ids, args.chunk)?;
+    let report = PplReport {
+        ppl: p.ppl,
+        nll: p.nll,
+        tokens_scored: p.tokens_scored,
+        ctx: ids.len(),
+        kv: args.kv.clone(),
+        kv_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "ppl {:.3} (nll {:.4}) over {} tokens, ctx {}, kv {} ({:.2} MiB), {:.1}s",
+            report.ppl,
+            report.nll,
+            report.tokens_scored,
+            report.ctx,
+            report.kv,
+            report.kv_bytes as f64 / 1048576.0,
+            report.seconds
+        );
+    }
+    Ok(())
+}

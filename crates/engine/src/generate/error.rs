@@ -1,0 +1,55 @@
+//! Why a generation (or a scoring run) could not proceed, with the stable code each failure
+//! maps to.
+
+use crate::chat::ChatError;
+use crate::error::EngineError;
+use crate::events::ErrorCode;
+use crate::sampling::SamplingError;
+use crate::tokenizer::TokenizerError;
+
+/// A generation failure. Cancelling is not one: it ends with `done` / `cancelled`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GenerateError {
+    /// The prompt is longer than the model's context.
+    #[error("the prompt has {prompt} tokens but the model's context holds {max}")]
+    ContextOverflow {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Maximum context.
+        max: usize,
+    },
+    /// Nothing to run.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The conversation cannot be rendered.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    /// Encoding or decoding failed.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Bad sampling settings.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The model or cache failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A tensor operation outside the model failed.
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+impl GenerateError {
+    /// The stable code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
+            GenerateError::EmptyPrompt
+            | GenerateError::Chat(_)
+            | GenerateError::Sampling(_)
+            | GenerateError::Engine(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
+            GenerateError::Tokenizer(_) => ErrorCode::BadTokenizer,
+            GenerateError::Engine(_) | GenerateError::Candle(_) => ErrorCode::Internal,
+        }
+    }
+}

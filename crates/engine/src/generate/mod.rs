@@ -1,0 +1,322 @@
+//! Text generation on a loaded model: render the conversation to ids, reuse the cached
+//! prefix, prefill the rest in chunks, then sample token by token through the detokenizer
+//! and the thinking/answer splitter, emitting events. Stops on the family's stop ids,
+//! `max_tokens`, a full context, or a cancel flag checked before every token.
+
+mod error;
+pub mod score;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::GenerateError;
+
+use crate::chat::{ChatOptions, ChatTemplate, Message};
+use crate::config;
+use crate::events::{DoneReason, Event, GenStats};
+use crate::model::{Logits, Model};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::session::Session;
+use crate::stream::{Delta, StreamSplitter};
+use crate::tokenizer::{Family, GemmaTokenizer};
+
+/// Default prefill chunk: bounds activation memory on long prompts.
+pub const PREFILL_CHUNK: usize = 512;
+
+fn default_max_tokens() -> usize {
+    512
+}
+
+fn default_chunk() -> usize {
+    PREFILL_CHUNK
+}
+
+/// What to continue from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Prompt {
+    /// A conversation rendered with the model family's chat template.
+    Chat {
+        /// System prompt (Gemma 3 prefixes it to the first user message).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        system: Option<String>,
+        /// The turns so far; the last is normally the user's.
+        messages: Vec<Message>,
+        /// Let the model think first (Gemma 4 only).
+        #[serde(default)]
+        thinking: bool,
+    },
+    /// Plain text to continue (`<bos>` + text, no template).
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// Token ids as they are.
+    Ids {
+        /// The ids.
+        ids: Vec<u32>,
+    },
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRequest {
+    /// What to continue from.
+    pub prompt: Prompt,
+    /// Sampling settings (temperature 0 = greedy).
+    #[serde(default)]
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (the stop token included).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Prefill chunk size.
+    #[serde(default = "default_chunk")]
+    pub prefill_chunk: usize,
+}
+
+impl GenerateRequest {
+    /// A request with default sampling and limits.
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: default_max_tokens(),
+            prefill_chunk: PREFILL_CHUNK,
+        }
+    }
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Why it ended.
+    pub reason: DoneReason,
+    /// Generated ids (the stop token included).
+    pub token_ids: Vec<u32>,
+    /// Its figures.
+    pub stats: GenStats,
+}
+
+/// Receives a generation's events and gets a say between steps.
+pub trait Hooks {
+    /// An event for the caller.
+    fn emit(&mut self, event: Event);
+    /// Called before every token and between prefill chunks, with the cache at a token
+    /// boundary: the place to apply control jobs (cache switches) or set the cancel flag.
+    fn between_steps(&mut self, _model: &Model, _session: &mut Session) {}
+}
+
+impl<F: FnMut(Event)> Hooks for F {
+    fn emit(&mut self, event: Event) {
+        self(event)
+    }
+}
+
+/// The tokenizer family that goes with a model family.
+pub fn tokenizer_family(family: config::Family) -> Family {
+    match family {
+        config::Family::Gemma3 => Family::Gemma3,
+        config::Family::Gemma4 => Family::Gemma4,
+    }
+}
+
+/// The prompt's token ids.
+pub fn render_prompt(
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+) -> Result<Vec<u32>, GenerateError> {
+    Ok(match prompt {
+        Prompt::Chat {
+            system,
+            messages,
+            thinking,
+        } => {
+            let mut all = Vec::with_capacity(messages.len() + 1);
+            if let Some(s) = system.as_deref().filter(|s| !s.trim().is_empty()) {
+                all.push(Message::system(s));
+            }
+            all.extend(messages.iter().cloned());
+            let opts = ChatOptions {
+                thinking: *thinking,
+                add_generation_prompt: true,
+            };
+            ChatTemplate::new(tokenizer.family()).render_ids(tokenizer, &all, opts)?
+        }
+        Prompt::Text { text } => tokenizer.encode(text, true)?,
+        Prompt::Ids { ids } => ids.clone(),
+    })
+}
+
+fn per_second(tokens: usize, secs: f64) -> f64 {
+    if tokens == 0 || secs <= 0.0 {
+        0.0
+    } else {
+        tokens as f64 / secs
+    }
+}
+
+/// Runs one request on `session`. The cache keeps the prompt and the generated tokens for
+/// the next turn. Errors leave the session consistent (its history always matches its
+/// cache); a prompt that does not fit leaves it untouched.
+pub fn generate(
+    model: &Model,
+    tokenizer: &GemmaTokenizer,
+    session: &mut Session,
+    req: &GenerateRequest,
+    cancel: &AtomicBool,
+    hooks: &mut dyn Hooks,
+) -> Result<Outcome, GenerateError> {
+    let t0 = Instant::now();
+    let mut sampler = Sampler::new(req.sampling)?;
+    let prompt = render_prompt(tokenizer, &req.prompt)?;
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let max_ctx = model.config().max_position_embeddings;
+    if prompt.len() > max_ctx {
+        return Err(GenerateError::ContextOverflow {
+            prompt: prompt.len(),
+            max: max_ctx,
+        });
+    }
+    let prepared = session.prepare(&prompt)?;
+    let chunk = req.prefill_chunk.max(1);
+
+    // Prefill everything after the reused prefix; the last chunk's logits start decoding.
+    let t_prefill = Instant::now();
+    let mut logits = None;
+    let mut at = prepared.reused;
+    while at < prompt.len() {
+        hooks.between_steps(model, session);
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
+        let end = (at + chunk).min(prompt.len());
+        logits = Some(session.forward(model, &prompt[at..end], Logits::Last)?);
+        at = end;
+    }
+    let prefill_tokens = at - prepared.reused;
+    let prefill_secs = t_prefill.elapsed().as_secs_f64();
+
+    let family = tokenizer.family();
+    let mut splitter = StreamSplitter::new(family);
+    let stops = family.stop_ids();
+    let mut token_ids = Vec::new();
+    let mut t_first = None;
+    let reason = loop {
+        hooks.between_steps(model, session);
+        if cancel.load(Ordering::Relaxed) {
+            break DoneReason::Cancelled;
+        }
+        let Some(current) = logits.take() else {
+            // No logits only when the prefill stopped before its first chunk, which
+            // happens only on cancel (caught above); stop the same way regardless.
+            break DoneReason::Cancelled;
+        };
+        if token_ids.len() >= req.max_tokens {
+            break DoneReason::Length;
+        }
+        let id = sampler.sample(&current.to_vec1::<f32>()?)?;
+        t_first.get_or_insert_with(Instant::now);
+        token_ids.push(id);
+        let step = splitter.push(tokenizer, id)?;
+        emit_deltas(hooks, step.deltas);
+        if step.stop || stops.contains(&id) {
+            break DoneReason::Stop;
+        }
+        if token_ids.len() >= req.max_tokens || session.len() >= max_ctx {
+            break DoneReason::Length;
+        }
+        logits = Some(session.forward(model, &[id], Logits::Last)?);
+    };
+    emit_deltas(hooks, splitter.finish(tokenizer)?);
+
+    let memory = session.memory();
+    let decode_secs = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let stats = GenStats {
+        prompt_tokens: prompt.len(),
+        reused_tokens: prepared.reused,
+        prefill_tokens,
+        generated_tokens: token_ids.len(),
+        time_to_first_token_s: t_first.map_or(0.0, |t| (t - t0).as_secs_f64()),
+        prefill_tok_per_s: per_second(prefill_tokens, prefill_secs),
+        decode_tok_per_s: per_second(token_ids.len().saturating_sub(1), decode_secs),
+        context_tokens: session.len(),
+        max_context: max_ctx,
+        kv_bytes: memory.total.0,
+        kv_bytes_allocated: memory.total.1,
+    };
+    hooks.emit(Event::Stats(stats.clone()));
+    hooks.emit(Event::Done {
+        reason,
+        token_ids: token_ids.clone(),
+    });
+    Ok(Outcome {
+        reason,
+        token_ids,
+        stats,
+    })
+}
+
+fn emit_deltas(hooks: &mut dyn Hooks, deltas: Vec<Delta>) {
+    for d in deltas {
+        hooks.emit(match d {
+            Delta::Answer(text) => Event::Token { text },
+            Delta::Thinking(text) => Event::Thinking { text },
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn request_json_is_pinned_and_defaults_fill_in() {
+        let req: GenerateRequest = serde_json::from_value(json!({
+            "prompt": {"type": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            req,
+            GenerateRequest::new(Prompt::Chat {
+                system: None,
+                messages: vec![Message::user("hi")],
+                thinking: false,
+            })
+        );
+        assert_eq!((req.max_tokens, req.prefill_chunk), (512, 512));
+        assert_eq!(
+            serde_json::to_value(GenerateRequest {
+                max_tokens: 8,
+                sampling: SamplingParams::greedy(),
+                ..GenerateRequest::new(Prompt::Ids { ids: vec![2, 5] })
+            })
+            .unwrap(),
+            json!({
+                "prompt": {"type": "ids", "ids": [2, 5]},
+                "sampling": {"temperature": 0.0, "top_k": null, "top_p": null, "seed": 0},
+                "max_tokens": 8,
+                "prefill_chunk": 512
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(Prompt::Text { text: "x".into() }).unwrap(),
+            json!({"type": "text", "text": "x"})
+        );
+        assert!(serde_json::from_value::<GenerateRequest>(json!({
+            "prompt": {"type": "text", "text": "x"}, "max_token": 3
+        }))
+        .is_err());
+    }
+
+    #[test]
+    fn families_map_one_to_one() {
+        assert_eq!(tokenizer_family(config::Family::Gemma3), Family::Gemma3);
+        assert_eq!(tokenizer_family(config::Family::Gemma4), Family::Gemma4);
+    }
+}

@@ -1,0 +1,126 @@
+//! Grouped-query attention over dense K/V held in any float dtype: queries are grouped per
+//! kv head (no repeated keys), processed in blocks whose key range is cut to what the causal
+//! and sliding masks let them see, and masked only where a block needs it.
+
+use candle_core::{DType, Tensor};
+
+use super::storage::AttendSpec;
+use crate::error::{EngineError, Result};
+
+/// Query rows per block: bounds the score matrix for long prefills.
+const QUERY_BLOCK: usize = 256;
+
+/// Attention of `q` `[n_heads, t, d]` over `k`, `v` `[n_kv, s, d]` (views allowed).
+pub fn attend_dense(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
+    let (n_heads, t, d) = q.dims3()?;
+    let (n_kv, s, dk) = k.dims3()?;
+    if dk != d || v.dims3()? != (n_kv, s, d) || n_kv == 0 || n_heads % n_kv != 0 {
+        return Err(EngineError::invalid(format!(
+            "attend: q {:?} does not fit k {:?} / v {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    if t == 0 {
+        return Ok(q.clone());
+    }
+    if let Some(out) = super::attend_cpu::try_attend(q, k, v, spec)? {
+        return Ok(out);
+    }
+    let group = n_heads / n_kv;
+    let q = q.contiguous()?.reshape((n_kv, group, t, d))?;
+    let mut outs = Vec::with_capacity(t.div_ceil(QUERY_BLOCK));
+    let mut a = 0;
+    while a < t {
+        let b = (a + QUERY_BLOCK).min(t);
+        outs.push(attend_block(&q, k, v, spec, a, b)?);
+        a = b;
+    }
+    let out = if outs.len() == 1 {
+        outs.remove(0)
+    } else {
+        Tensor::cat(&outs, 2)?
+    };
+    Ok(out.reshape((n_heads, t, d))?)
+}
+
+/// Query rows `a..b` of `q` `[n_kv, group, t, d]` → `[n_kv, group, b − a, d]`.
+fn attend_block(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spec: &AttendSpec,
+    a: usize,
+    b: usize,
+) -> Result<Tensor> {
+    let (n_kv, group, t, d) = q.dims4()?;
+    let s = k.dim(1)?;
+    let q_first = spec.query_start + a;
+    let q_last = spec.query_start + b - 1;
+    let key_end = spec.key_start + s;
+    // Visible key positions for this block: [lo, hi).
+    let lo = match spec.window {
+        Some(w) => spec.key_start.max((q_first + 1).saturating_sub(w)),
+        None => spec.key_start,
+    };
+    let hi = key_end.min(q_last + 1);
+    if hi <= lo {
+        return Err(EngineError::invalid(format!(
+            "attend: queries {q_first}..={q_last} see no stored key (keys {}..{key_end})",
+            spec.key_start
+        )));
+    }
+    let sb = hi - lo;
+    let tb = b - a;
+    let mut k = k.narrow(1, lo - spec.key_start, sb)?;
+    let mut v = v.narrow(1, lo - spec.key_start, sb)?;
+    let cdt = q.dtype();
+    if k.dtype() != cdt {
+        k = k.to_dtype(cdt)?;
+        v = v.to_dtype(cdt)?;
+    }
+    if !k.device().is_cpu() {
+        // GPU matmuls want plain batch strides; the CPU gemm reads views directly.
+        k = k.contiguous()?;
+        v = v.contiguous()?;
+    }
+    let qb = if tb == t {
+        q.reshape((n_kv, group * t, d))?
+    } else {
+        q.narrow(2, a, tb)?
+            .contiguous()?
+            .reshape((n_kv, group * tb, d))?
+    };
+    let mut scores = qb.matmul(&k.t()?)?;
+    if spec.scale != 1.0 {
+        scores = (scores * spec.scale)?;
+    }
+    if scores.dtype() != DType::F32 {
+        scores = scores.to_dtype(DType::F32)?;
+    }
+    // A mask is needed only if some (query, key) pair in range is hidden.
+    let causal_cut = hi - 1 > q_first;
+    let window_cut = spec.window.is_some_and(|w| q_last - lo >= w);
+    if causal_cut || window_cut {
+        let mut m = vec![0f32; tb * sb];
+        for i in 0..tb {
+            let qp = q_first + i;
+            for j in 0..sb {
+                let kp = lo + j;
+                let hidden = kp > qp || spec.window.is_some_and(|w| qp - kp >= w);
+                if hidden {
+                    m[i * sb + j] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mask = Tensor::from_vec(m, (1, 1, tb, sb), scores.device())?;
+        scores = scores
+            .reshape((n_kv, group, tb, sb))?
+            .broadcast_add(&mask)?
+            .reshape((n_kv, group * tb, sb))?;
+    }
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    let out = probs.matmul(&v)?;
+    Ok(out.reshape((n_kv, group, tb, d))?)
+}

@@ -1,0 +1,559 @@
+//! Cache SPEC strings: a short, validated, round-tripping text form of a whole-model cache
+//! policy (`f16`, `tq4`, `k4v3@all+nc`, …) and the per-layer TurboQuant precision it yields.
+//!
+//! # Grammar
+//!
+//! ```text
+//! SPEC    := DENSE | TQ
+//! DENSE   := "f16" | "bf16" | "f32"                  every layer dense in that dtype
+//! TQ      := BASE ( "+" OPTION | "@" SCOPE )*
+//! BASE    := "tq" BITS                                keys and values at BITS
+//!          | "k" SIDE "v" SIDE                        keys and values apart
+//! SIDE    := BITS | "f16"                             f16: that side stays dense f16
+//! BITS    := "1" | "2" | "2.5" | "3" | "3.5" | "4"
+//! SCOPE   := "full" (default) | "sliding" | "all"     which layers are quantized
+//! OPTION  := "mse" (default) | "prod"                 TurboQuant variant
+//!          | "nc"                                     norm correction (mse only)
+//!          | "hadamard" (default) | "haar"            rotation
+//!          | "seed=" N  | "s" N                       rotation seed (u64, default 0)
+//! ```
+//!
+//! Case and surrounding blanks are ignored; options and the scope may come in any order, each
+//! at most once. Layers outside the scope stay dense f16. Layers that share another layer's
+//! KV (Gemma 4 KV-sharing consumers) own no storage and simply read their producer's cache,
+//! whatever its precision. The canonical form printed by `Display` is
+//! `BASE[+prod][+nc][+haar][+seed=N][@sliding|@all]`, with `tqB` when both sides are equal;
+//! parsing it gives the same value back.
+//!
+//! Examples: `tq4` (4-bit K and V on full-attention layers), `tq3.5@all`, `k4v3`,
+//! `k3.5v2.5@all`, `k4vf16`, `tq4+prod`, `tq3+nc`, `tq3+haar+seed=7`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use kvlab_turboquant::{Bits, RotationKind, Spec, Variant};
+use serde::{Deserialize, Serialize};
+
+use super::storage::KvPrecision;
+use super::PrecisionPolicy;
+use crate::error::{EngineError, Result};
+
+/// How one side (keys or values) of a TurboQuant layer is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TqSide {
+    /// Dense IEEE half precision (e.g. values kept exact while keys are quantized).
+    F16,
+    /// TurboQuant codes under this codec spec.
+    Codes(Spec),
+}
+
+impl TqSide {
+    /// The codec spec, if this side is quantized.
+    pub fn spec(&self) -> Option<&Spec> {
+        match self {
+            TqSide::F16 => None,
+            TqSide::Codes(s) => Some(s),
+        }
+    }
+}
+
+/// The precision of one TurboQuant layer: keys and values each quantized or dense f16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TqPrecision {
+    /// How keys are stored.
+    pub key: TqSide,
+    /// How values are stored.
+    pub value: TqSide,
+}
+
+impl fmt::Display for TqPrecision {
+    /// The SPEC form without a scope (`tq4`, `k4vf16+nc`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = |s: &TqSide| match s {
+            TqSide::F16 => "f16".to_string(),
+            TqSide::Codes(c) => bits_str(c.bits).to_string(),
+        };
+        if self.key == self.value {
+            write!(f, "tq{}", side(&self.key))?;
+        } else {
+            write!(f, "k{}v{}", side(&self.key), side(&self.value))?;
+        }
+        // Options are shared by both sides; print those of the first quantized one.
+        if let Some(s) = self.key.spec().or(self.value.spec()) {
+            write_options(f, s)?;
+        }
+        Ok(())
+    }
+}
+
+/// Which cache-owning layers a TurboQuant SPEC quantizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerScope {
+    /// Full-attention layers only (where long contexts put nearly all KV bytes).
+    #[default]
+    Full,
+    /// Sliding-window layers only.
+    Sliding,
+    /// Every cache-owning layer.
+    All,
+}
+
+impl LayerScope {
+    fn name(self) -> &'static str {
+        match self {
+            LayerScope::Full => "full",
+            LayerScope::Sliding => "sliding",
+            LayerScope::All => "all",
+        }
+    }
+}
+
+/// A whole-model cache policy in SPEC-string form (see the module doc for the grammar).
+/// Serializes as its canonical string; deserializing validates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CacheSpec {
+    /// Every layer dense in this precision (`f16`, `bf16`, `f32`).
+    Dense(KvPrecision),
+    /// TurboQuant on the layers of `scope`, dense f16 elsewhere.
+    TurboQuant {
+        /// Key and value formats.
+        precision: TqPrecision,
+        /// Which layers are quantized.
+        scope: LayerScope,
+    },
+}
+
+impl CacheSpec {
+    /// Parses and validates a SPEC string.
+    pub fn parse(s: &str) -> Result<Self> {
+        parse_spec(s)
+    }
+
+    /// The per-layer precision policy this SPEC stands for.
+    pub fn to_policy(&self) -> PrecisionPolicy {
+        match *self {
+            CacheSpec::Dense(p) => PrecisionPolicy::uniform(p),
+            CacheSpec::TurboQuant { precision, scope } => {
+                let tq = KvPrecision::TurboQuant(precision);
+                let (sliding, full) = match scope {
+                    LayerScope::Full => (KvPrecision::F16, tq),
+                    LayerScope::Sliding => (tq, KvPrecision::F16),
+                    LayerScope::All => (tq, tq),
+                };
+                PrecisionPolicy {
+                    sliding,
+                    full,
+                    overrides: Default::default(),
+                }
+            }
+        }
+    }
+
+    /// True for TurboQuant SPECs.
+    pub fn is_turboquant(&self) -> bool {
+        matches!(self, CacheSpec::TurboQuant { .. })
+    }
+}
+
+impl From<CacheSpec> for PrecisionPolicy {
+    fn from(s: CacheSpec) -> Self {
+        s.to_policy()
+    }
+}
+
+impl From<&CacheSpec> for PrecisionPolicy {
+    fn from(s: &CacheSpec) -> Self {
+        s.to_policy()
+    }
+}
+
+impl fmt::Display for CacheSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CacheSpec::Dense(p) => write!(f, "{p}"),
+            CacheSpec::TurboQuant { precision, scope } => {
+                write!(f, "{precision}")?;
+                if *scope != LayerScope::Full {
+                    write!(f, "@{}", scope.name())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl FromStr for CacheSpec {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        parse_spec(s)
+    }
+}
+
+impl TryFrom<String> for CacheSpec {
+    type Error = EngineError;
+    fn try_from(s: String) -> Result<Self> {
+        parse_spec(&s)
+    }
+}
+
+impl From<CacheSpec> for String {
+    fn from(s: CacheSpec) -> String {
+        s.to_string()
+    }
+}
+
+fn bits_str(b: Bits) -> &'static str {
+    match b {
+        Bits::B1 => "1",
+        Bits::B2 => "2",
+        Bits::B2_5 => "2.5",
+        Bits::B3 => "3",
+        Bits::B3_5 => "3.5",
+        Bits::B4 => "4",
+    }
+}
+
+fn write_options(f: &mut fmt::Formatter<'_>, s: &Spec) -> fmt::Result {
+    if s.variant == Variant::Prod {
+        f.write_str("+prod")?;
+    }
+    if s.norm_correction {
+        f.write_str("+nc")?;
+    }
+    if s.rotation == RotationKind::Haar {
+        f.write_str("+haar")?;
+    }
+    if s.seed != 0 {
+        write!(f, "+seed={}", s.seed)?;
+    }
+    Ok(())
+}
+
+fn bad(spec: &str, why: impl fmt::Display) -> EngineError {
+    EngineError::invalid(format!(
+        "invalid cache spec `{spec}`: {why} (expected e.g. f16, tq4, tq3.5@all, k4v3, k4vf16, tq3+nc+haar)"
+    ))
+}
+
+/// A side before options are known: `None` = dense f16.
+fn parse_side(spec: &str, s: &str) -> Result<Option<Bits>> {
+    if s == "f16" {
+        return Ok(None);
+    }
+    // Only plain decimal numbers: `Bits::from_str` would also take " 4" or "4.0e0".
+    if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(bad(spec, format!("`{s}` is not a bit width or f16")));
+    }
+    s.parse::<Bits>().map(Some).map_err(|_| {
+        bad(
+            spec,
+            format!("unsupported bit width `{s}` (1, 2, 2.5, 3, 3.5, 4)"),
+        )
+    })
+}
+
+fn parse_spec(input: &str) -> Result<CacheSpec> {
+    let text = input.trim().to_ascii_lowercase();
+    let spec = text.as_str();
+    if spec.is_empty() {
+        return Err(bad(input, "empty"));
+    }
+    // Split into the base and its `+option` / `@scope` suffixes, keeping each marker.
+    let cut = spec.find(['+', '@']).unwrap_or(spec.len());
+    let (base, mut rest) = spec.split_at(cut);
+    let mut suffixes: Vec<(char, &str)> = Vec::new();
+    while let Some(marker) = rest.chars().next() {
+        let body = &rest[1..];
+        let end = body.find(['+', '@']).unwrap_or(body.len());
+        suffixes.push((marker, &body[..end]));
+        rest = &body[end..];
+    }
+
+    let dense = match base {
+        "f16" => Some(KvPrecision::F16),
+        "bf16" => Some(KvPrecision::BF16),
+        "f32" => Some(KvPrecision::F32),
+        _ => None,
+    };
+    if let Some(p) = dense {
+        if !suffixes.is_empty() {
+            return Err(bad(input, "a dense spec takes no options or layer scope"));
+        }
+        return Ok(CacheSpec::Dense(p));
+    }
+
+    let (key, value) = if let Some(b) = base.strip_prefix("tq") {
+        let bits = parse_side(input, b)?;
+        if bits.is_none() {
+            return Err(bad(input, "use `f16` for a dense cache"));
+        }
+        (bits, bits)
+    } else if let Some(kv) = base.strip_prefix('k') {
+        let Some((k, v)) = kv.split_once('v') else {
+            return Err(bad(input, "`k…` must be followed by `v…`"));
+        };
+        (parse_side(input, k)?, parse_side(input, v)?)
+    } else {
+        return Err(bad(input, format!("unknown format `{base}`")));
+    };
+    if key.is_none() && value.is_none() {
+        return Err(bad(
+            input,
+            "neither keys nor values are quantized; use `f16`",
+        ));
+    }
+
+    let mut scope: Option<LayerScope> = None;
+    let mut variant: Option<Variant> = None;
+    let mut rotation: Option<RotationKind> = None;
+    let mut nc = false;
+    let mut seed: Option<u64> = None;
+    for (marker, body) in suffixes {
+        let dup = || {
+            bad(
+                input,
+                format!("`{marker}{body}` conflicts with an earlier option"),
+            )
+        };
+        if marker == '@' {
+            let s = match body {
+                "full" => LayerScope::Full,
+                "sliding" => LayerScope::Sliding,
+                "all" => LayerScope::All,
+                _ => return Err(bad(input, format!("unknown layer scope `@{body}`"))),
+            };
+            if scope.replace(s).is_some() {
+                return Err(dup());
+            }
+            continue;
+        }
+        match body {
+            "mse" | "prod" => {
+                let v = if body == "prod" {
+                    Variant::Prod
+                } else {
+                    Variant::Mse
+                };
+                if variant.replace(v).is_some() {
+                    return Err(dup());
+                }
+            }
+            "hadamard" | "haar" => {
+                let r = if body == "haar" {
+                    RotationKind::Haar
+                } else {
+                    RotationKind::Hadamard
+                };
+                if rotation.replace(r).is_some() {
+                    return Err(dup());
+                }
+            }
+            "nc" => {
+                if nc {
+                    return Err(dup());
+                }
+                nc = true;
+            }
+            _ => {
+                let num = body
+                    .strip_prefix("seed=")
+                    .or_else(|| body.strip_prefix('s'))
+                    .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+                let Some(n) = num else {
+                    return Err(bad(input, format!("unknown option `+{body}`")));
+                };
+                let n: u64 = n
+                    .parse()
+                    .map_err(|_| bad(input, format!("seed `{n}` does not fit in u64")))?;
+                if seed.replace(n).is_some() {
+                    return Err(dup());
+                }
+            }
+        }
+    }
+
+    let make = |bits: Option<Bits>| -> Result<TqSide> {
+        let Some(bits) = bits else {
+            return Ok(TqSide::F16);
+        };
+        let s = Spec {
+            bits,
+            variant: variant.unwrap_or_default(),
+            rotation: rotation.unwrap_or_default(),
+            norm_correction: nc,
+            seed: seed.unwrap_or(0),
+        };
+        s.validate().map_err(|e| bad(input, e))?;
+        Ok(TqSide::Codes(s))
+    };
+    Ok(CacheSpec::TurboQuant {
+        precision: TqPrecision {
+            key: make(key)?,
+            value: make(value)?,
+        },
+        scope: scope.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tq(bits: Bits) -> TqSide {
+        TqSide::Codes(Spec::mse(bits))
+    }
+
+    #[test]
+    fn parses_the_documented_examples() -> Result<()> {
+        assert_eq!(CacheSpec::parse("f16")?, CacheSpec::Dense(KvPrecision::F16));
+        assert_eq!(
+            CacheSpec::parse(" BF16 ")?,
+            CacheSpec::Dense(KvPrecision::BF16)
+        );
+        assert_eq!(
+            CacheSpec::parse("tq3.5@all")?,
+            CacheSpec::TurboQuant {
+                precision: TqPrecision {
+                    key: tq(Bits::B3_5),
+                    value: tq(Bits::B3_5)
+                },
+                scope: LayerScope::All
+            }
+        );
+        assert_eq!(
+            CacheSpec::parse("k4v3")?,
+            CacheSpec::TurboQuant {
+                precision: TqPrecision {
+                    key: tq(Bits::B4),
+                    value: tq(Bits::B3)
+                },
+                scope: LayerScope::Full
+            }
+        );
+        assert_eq!(
+            CacheSpec::parse("k4vf16@sliding")?,
+            CacheSpec::TurboQuant {
+                precision: TqPrecision {
+                    key: tq(Bits::B4),
+                    value: TqSide::F16
+                },
+                scope: LayerScope::Sliding
+            }
+        );
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("tq3@all+haar+nc+s9")?
+        else {
+            panic!("not turboquant");
+        };
+        let s = precision.key.spec().copied();
+        assert_eq!(
+            s,
+            Some(Spec {
+                bits: Bits::B3,
+                variant: Variant::Mse,
+                rotation: RotationKind::Haar,
+                norm_correction: true,
+                seed: 9
+            })
+        );
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("tq4+prod")? else {
+            panic!("not turboquant");
+        };
+        assert_eq!(
+            precision.value.spec().map(|s| s.variant),
+            Some(Variant::Prod)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn display_round_trips_in_canonical_form() -> Result<()> {
+        for (input, canonical) in [
+            ("f16", "f16"),
+            ("f32", "f32"),
+            ("bf16", "bf16"),
+            ("tq4", "tq4"),
+            ("tq4@full", "tq4"),
+            ("TQ3.5@ALL", "tq3.5@all"),
+            ("tq2.5", "tq2.5"),
+            ("tq2@sliding", "tq2@sliding"),
+            ("k4v4", "tq4"),
+            ("k3.5v2.5", "k3.5v2.5"),
+            ("k4vf16", "k4vf16"),
+            ("kf16v3", "kf16v3"),
+            ("tq4+prod", "tq4+prod"),
+            ("tq3+mse+hadamard+seed=0", "tq3"),
+            ("tq3@all+seed=12+nc+haar", "tq3+nc+haar+seed=12@all"),
+        ] {
+            let s = CacheSpec::parse(input)?;
+            assert_eq!(s.to_string(), canonical, "{input}");
+            assert_eq!(CacheSpec::parse(&s.to_string())?, s, "{input}");
+            let json =
+                serde_json::to_string(&s).map_err(|e| EngineError::invalid(e.to_string()))?;
+            assert_eq!(json, format!("\"{canonical}\""));
+            let back: CacheSpec =
+                serde_json::from_str(&json).map_err(|e| EngineError::invalid(e.to_string()))?;
+            assert_eq!(back, s);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_malformed_and_unsupported_specs() {
+        for s in [
+            "",
+            "f8",
+            "tq",
+            "tq5",
+            "tq4.5",
+            "tq 4",
+            "tqf16",
+            "kf16vf16",
+            "k4",
+            "k4x3",
+            "v3",
+            "f16@all",
+            "f16+nc",
+            "tq4@half",
+            "tq4+fast",
+            "tq4@all@full",
+            "tq4+nc+nc",
+            "tq4+prod+mse",
+            "tq2.5+prod",
+            "tq3+prod+nc",
+            "tq4+seed=",
+            "tq4+seed=-1",
+            "tq4+seed=99999999999999999999999",
+            "tq4+",
+            "tq4@",
+        ] {
+            assert!(CacheSpec::parse(s).is_err(), "{s:?} should be rejected");
+        }
+        assert!(serde_json::from_str::<CacheSpec>("\"tq9\"").is_err());
+    }
+
+    #[test]
+    fn policy_quantizes_the_scoped_layers_only() -> Result<()> {
+        use crate::config::AttentionKind;
+        let tq4 = KvPrecision::TurboQuant(TqPrecision {
+            key: tq(Bits::B4),
+            value: tq(Bits::B4),
+        });
+        let p = CacheSpec::parse("tq4")?.to_policy();
+        assert_eq!(p.for_layer(0, AttentionKind::Sliding), KvPrecision::F16);
+        assert_eq!(p.for_layer(5, AttentionKind::Full), tq4);
+        let p: PrecisionPolicy = CacheSpec::parse("tq4@all")?.into();
+        assert_eq!(p.for_layer(0, AttentionKind::Sliding), tq4);
+        assert_eq!(p.for_layer(5, AttentionKind::Full), tq4);
+        let p = CacheSpec::parse("tq4@sliding")?.to_policy();
+        assert_eq!(p.for_layer(0, AttentionKind::Sliding), tq4);
+        assert_eq!(p.for_layer(5, AttentionKind::Full), KvPrecision::F16);
+        assert_eq!(
+            CacheSpec::parse("f32")?.to_policy(),
+            PrecisionPolicy::uniform(KvPrecision::F32)
+        );
+        Ok(())
+    }
+}

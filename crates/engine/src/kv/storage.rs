@@ -1,0 +1,119 @@
+//! The storage seam of the KV cache: one [`KvStorage`] per cache-owning layer holds that
+//! layer's keys and values in some precision and computes attention over them itself, so a
+//! compressed storage never has to hand out dense tensors on the hot path.
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::spec::TqPrecision;
+use crate::error::Result;
+
+/// Storage precision of a layer's keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KvPrecision {
+    /// 32-bit floats (reference precision).
+    F32,
+    /// IEEE half precision (what llama.cpp stores by default).
+    F16,
+    /// bfloat16.
+    BF16,
+    /// TurboQuant codes (keys and values each quantized or dense f16), see
+    /// [`super::spec::TqPrecision`].
+    #[serde(rename = "turboquant")]
+    TurboQuant(TqPrecision),
+}
+
+impl KvPrecision {
+    /// Short lowercase name (`f32`, `f16`, `bf16`, `turboquant`); `Display` gives the full
+    /// form (`tq4`, `k4v3+nc`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+            KvPrecision::BF16 => "bf16",
+            KvPrecision::TurboQuant(_) => "turboquant",
+        }
+    }
+
+    /// True for dense float precisions.
+    pub fn is_dense(self) -> bool {
+        !matches!(self, KvPrecision::TurboQuant(_))
+    }
+}
+
+impl std::fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvPrecision::TurboQuant(p) => write!(f, "{p}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+/// Which stored keys a block of queries may see, in absolute token positions.
+///
+/// Query row `i` sits at position `query_start + i`; stored key `j` at `key_start + j`.
+/// Key at position `k` is visible to the query at `q` iff `k ≤ q` and, with a window `W`,
+/// `q − k < W` (exactly `W` keys including the query's own).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttendSpec {
+    /// Absolute position of the first query row.
+    pub query_start: usize,
+    /// Absolute position of the first stored key.
+    pub key_start: usize,
+    /// Sliding window, or `None` for full causal attention.
+    pub window: Option<usize>,
+    /// Multiplier on q·k before the softmax.
+    pub scale: f64,
+}
+
+/// One layer's K/V store. Object-safe so precisions can be swapped at run time.
+///
+/// Shapes: keys and values enter as `[n_kv_heads, t, head_dim]`; queries as
+/// `[n_heads, t, head_dim]` with `n_heads` a multiple of `n_kv_heads` (query head `h` reads
+/// kv head `h / (n_heads / n_kv_heads)`); [`KvStorage::attend`] returns `[n_heads, t, head_dim]`
+/// in the query's dtype.
+pub trait KvStorage: Send + std::fmt::Debug {
+    /// The precision this storage keeps.
+    fn precision(&self) -> KvPrecision;
+    /// Number of tokens held.
+    fn len(&self) -> usize;
+    /// True when no token is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Appends a chunk of `t` tokens at the end.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()>;
+    /// softmax(scale·q·kᵀ + mask)·v over the held tokens, computed by the storage.
+    fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor>;
+    /// Forgets the `n` oldest tokens (sliding windows).
+    fn drop_front(&mut self, n: usize) -> Result<()>;
+    /// Keeps only the first `len` tokens (rewinds).
+    fn truncate(&mut self, len: usize) -> Result<()>;
+    /// Bytes that hold live tokens.
+    fn bytes_used(&self) -> usize;
+    /// Bytes reserved, live or not.
+    fn bytes_allocated(&self) -> usize;
+    /// Decodes everything held to f32 `[n_kv_heads, len, head_dim]` (K, V). For conversion
+    /// between precisions and for tests only, never on the decode path.
+    fn to_dense(&self) -> Result<(Tensor, Tensor)>;
+    /// Decodes held tokens `from..from + len` to f32 `[n_kv_heads, len, head_dim]` (K, V), so
+    /// a precision switch can convert a layer in pieces instead of decoding all of it at once.
+    fn to_dense_range(&self, from: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let (k, v) = self.to_dense()?;
+        Ok((k.narrow(1, from, len)?, v.narrow(1, from, len)?))
+    }
+}
+
+/// Shape of one layer's cache, enough for a storage factory.
+#[derive(Debug, Clone)]
+pub struct StorageShape {
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Per-head dimension.
+    pub head_dim: usize,
+    /// Where the tensors live.
+    pub device: Device,
+}

@@ -1,0 +1,168 @@
+//! Tests of live precision switches on a whole cache: conversions keep the tokens (exactly
+//! for TurboQuant → dense, which keeps the quantization error), work across conversion
+//! chunks and sliding windows, and a failed conversion leaves the old storage intact.
+
+use std::path::PathBuf;
+
+use candle_core::{Device, Tensor};
+
+use super::*;
+use crate::config::hf::load_config;
+
+fn config() -> Result<ModelConfig> {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_gemma3/config.json");
+    load_config(&p)
+}
+
+fn chunk(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f32> = (0..h * t * d)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Ok(Tensor::from_vec(data, (h, t, d), &Device::Cpu)?)
+}
+
+/// Fills every owning layer with `n` tokens in steps of `step`, committing like the model.
+fn fill(cache: &mut KvCache, cfg: &ModelConfig, n: usize, step: usize) -> Result<()> {
+    let mut at = 0;
+    while at < n {
+        let t = step.min(n - at);
+        for l in cfg.cache_owning_layers() {
+            let k = chunk((l.index * 7919 + at) as u64, l.n_kv_heads, t, l.head_dim)?;
+            let v = chunk((l.index * 104_729 + at) as u64, l.n_kv_heads, t, l.head_dim)?;
+            cache.append(l.index, &k, &v)?;
+        }
+        cache.commit(t)?;
+        at += t;
+    }
+    Ok(())
+}
+
+fn dense(cache: &KvCache, layer: usize) -> Result<(Tensor, Tensor)> {
+    cache
+        .storage(layer)
+        .ok_or_else(|| EngineError::invalid("no storage"))?
+        .to_dense()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
+}
+
+fn spec(s: &str) -> Result<PrecisionPolicy> {
+    Ok(CacheSpec::parse(s)?.to_policy())
+}
+
+#[test]
+fn switches_keep_every_layer_consistent() -> Result<()> {
+    let cfg = config()?;
+    // More than one conversion chunk on the full layers; sliding layers hold W − 1.
+    let n = CONVERT_CHUNK + 700;
+    let mut cache = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
+    fill(&mut cache, &cfg, n, 1000)?;
+    let full = 2; // tiny_gemma3: layers 2 and 5 are full attention
+    let (k32, v32) = dense(&cache, full)?;
+
+    // f32 → tq4 on every layer: the codes decode close to the originals.
+    cache.convert(&spec("tq4@all")?)?;
+    let (k4, v4) = dense(&cache, full)?;
+    assert_eq!(k4.dims(), k32.dims());
+    let rel = max_diff(&k4, &k32)? / k32.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(rel > 0.0 && rel < 0.5, "tq4 relative error {rel}");
+
+    // tq4 → f32 keeps exactly the quantized values (the original ones are gone).
+    cache.convert(&spec("f32")?)?;
+    let (kb, vb) = dense(&cache, full)?;
+    assert_eq!(max_diff(&kb, &k4)?, 0.0);
+    assert_eq!(max_diff(&vb, &v4)?, 0.0);
+    assert!(max_diff(&vb, &v32)? > 0.0);
+
+    // tq4 → tq3 directly re-encodes what tq4 held (the decoded tq4 values): the same as
+    // going through f32.
+    let mut twin = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
+    fill(&mut twin, &cfg, n, 1000)?;
+    twin.convert(&spec("tq4@all")?)?;
+    twin.convert(&spec("tq3@all")?)?;
+    cache.convert(&spec("tq3@all")?)?;
+    for l in cfg.cache_owning_layers() {
+        let (a, b) = (dense(&cache, l.index)?, dense(&twin, l.index)?);
+        assert_eq!(max_diff(&a.0, &b.0)?, 0.0, "layer {}", l.index);
+        assert_eq!(max_diff(&a.1, &b.1)?, 0.0, "layer {}", l.index);
+    }
+    // Positions survive: sliding layers still hold exactly their window and can go on.
+    for l in &cfg.layers {
+        let held = cache.storage(l.index).map(|s| s.len());
+        let want = match l.sliding_window {
+            Some(w) => w - 1,
+            None => n,
+        };
+        assert_eq!(held, Some(want), "layer {}", l.index);
+    }
+    fill(&mut cache, &cfg, 3, 1)?;
+    assert_eq!(cache.seq_len(), n + 3);
+    Ok(())
+}
+
+#[test]
+fn a_failed_conversion_leaves_the_old_storage() -> Result<()> {
+    let cfg = config()?;
+    let mut cache = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
+    fill(&mut cache, &cfg, 40, 7)?;
+    // Layer 5 (full) gets one value whose norm overflows the f16 norm field of the codes.
+    let l5 = &cfg.layers[5];
+    let k = chunk(1, l5.n_kv_heads, 1, l5.head_dim)?;
+    let v = (chunk(2, l5.n_kv_heads, 1, l5.head_dim)? * 1e6)?;
+    for l in cfg.cache_owning_layers() {
+        let (kk, vv) = if l.index == 5 {
+            (k.clone(), v.clone())
+        } else {
+            let c = chunk(3, l.n_kv_heads, 1, l.head_dim)?;
+            (c.clone(), c)
+        };
+        cache.append(l.index, &kk, &vv)?;
+    }
+    cache.commit(1)?;
+    let before: Vec<_> = cfg
+        .cache_owning_layers()
+        .map(|l| dense(&cache, l.index))
+        .collect::<Result<_>>()?;
+    let mem_before = cache.memory();
+
+    let mut policy = spec("tq4")?;
+    policy.sliding = KvPrecision::F32;
+    let err = cache.convert(&policy);
+    assert!(matches!(err, Err(EngineError::Codec(_))), "{err:?}");
+    // Layer 5 is untouched; layer 2 (converted first) is valid TurboQuant; sliding layers
+    // were never asked to change.
+    let s5 = cache
+        .storage(5)
+        .ok_or_else(|| EngineError::invalid("no 5"))?;
+    assert_eq!(s5.precision(), KvPrecision::F32);
+    assert_eq!(s5.len(), 41);
+    let (k5, v5) = dense(&cache, 5)?;
+    let (bk, bv) = &before[cfg
+        .cache_owning_layers()
+        .position(|l| l.index == 5)
+        .unwrap_or(0)];
+    assert_eq!(max_diff(&k5, bk)?, 0.0);
+    assert_eq!(max_diff(&v5, bv)?, 0.0);
+    assert!(!cache
+        .storage(2)
+        .ok_or_else(|| EngineError::invalid("no 2"))?
+        .precision()
+        .is_dense());
+    assert_eq!(cache.memory().layers[0], mem_before.layers[0]);
+    // Every layer still attends.
+    for l in &cfg.layers {
+        let q = chunk(9, l.n_heads, 1, l.head_dim)?;
+        let o = cache.attend(l.index, &q, cache.seq_len() - 1, l.attn_scale)?;
+        assert_eq!(o.dims(), &[l.n_heads, 1, l.head_dim]);
+    }
+    Ok(())
+}

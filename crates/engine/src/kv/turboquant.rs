@@ -1,0 +1,646 @@
+//! TurboQuant K/V storage: tokens are encoded as they are appended (no dense copy outlives
+//! the chunk that brought them), keys and values each under their own codec spec (or dense
+//! f16), one stream of code segments per kv head; on CPU attention reads the codes directly.
+//!
+//! Layout: every kv head holds its tokens in segments of [`SEGMENT_TOKENS`] (each a
+//! `CodeBlock`, or an f16 row buffer for a dense side); all segments but the last are full.
+//! Segments let a sliding window forget its oldest tokens by dropping whole segments (the
+//! `front` tokens of the first segment are kept but masked), and let one decode step spread
+//! a long context over all cores even when the model has a single kv head.
+//!
+//! CPU attention, per kv head and block of query rows: the group's query heads are scaled
+//! and scored together against each segment's codes (`scores_multi`: each query rotated once
+//! per segment, codes unpacked once for the whole group), masked per [`AttendSpec`] (causal,
+//! sliding window, dropped front), soft-maxed across segments, and the values are summed by
+//! `accumulate_multi` in the rotated domain and rotated back once per segment. Keys are never
+//! repeated for GQA and no dequantized K/V exists.
+//!
+//! Other devices (CUDA, Metal): the portable fallback dequantizes the held tokens with
+//! [`KvStorage::to_dense`] on every call and runs the dense attention there. Correct, but it
+//! pays a full decode per step; the codes still save the memory.
+
+use std::fmt;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use half::f16;
+use kvlab_turboquant::{CodeBlock, Codec, Scratch};
+use rayon::prelude::*;
+
+use super::attend::attend_dense;
+use super::spec::{TqPrecision, TqSide};
+use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
+use crate::error::{EngineError, Result};
+
+/// Tokens per code segment (per kv head and side).
+pub const SEGMENT_TOKENS: usize = 512;
+
+/// Upper bound on the floats of one query block's score buffer (4 MiB): long prefills are
+/// cut into blocks of query rows so the scores never grow with `t × context`.
+const SCORE_BUDGET: usize = 1 << 20;
+
+/// Below this many (query, key) pairs a block is processed on the calling thread.
+const PARALLEL_MIN_PAIRS: usize = 1 << 14;
+
+/// One segment of one side of one kv head.
+enum Seg {
+    Codes(CodeBlock),
+    /// Row-major `tokens × dim` half floats.
+    Dense(Vec<f16>),
+}
+
+/// Keys or values of every kv head.
+struct Side {
+    codec: Option<Arc<Codec>>,
+    dim: usize,
+    heads: Vec<Vec<Seg>>,
+}
+
+impl fmt::Debug for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the codes themselves.
+        f.debug_struct("Side")
+            .field("spec", &self.codec.as_ref().map(|c| *c.spec()))
+            .field("dim", &self.dim)
+            .field("heads", &self.heads.len())
+            .field("segments", &self.heads.first().map_or(0, Vec::len))
+            .finish()
+    }
+}
+
+impl Side {
+    fn new(side: TqSide, n_heads: usize, dim: usize) -> Result<Self> {
+        let codec = match side {
+            TqSide::F16 => None,
+            TqSide::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
+        };
+        Ok(Self {
+            codec,
+            dim,
+            heads: (0..n_heads).map(|_| Vec::new()).collect(),
+        })
+    }
+
+    fn bytes_per_vector(&self) -> usize {
+        match &self.codec {
+            Some(c) => c.bytes_per_vector(),
+            None => 2 * self.dim,
+        }
+    }
+
+    fn seg_len(&self, seg: &Seg) -> usize {
+        match seg {
+            Seg::Codes(b) => b.len(),
+            Seg::Dense(v) => v.len() / self.dim,
+        }
+    }
+
+    fn new_seg(&self) -> Seg {
+        match &self.codec {
+            Some(c) => Seg::Codes(c.new_block()),
+            None => Seg::Dense(Vec::new()),
+        }
+    }
+
+    fn scratch(&self) -> Scratch {
+        self.codec.as_ref().map(|c| c.scratch()).unwrap_or_default()
+    }
+
+    /// Appends `rows` (`n × dim`) to head `h`, filling the last segment first.
+    fn append(&mut self, h: usize, mut rows: &[f32]) -> Result<()> {
+        let d = self.dim;
+        while !rows.is_empty() {
+            let need_new = match self.heads[h].last() {
+                None => true,
+                Some(s) => self.seg_len(s) == SEGMENT_TOKENS,
+            };
+            if need_new {
+                let seg = self.new_seg();
+                self.heads[h].push(seg);
+            }
+            let Some(seg) = self.heads[h].last_mut() else {
+                return Err(EngineError::invalid("segment missing after push"));
+            };
+            let have = match seg {
+                Seg::Codes(b) => b.len(),
+                Seg::Dense(v) => v.len() / d,
+            };
+            let take = (SEGMENT_TOKENS - have).min(rows.len() / d);
+            let (now, rest) = rows.split_at(take * d);
+            match (seg, &self.codec) {
+                (Seg::Codes(b), Some(codec)) => codec.encode_batch(now, b)?,
+                (Seg::Dense(v), _) => {
+                    // Grow a segment 128 tokens at a time so the reserve stays small.
+                    if v.capacity() < v.len() + now.len() {
+                        let want = (v.len() + now.len()).div_ceil(128 * d) * 128 * d;
+                        v.reserve_exact(want.min(SEGMENT_TOKENS * d) - v.len());
+                    }
+                    v.extend(now.iter().map(|&x| f16::from_f32(x)));
+                }
+                (Seg::Codes(_), None) => {
+                    return Err(EngineError::invalid("code segment without a codec"));
+                }
+            }
+            rows = rest;
+        }
+        Ok(())
+    }
+
+    /// Keeps the first `total` stored tokens of every head.
+    fn truncate(&mut self, total: usize) {
+        let d = self.dim;
+        let keep = total.div_ceil(SEGMENT_TOKENS);
+        let in_last = total - keep.saturating_sub(1) * SEGMENT_TOKENS;
+        for segs in &mut self.heads {
+            segs.truncate(keep);
+            match segs.last_mut() {
+                Some(Seg::Codes(b)) => b.truncate(in_last),
+                Some(Seg::Dense(v)) => v.truncate(in_last * d),
+                None => {}
+            }
+        }
+    }
+
+    /// Forgets the first `n` segments of every head.
+    fn drop_segments(&mut self, n: usize) {
+        for segs in &mut self.heads {
+            let n = n.min(segs.len());
+            segs.drain(..n);
+        }
+    }
+
+    fn bytes_allocated(&self) -> usize {
+        self.heads
+            .iter()
+            .flatten()
+            .map(|s| match s {
+                Seg::Codes(b) => b.bytes_allocated(),
+                Seg::Dense(v) => 2 * v.capacity(),
+            })
+            .sum()
+    }
+
+    /// Decodes stored tokens `from..from + out.len() / dim` of head `h` into `out`.
+    fn decode(&self, h: usize, from: usize, out: &mut [f32]) -> Result<()> {
+        let d = self.dim;
+        let mut scratch = self.scratch();
+        for (r, row) in out.chunks_exact_mut(d).enumerate() {
+            let j = from + r;
+            let seg = self.heads[h]
+                .get(j / SEGMENT_TOKENS)
+                .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
+            let i = j % SEGMENT_TOKENS;
+            match (seg, &self.codec) {
+                (Seg::Codes(b), Some(c)) => c.decode(b, i, row, &mut scratch)?,
+                (Seg::Dense(v), _) => {
+                    let src = v
+                        .get(i * d..(i + 1) * d)
+                        .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
+                    for (o, x) in row.iter_mut().zip(src) {
+                        *o = x.to_f32();
+                    }
+                }
+                (Seg::Codes(_), None) => {
+                    return Err(EngineError::invalid("code segment without a codec"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `out[qi·n + t] = ⟨q_qi, x̂_t⟩` for the `n` tokens of segment `s` of head `h`.
+    fn scores(
+        &self,
+        h: usize,
+        s: usize,
+        queries: &[f32],
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.dim;
+        match (&self.heads[h][s], &self.codec) {
+            (Seg::Codes(b), Some(c)) => c.scores_multi(queries, b, scratch, out)?,
+            (Seg::Dense(v), _) => {
+                let n = v.len() / d;
+                let mut row = vec![0f32; d];
+                for t in 0..n {
+                    for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
+                        *o = x.to_f32();
+                    }
+                    for (qi, q) in queries.chunks_exact(d).enumerate() {
+                        out[qi * n + t] = q.iter().zip(&row).map(|(a, b)| a * b).sum();
+                    }
+                }
+            }
+            (Seg::Codes(_), None) => {
+                return Err(EngineError::invalid("code segment without a codec"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`).
+    fn accumulate(
+        &self,
+        h: usize,
+        s: usize,
+        weights: &[f32],
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.dim;
+        match (&self.heads[h][s], &self.codec) {
+            (Seg::Codes(b), Some(c)) => c.accumulate_multi(weights, b, scratch, out)?,
+            (Seg::Dense(v), _) => {
+                let n = v.len() / d;
+                out.fill(0.0);
+                let mut row = vec![0f32; d];
+                for t in 0..n {
+                    for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
+                        *o = x.to_f32();
+                    }
+                    for (qi, o) in out.chunks_exact_mut(d).enumerate() {
+                        let w = weights[qi * n + t];
+                        if w != 0.0 {
+                            for (a, &x) in o.iter_mut().zip(&row) {
+                                *a += w * x;
+                            }
+                        }
+                    }
+                }
+            }
+            (Seg::Codes(_), None) => {
+                return Err(EngineError::invalid("code segment without a codec"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A layer's keys and values as TurboQuant codes (see the module doc).
+#[derive(Debug)]
+pub struct TurboQuantStorage {
+    precision: TqPrecision,
+    shape: StorageShape,
+    key: Side,
+    value: Side,
+    /// Stored tokens of the first segment that were dropped (masked, not yet freed).
+    front: usize,
+    /// Stored tokens per head, `front` included.
+    total: usize,
+}
+
+impl TurboQuantStorage {
+    /// An empty storage; builds the codecs (and validates the specs for `shape.head_dim`).
+    pub fn new(precision: TqPrecision, shape: StorageShape) -> Result<Self> {
+        Ok(Self {
+            key: Side::new(precision.key, shape.n_kv_heads, shape.head_dim)?,
+            value: Side::new(precision.value, shape.n_kv_heads, shape.head_dim)?,
+            precision,
+            shape,
+            front: 0,
+            total: 0,
+        })
+    }
+
+    /// Bytes one token takes in this layer (all kv heads, keys and values).
+    pub fn bytes_per_token(&self) -> usize {
+        self.shape.n_kv_heads * (self.key.bytes_per_vector() + self.value.bytes_per_vector())
+    }
+
+    fn clear(&mut self) {
+        self.key.truncate(0);
+        self.value.truncate(0);
+        self.front = 0;
+        self.total = 0;
+    }
+
+    /// Host f32 copy of a `[n_kv_heads, t, head_dim]` tensor.
+    fn host_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
+        Ok(x.to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    }
+
+    /// The visible stored-token range `[lo, hi)` of the query at absolute position `qp`.
+    fn visible(&self, qp: usize, spec: &AttendSpec) -> Result<(usize, usize)> {
+        let live = self.total - self.front;
+        let key_end = spec.key_start + live;
+        let lo = match spec.window {
+            Some(w) => spec.key_start.max((qp + 1).saturating_sub(w)),
+            None => spec.key_start,
+        };
+        let hi = key_end.min(qp + 1);
+        if hi <= lo {
+            return Err(EngineError::invalid(format!(
+                "attend: query {qp} sees no stored key (keys {}..{key_end})",
+                spec.key_start
+            )));
+        }
+        let at = |p: usize| p - spec.key_start + self.front;
+        Ok((at(lo), at(hi)))
+    }
+
+    /// The compressed-domain attention (see the module doc).
+    fn attend_cpu(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
+        let (nh, t, d) = q.dims3()?;
+        let nkv = self.shape.n_kv_heads;
+        if d != self.shape.head_dim || nkv == 0 || nh % nkv != 0 {
+            return Err(EngineError::invalid(format!(
+                "attend: q {:?} does not fit a cache of {nkv} kv heads × {}",
+                q.dims(),
+                self.shape.head_dim
+            )));
+        }
+        if t == 0 {
+            return Ok(q.clone());
+        }
+        if self.total == self.front {
+            return Err(EngineError::invalid("attend on an empty cache"));
+        }
+        let group = nh / nkv;
+        let qv = self.host_rows(q)?;
+        let scale = spec.scale as f32;
+        let live = self.total - self.front;
+        let rows_per_block = (SCORE_BUDGET / (group * live)).clamp(1, t);
+        let mut out = vec![0f32; nh * t * d];
+        for hk in 0..nkv {
+            let mut a = 0;
+            while a < t {
+                let b = (a + rows_per_block).min(t);
+                let ranges = (a..b)
+                    .map(|i| self.visible(spec.query_start + i, spec))
+                    .collect::<Result<Vec<_>>>()?;
+                // The group's query heads, row-major (row, head), scale folded in.
+                let g = (b - a) * group;
+                let mut qm = vec![0f32; g * d];
+                for (ri, i) in (a..b).enumerate() {
+                    for gg in 0..group {
+                        let src = &qv[((hk * group + gg) * t + i) * d..][..d];
+                        let dst = &mut qm[(ri * group + gg) * d..][..d];
+                        for (o, &x) in dst.iter_mut().zip(src) {
+                            *o = x * scale;
+                        }
+                    }
+                }
+                let res = self.attend_block(hk, &qm, group, &ranges)?;
+                for (ri, i) in (a..b).enumerate() {
+                    for gg in 0..group {
+                        let dst = &mut out[((hk * group + gg) * t + i) * d..][..d];
+                        dst.copy_from_slice(&res[(ri * group + gg) * d..][..d]);
+                    }
+                }
+                a = b;
+            }
+        }
+        let o = Tensor::from_vec(out, (nh, t, d), &Device::Cpu)?;
+        Ok(o.to_dtype(q.dtype())?)
+    }
+
+    /// One kv head, one block of query rows (`ranges[r]` = visible stored tokens of row r,
+    /// `qm` = `rows × group` scaled queries) → `rows × group × d` outputs.
+    fn attend_block(
+        &self,
+        hk: usize,
+        qm: &[f32],
+        group: usize,
+        ranges: &[(usize, usize)],
+    ) -> Result<Vec<f32>> {
+        let d = self.shape.head_dim;
+        let g = ranges.len() * group;
+        let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+        let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+        let segs: Vec<usize> = (lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS)).collect();
+        let parallel = g * (hi - lo) >= PARALLEL_MIN_PAIRS && segs.len() > 1;
+
+        // Phase 1: masked scores per segment.
+        let score_seg = |scratch: &mut Scratch, s: usize| -> Result<Vec<f32>> {
+            let n = self.key.seg_len(&self.key.heads[hk][s]);
+            let mut buf = vec![0f32; g * n];
+            self.key.scores(hk, s, qm, scratch, &mut buf)?;
+            let base = s * SEGMENT_TOKENS;
+            for (qi, row) in buf.chunks_exact_mut(n.max(1)).enumerate().take(g) {
+                let (rlo, rhi) = ranges[qi / group];
+                let from = rlo.saturating_sub(base).min(n);
+                let to = rhi.saturating_sub(base).min(n);
+                row[..from].fill(f32::NEG_INFINITY);
+                row[to.max(from)..].fill(f32::NEG_INFINITY);
+            }
+            Ok(buf)
+        };
+        let mut scores: Vec<Vec<f32>> = if parallel {
+            segs.par_iter()
+                .map_init(|| self.key.scratch(), |sc, &s| score_seg(sc, s))
+                .collect::<Result<_>>()?
+        } else {
+            let mut sc = self.key.scratch();
+            segs.iter()
+                .map(|&s| score_seg(&mut sc, s))
+                .collect::<Result<_>>()?
+        };
+
+        // Phase 2: softmax of each query across all segments.
+        for qi in 0..g {
+            let mut max = f32::NEG_INFINITY;
+            for buf in &scores {
+                let n = buf.len() / g;
+                for &x in &buf[qi * n..(qi + 1) * n] {
+                    max = max.max(x);
+                }
+            }
+            let mut sum = 0f32;
+            for buf in scores.iter_mut() {
+                let n = buf.len() / g;
+                for x in &mut buf[qi * n..(qi + 1) * n] {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+            }
+            let inv = 1.0 / sum;
+            for buf in scores.iter_mut() {
+                let n = buf.len() / g;
+                for x in &mut buf[qi * n..(qi + 1) * n] {
+                    *x *= inv;
+                }
+            }
+        }
+
+        // Phase 3: weighted value sums per segment, added up.
+        let acc_seg = |scratch: &mut Scratch, (s, w): (&usize, &Vec<f32>)| -> Result<Vec<f32>> {
+            let mut o = vec![0f32; g * d];
+            self.value.accumulate(hk, *s, w, scratch, &mut o)?;
+            Ok(o)
+        };
+        let add = |a: Result<Vec<f32>>, b: Result<Vec<f32>>| -> Result<Vec<f32>> {
+            let (mut a, b) = (a?, b?);
+            for (x, y) in a.iter_mut().zip(&b) {
+                *x += y;
+            }
+            Ok(a)
+        };
+        if parallel {
+            segs.par_iter()
+                .zip(scores.par_iter())
+                .map_init(|| self.value.scratch(), acc_seg)
+                .reduce(|| Ok(vec![0f32; g * d]), add)
+        } else {
+            let mut sc = self.value.scratch();
+            segs.iter()
+                .zip(scores.iter())
+                .map(|p| acc_seg(&mut sc, p))
+                .fold(Ok(vec![0f32; g * d]), add)
+        }
+    }
+
+    /// Decodes held tokens `from..from + len` of every head into `[n_kv, len, d]` f32.
+    fn decode_range(&self, side: &Side, from: usize, len: usize) -> Result<Vec<f32>> {
+        let (h, d) = (self.shape.n_kv_heads, self.shape.head_dim);
+        let mut out = vec![0f32; h * len * d];
+        if len == 0 {
+            return Ok(out);
+        }
+        // Rows are independent: decode them on all cores in runs of 256.
+        out.par_chunks_mut(256 * d)
+            .enumerate()
+            .try_for_each(|(c, rows)| {
+                let first = c * 256;
+                let mut r = 0;
+                while r < rows.len() / d {
+                    let flat = first + r;
+                    let (head, tok) = (flat / len, flat % len);
+                    let n = (len - tok).min(rows.len() / d - r);
+                    side.decode(head, self.front + from + tok, &mut rows[r * d..(r + n) * d])?;
+                    r += n;
+                }
+                Ok::<(), EngineError>(())
+            })?;
+        Ok(out)
+    }
+}
+
+impl KvStorage for TurboQuantStorage {
+    fn precision(&self) -> KvPrecision {
+        KvPrecision::TurboQuant(self.precision)
+    }
+
+    fn len(&self) -> usize {
+        self.total - self.front
+    }
+
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (h, t, d) = k.dims3()?;
+        if (h, d) != (self.shape.n_kv_heads, self.shape.head_dim) || v.dims3()? != (h, t, d) {
+            return Err(EngineError::invalid(format!(
+                "append: k {:?} / v {:?} do not match a cache of {} kv heads × {}",
+                k.dims(),
+                v.dims(),
+                self.shape.n_kv_heads,
+                self.shape.head_dim
+            )));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let kf = self.host_rows(k)?;
+        let vf = self.host_rows(v)?;
+        let before = self.total;
+        let mut res = Ok(());
+        for head in 0..h {
+            let rows = head * t * d..(head + 1) * t * d;
+            res = self
+                .key
+                .append(head, &kf[rows.clone()])
+                .and_then(|_| self.value.append(head, &vf[rows]));
+            if res.is_err() {
+                break;
+            }
+        }
+        if res.is_err() {
+            // All or nothing: a vector that cannot be encoded leaves the storage as it was.
+            self.key.truncate(before);
+            self.value.truncate(before);
+        } else {
+            self.total += t;
+        }
+        res
+    }
+
+    fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
+        if q.device().is_cpu() {
+            return self.attend_cpu(q, spec);
+        }
+        let (k, v) = self.to_dense()?;
+        attend_dense(q, &k, &v, spec)
+    }
+
+    fn drop_front(&mut self, n: usize) -> Result<()> {
+        if n > self.len() {
+            return Err(EngineError::invalid(format!(
+                "drop_front({n}) on a cache of {} tokens",
+                self.len()
+            )));
+        }
+        if n == self.len() {
+            self.clear();
+            return Ok(());
+        }
+        self.front += n;
+        let whole = self.front / SEGMENT_TOKENS;
+        if whole > 0 {
+            self.key.drop_segments(whole);
+            self.value.drop_segments(whole);
+            self.front -= whole * SEGMENT_TOKENS;
+            self.total -= whole * SEGMENT_TOKENS;
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len() {
+            return Err(EngineError::invalid(format!(
+                "truncate({len}) on a cache of {} tokens",
+                self.len()
+            )));
+        }
+        if len == 0 {
+            self.clear();
+            return Ok(());
+        }
+        self.total = self.front + len;
+        self.key.truncate(self.total);
+        self.value.truncate(self.total);
+        Ok(())
+    }
+
+    fn bytes_used(&self) -> usize {
+        self.len() * self.bytes_per_token()
+    }
+
+    fn bytes_allocated(&self) -> usize {
+        self.key.bytes_allocated() + self.value.bytes_allocated()
+    }
+
+    fn to_dense(&self) -> Result<(Tensor, Tensor)> {
+        self.to_dense_range(0, self.len())
+    }
+
+    fn to_dense_range(&self, from: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        if from + len > self.len() {
+            return Err(EngineError::invalid(format!(
+                "to_dense_range({from}, {len}) on a cache of {} tokens",
+                self.len()
+            )));
+        }
+        let shape = (self.shape.n_kv_heads, len, self.shape.head_dim);
+        let dev = &self.shape.device;
+        let k = Tensor::from_vec(self.decode_range(&self.key, from, len)?, shape, dev)?;
+        let v = Tensor::from_vec(self.decode_range(&self.value, from, len)?, shape, dev)?;
+        Ok((k, v))
+    }
+}
+
+#[cfg(test)]
+#[path = "turboquant_tests.rs"]
+mod tests;

@@ -1,0 +1,264 @@
+//! Tests of the TurboQuant storage: attention on codes equals dense attention on the
+//! dequantized K/V (causal, sliding windows, GQA, segment boundaries, dropped fronts, mixed
+//! sides), bytes follow the codec formula, and failed appends change nothing.
+
+use candle_core::{Device, Tensor};
+use kvlab_turboquant::{bytes_per_vector, Bits, RotationKind, Spec, Variant};
+
+use super::*;
+use crate::kv::spec::CacheSpec;
+
+/// Deterministic roughly-normal values (sum of 4 uniforms), with a per-row offset so
+/// vectors are not centred (the case a sign-less rotation would get wrong).
+fn data(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..n)
+        .map(|i| (next() + next() + next() + next() - 2.0) * 1.7 + 0.3 * ((i / 7) % 3) as f32)
+        .collect()
+}
+
+fn tensor(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
+    Ok(Tensor::from_vec(
+        data(seed, h * t * d),
+        (h, t, d),
+        &Device::Cpu,
+    )?)
+}
+
+fn shape(n_kv: usize, d: usize) -> StorageShape {
+    StorageShape {
+        n_kv_heads: n_kv,
+        head_dim: d,
+        device: Device::Cpu,
+    }
+}
+
+fn tq(key: TqSide, value: TqSide) -> TqPrecision {
+    TqPrecision { key, value }
+}
+
+fn codes(bits: Bits) -> TqSide {
+    TqSide::Codes(Spec::mse(bits))
+}
+
+fn max_abs(t: &Tensor) -> Result<f32> {
+    Ok(t.abs()?.max_all()?.to_scalar::<f32>()?)
+}
+
+/// Appends `chunks` token by chunk, attending after each append as a model step would, and
+/// keeping a sliding window trimmed like `KvCache::commit`; every result must equal dense
+/// attention over `to_dense()`.
+fn check_against_dense(
+    precision: TqPrecision,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    window: Option<usize>,
+    chunks: &[usize],
+) -> Result<()> {
+    let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+    let (mut seq, mut key_start) = (0usize, 0usize);
+    for (step, &c) in chunks.iter().enumerate() {
+        let seed = 1000 + step as u64;
+        s.append(&tensor(seed, n_kv, c, d)?, &tensor(seed + 500, n_kv, c, d)?)?;
+        let q = tensor(seed + 900, n_heads, c, d)?;
+        let spec = AttendSpec {
+            query_start: seq,
+            key_start,
+            window,
+            scale: 0.125,
+        };
+        let got = s.attend(&q, &spec)?;
+        let (k, v) = s.to_dense()?;
+        let want = attend_dense(&q, &k, &v, &spec)?;
+        let err = max_abs(&(&got - &want)?)?;
+        let scale = max_abs(&want)?.max(1.0);
+        assert!(
+            err <= 2e-5 * scale,
+            "{precision} step {step} (chunk {c}, window {window:?}): error {err} vs scale {scale}"
+        );
+        seq += c;
+        if let Some(w) = window {
+            let keep = w - 1;
+            if s.len() > keep {
+                s.drop_front(s.len() - keep)?;
+                key_start = seq - keep;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn attend_on_codes_equals_dense_attend_on_dequantized_full_causal_gqa() -> Result<()> {
+    let chunks = [300, 1, 400, 37, 1, 1, 2];
+    for p in [
+        tq(codes(Bits::B4), codes(Bits::B4)),
+        tq(codes(Bits::B3_5), codes(Bits::B2_5)),
+        tq(codes(Bits::B2), codes(Bits::B3)),
+    ] {
+        check_against_dense(p, 6, 2, 64, None, &chunks)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn attend_on_codes_equals_dense_attend_with_sliding_windows() -> Result<()> {
+    // Window 100: the dropped front is masked inside a segment; 1400 tokens also drop
+    // whole segments.
+    let chunks = [150, 1, 1, 260, 513, 1, 90, 1, 384, 1];
+    check_against_dense(
+        tq(codes(Bits::B4), codes(Bits::B3)),
+        4,
+        1,
+        32,
+        Some(100),
+        &chunks,
+    )?;
+    // A window wider than a segment.
+    check_against_dense(
+        tq(codes(Bits::B3), codes(Bits::B4)),
+        2,
+        2,
+        16,
+        Some(700),
+        &chunks,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
+    let chunks = [40, 1, 600, 1];
+    let prod = Spec {
+        variant: Variant::Prod,
+        ..Spec::mse(Bits::B3)
+    };
+    let haar = Spec {
+        rotation: RotationKind::Haar,
+        norm_correction: true,
+        seed: 5,
+        ..Spec::mse(Bits::B4)
+    };
+    for p in [
+        tq(codes(Bits::B4), TqSide::F16),
+        tq(TqSide::F16, codes(Bits::B2_5)),
+        tq(TqSide::Codes(prod), TqSide::Codes(prod)),
+        tq(TqSide::Codes(haar), TqSide::Codes(haar)),
+    ] {
+        check_against_dense(p, 4, 2, 48, None, &chunks)?;
+        check_against_dense(p, 4, 2, 48, Some(30), &chunks)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
+    let (n_kv, d) = (2, 64);
+    for text in [
+        "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v3", "k3.5v2.5", "k4vf16", "kf16v2",
+        "tq4+prod", "tq3+nc", "tq3+haar",
+    ] {
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+            panic!("{text} is not turboquant");
+        };
+        let bpv = |s: &TqSide| match s {
+            TqSide::F16 => 2 * d,
+            TqSide::Codes(spec) => bytes_per_vector(d, spec).unwrap_or(0),
+        };
+        let per_token = n_kv * (bpv(&precision.key) + bpv(&precision.value));
+        let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        assert_eq!(s.bytes_used(), 0);
+        for (i, c) in [1usize, 700, 3].into_iter().enumerate() {
+            s.append(&tensor(i as u64, n_kv, c, d)?, &tensor(9, n_kv, c, d)?)?;
+        }
+        assert_eq!(s.bytes_used(), 704 * per_token, "{text}");
+        assert!(s.bytes_allocated() >= s.bytes_used(), "{text}");
+        s.drop_front(600)?;
+        assert_eq!(s.bytes_used(), 104 * per_token, "{text}");
+        s.truncate(4)?;
+        assert_eq!(s.bytes_used(), 4 * per_token, "{text}");
+        s.truncate(0)?;
+        assert_eq!((s.bytes_used(), s.bytes_allocated()), (0, 0), "{text}");
+    }
+    Ok(())
+}
+
+#[test]
+fn drop_front_and_truncate_keep_the_right_tokens() -> Result<()> {
+    let p = tq(codes(Bits::B3), TqSide::F16);
+    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    let k = tensor(1, 2, 1300, 16)?;
+    let v = tensor(2, 2, 1300, 16)?;
+    s.append(&k, &v)?;
+    let (k0, v0) = s.to_dense()?;
+    // Values are dense f16: exact up to f16 rounding.
+    let f16_err = max_abs(&(&v0 - &v)?)?;
+    assert!(f16_err < 4e-3, "f16 side error {f16_err}");
+    s.drop_front(1030)?;
+    s.truncate(200)?;
+    let (k1, v1) = s.to_dense()?;
+    assert_eq!(max_abs(&(&k1 - k0.narrow(1, 1030, 200)?)?)?, 0.0);
+    assert_eq!(max_abs(&(&v1 - v0.narrow(1, 1030, 200)?)?)?, 0.0);
+    let (kr, _) = s.to_dense_range(50, 10)?;
+    assert_eq!(max_abs(&(&kr - k0.narrow(1, 1080, 10)?)?)?, 0.0);
+    assert!(s.truncate(201).is_err());
+    assert!(s.drop_front(201).is_err());
+    assert!(s.to_dense_range(195, 6).is_err());
+    // Appending after drops continues in order.
+    s.append(&k.narrow(1, 0, 3)?, &v.narrow(1, 0, 3)?)?;
+    assert_eq!(s.len(), 203);
+    let (k2, _) = s.to_dense()?;
+    assert_eq!(max_abs(&(k2.narrow(1, 0, 200)? - &k1)?)?, 0.0);
+    Ok(())
+}
+
+#[test]
+fn a_vector_that_cannot_be_encoded_changes_nothing() -> Result<()> {
+    let p = tq(codes(Bits::B4), codes(Bits::B4));
+    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    s.append(&tensor(1, 2, 520, 16)?, &tensor(2, 2, 520, 16)?)?;
+    let before = (s.len(), s.bytes_used(), s.to_dense()?);
+    // Head 1's last value overflows the f16 norm field; head 0 and the keys are fine.
+    let mut bad = data(3, 2 * 4 * 16);
+    bad[2 * 4 * 16 - 1] = 1e6;
+    let bad = Tensor::from_vec(bad, (2, 4, 16), &Device::Cpu)?;
+    assert!(matches!(
+        s.append(&tensor(4, 2, 4, 16)?, &bad),
+        Err(EngineError::Codec(_))
+    ));
+    assert_eq!((s.len(), s.bytes_used()), (before.0, before.1));
+    let (k, v) = s.to_dense()?;
+    assert_eq!(max_abs(&(&k - &before.2 .0)?)?, 0.0);
+    assert_eq!(max_abs(&(&v - &before.2 .1)?)?, 0.0);
+    Ok(())
+}
+
+#[test]
+fn rejects_mismatched_shapes_and_empty_attends() -> Result<()> {
+    let p = tq(codes(Bits::B4), codes(Bits::B4));
+    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    let spec = AttendSpec {
+        query_start: 0,
+        key_start: 0,
+        window: None,
+        scale: 1.0,
+    };
+    assert!(s.attend(&tensor(1, 4, 1, 16)?, &spec).is_err());
+    assert!(s
+        .append(&tensor(1, 3, 1, 16)?, &tensor(1, 3, 1, 16)?)
+        .is_err());
+    assert!(s
+        .append(&tensor(1, 2, 1, 16)?, &tensor(1, 2, 2, 16)?)
+        .is_err());
+    s.append(&tensor(1, 2, 1, 16)?, &tensor(1, 2, 1, 16)?)?;
+    // 3 query heads cannot share 2 kv heads.
+    assert!(s.attend(&tensor(1, 3, 1, 16)?, &spec).is_err());
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Self-attention of one layer: projections, q/k norms, weightless v-norm, RoPE, then the
+//! attention itself delegated to the layer's KV storage (own cache or the producer's).
+
+use candle_core::Tensor;
+
+use super::linear::{Linear, RmsNorm};
+use super::rope::RopeTables;
+use crate::config::{KvSource, LayerSpec, ModelConfig};
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::weights::WeightStore;
+
+/// K/V projections of a cache-owning layer.
+#[derive(Debug, Clone)]
+struct KvProj {
+    k_proj: Linear,
+    /// `None` when V is the raw K projection (`attention_k_eq_v`).
+    v_proj: Option<Linear>,
+    k_norm: RmsNorm,
+    v_norm: Option<RmsNorm>,
+}
+
+/// One layer's attention block.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    spec: LayerSpec,
+    q_proj: Linear,
+    q_norm: RmsNorm,
+    o_proj: Linear,
+    kv: Option<KvProj>,
+}
+
+impl Attention {
+    /// Loads layer `spec.index`'s attention weights.
+    pub fn load(ws: &WeightStore, cfg: &ModelConfig, spec: &LayerSpec) -> Result<Self> {
+        let p = format!("layers.{}.self_attn.", spec.index);
+        let (h, d, kv) = (cfg.hidden_size, spec.head_dim, spec.n_kv_heads);
+        let (eps, off) = (cfg.rms_norm_eps, cfg.norm_weight_offset);
+        let kvp = match spec.kv_source {
+            KvSource::Shared { .. } => None,
+            KvSource::Own => Some(KvProj {
+                k_proj: Linear::load(ws, &format!("{p}k_proj.weight"), kv * d, h)?,
+                v_proj: if spec.k_eq_v {
+                    None
+                } else {
+                    Some(Linear::load(ws, &format!("{p}v_proj.weight"), kv * d, h)?)
+                },
+                k_norm: RmsNorm::load(ws, &format!("{p}k_norm.weight"), d, eps, off)?,
+                v_norm: if spec.v_norm {
+                    Some(RmsNorm::unit(d, eps, ws.dtype(), ws.device())?)
+                } else {
+                    None
+                },
+            }),
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            q_proj: Linear::load(ws, &format!("{p}q_proj.weight"), spec.n_heads * d, h)?,
+            q_norm: RmsNorm::load(ws, &format!("{p}q_norm.weight"), d, eps, off)?,
+            o_proj: Linear::load(ws, &format!("{p}o_proj.weight"), h, spec.n_heads * d)?,
+            kv: kvp,
+        })
+    }
+
+    /// `x` `[t, hidden]` at positions `start..start + t` → `[t, hidden]`; appends this
+    /// step's K/V to the layer's cache when it owns one.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        cache: &mut KvCache,
+        start: usize,
+    ) -> Result<Tensor> {
+        let (t, _) = x.dims2()?;
+        let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
+        let q = self.q_proj.forward(x)?.reshape((t, nh, d))?;
+        let q = rope.apply(&self.q_norm.forward(&q)?)?;
+        if let Some(kv) = &self.kv {
+            let nkv = self.spec.n_kv_heads;
+            let kr = kv.k_proj.forward(x)?.reshape((t, nkv, d))?;
+            let vr = match &kv.v_proj {
+                Some(v) => v.forward(x)?.reshape((t, nkv, d))?,
+                None => kr.clone(),
+            };
+            let k = rope.apply(&kv.k_norm.forward(&kr)?)?;
+            let v = match &kv.v_norm {
+                Some(n) => n.forward(&vr)?,
+                None => vr,
+            };
+            cache.append(self.spec.index, &k.transpose(0, 1)?, &v.transpose(0, 1)?)?;
+        }
+        let q = q.transpose(0, 1)?.contiguous()?;
+        let a = cache.attend(self.spec.index, &q, start, self.spec.attn_scale)?;
+        let a = a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?;
+        self.o_proj.forward(&a)
+    }
+}

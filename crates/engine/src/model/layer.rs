@@ -1,0 +1,99 @@
+//! One decoder layer: attention and feed-forward residual blocks with Gemma's pre/post
+//! norms, then the optional PLE block and `layer_scalar`.
+
+use candle_core::{DType, Tensor};
+
+use super::attention::Attention;
+use super::linear::RmsNorm;
+use super::mlp::{Mlp, Moe};
+use super::ple::PleLayer;
+use super::rope::RopeTables;
+use crate::config::{LayerSpec, ModelConfig};
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::weights::WeightStore;
+
+/// A decoder layer's weights.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    spec: LayerSpec,
+    attn: Attention,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+    mlp: Mlp,
+    moe: Option<Moe>,
+    ple: Option<PleLayer>,
+    layer_scalar: Option<f64>,
+}
+
+impl DecoderLayer {
+    /// Loads layer `spec.index`.
+    pub fn load(ws: &WeightStore, cfg: &ModelConfig, spec: &LayerSpec) -> Result<Self> {
+        let i = spec.index;
+        let p = format!("layers.{i}.");
+        let h = cfg.hidden_size;
+        let norm = |n: &str| {
+            RmsNorm::load(
+                ws,
+                &format!("{p}{n}.weight"),
+                h,
+                cfg.rms_norm_eps,
+                cfg.norm_weight_offset,
+            )
+        };
+        let layer_scalar = if cfg.layer_scalar {
+            let s = ws
+                .tensor_as(&format!("{p}layer_scalar"), &[1], DType::F32)?
+                .to_vec1::<f32>()?;
+            Some(f64::from(s[0]))
+        } else {
+            None
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            attn: Attention::load(ws, cfg, spec)?,
+            input_norm: norm("input_layernorm")?,
+            post_attn_norm: norm("post_attention_layernorm")?,
+            pre_ff_norm: norm("pre_feedforward_layernorm")?,
+            post_ff_norm: norm("post_feedforward_layernorm")?,
+            mlp: Mlp::load(ws, &format!("{p}mlp."), h, spec.mlp_width)?,
+            moe: cfg.moe.map(|m| Moe::load(ws, cfg, m, i)).transpose()?,
+            ple: cfg.ple.map(|s| PleLayer::load(ws, cfg, s, i)).transpose()?,
+            layer_scalar,
+        })
+    }
+
+    /// The layer's resolved description.
+    pub fn spec(&self) -> &LayerSpec {
+        &self.spec
+    }
+
+    /// `x` `[t, H]` → `[t, H]`; `ple_input` is this layer's `[t, p]` slice, if any.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        cache: &mut KvCache,
+        start: usize,
+        ple_input: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let a = self
+            .attn
+            .forward(&self.input_norm.forward(x)?, rope, cache, start)?;
+        let x = (x + self.post_attn_norm.forward(&a)?)?;
+        let mut m = self.mlp.forward(&self.pre_ff_norm.forward(&x)?)?;
+        if let Some(moe) = &self.moe {
+            m = moe.forward(&x, &m)?;
+        }
+        let mut x = (&x + self.post_ff_norm.forward(&m)?)?;
+        if let (Some(ple), Some(inp)) = (&self.ple, ple_input) {
+            x = ple.forward(&x, inp)?;
+        }
+        if let Some(s) = self.layer_scalar {
+            x = (x * s)?;
+        }
+        Ok(x)
+    }
+}

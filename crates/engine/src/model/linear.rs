@@ -1,0 +1,91 @@
+//! Small building blocks shared by the decoder: a dtype-safe linear layer over
+//! [`QMatMul`] and an RMS norm over candle's fused kernel.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor};
+
+use crate::error::Result;
+use crate::weights::WeightStore;
+
+/// Rows from which a quantized CPU matmul goes through a dequantized GEMM.
+const DEQUANT_MIN_ROWS: usize = 32;
+/// Largest matrix (elements) dequantized on the fly (64 MiB of f32).
+const DEQUANT_MAX_ELEMS: usize = 16 << 20;
+
+/// `x·Wᵀ` with W dense or quantized; quantized kernels take f32, so other activations
+/// are converted around them.
+#[derive(Debug, Clone)]
+pub struct Linear(pub QMatMul);
+
+impl Linear {
+    /// Loads `[out, inp]` weights `name`.
+    pub fn load(ws: &WeightStore, name: &str, out: usize, inp: usize) -> Result<Self> {
+        Ok(Self(ws.linear(name, out, inp)?))
+    }
+
+    /// Applies the layer to `x` `[.., inp]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.0 {
+            // candle's quantized CPU matmul is a dot product per output row with no tiling;
+            // for a many-row chunk (prefill), dequantizing the matrix once and using the
+            // blocked f32 GEMM is several times faster. Bounded to keep the temporary small.
+            QMatMul::QTensor(q)
+                if x.device().is_cpu()
+                    && x.elem_count() / x.dim(candle_core::D::Minus1)? >= DEQUANT_MIN_ROWS
+                    && q.shape().elem_count() <= DEQUANT_MAX_ELEMS =>
+            {
+                let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
+                let (rows, inp) = (
+                    x.elem_count() / x.dim(candle_core::D::Minus1)?,
+                    x.dim(candle_core::D::Minus1)?,
+                );
+                let mut dims = x.dims().to_vec();
+                let last = dims.len() - 1;
+                dims[last] = w.dim(0)?;
+                Ok(x.reshape((rows, inp))?.matmul(&w.t()?)?.reshape(dims)?)
+            }
+            QMatMul::QTensor(_) if x.dtype() != DType::F32 => {
+                let y = self.0.forward(&x.to_dtype(DType::F32)?)?;
+                Ok(y.to_dtype(x.dtype())?)
+            }
+            _ => Ok(self.0.forward(x)?),
+        }
+    }
+}
+
+/// RMS norm over the last dim: `x·(mean(x²)+eps)^-½·w`, `w` already including any `+1`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Loads a norm weight of width `dim`, adding `offset` (1.0 for `(1+w)` checkpoints).
+    pub fn load(ws: &WeightStore, name: &str, dim: usize, eps: f64, offset: f64) -> Result<Self> {
+        let w = ws.tensor_as(name, &[dim], DType::F32)?;
+        let w = if offset != 0.0 { (w + offset)? } else { w };
+        Ok(Self {
+            weight: w.to_dtype(ws.dtype())?,
+            eps: eps as f32,
+        })
+    }
+
+    /// A norm without weight (Gemma 4's v-norm and router norm).
+    pub fn unit(dim: usize, eps: f64, dtype: DType, device: &candle_core::Device) -> Result<Self> {
+        Ok(Self {
+            weight: Tensor::ones(dim, dtype, device)?,
+            eps: eps as f32,
+        })
+    }
+
+    /// Normalizes `x` over its last dim.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = if x.is_contiguous() {
+            x.clone()
+        } else {
+            x.contiguous()?
+        };
+        Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps)?)
+    }
+}

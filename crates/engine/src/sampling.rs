@@ -1,0 +1,435 @@
+//! Next-token sampling over a logits slice: greedy, temperature, top-k and top-p, driven by a
+//! seeded SplitMix64 generator so a given seed always yields the same tokens on every platform.
+
+use serde::{Deserialize, Serialize};
+
+/// Invalid sampling settings or logits.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("temperature must be finite and >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_k must be >= 1, got {0}")]
+    TopK(usize),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("no finite logit to sample from ({0} values)")]
+    NoFiniteLogit(usize),
+}
+
+/// Sampling settings shared by the app, the CLI and the engine.
+///
+/// `temperature == 0` means greedy (argmax). Defaults are Gemma's recommended settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (`None`: no limit).
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`
+    /// (`None`: no limit).
+    pub top_p: Option<f32>,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: Some(64),
+            top_p: Some(0.95),
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Always the most likely token.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+        }
+    }
+
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if let Some(k) = self.top_k {
+            if k == 0 {
+                return Err(SamplingError::TopK(k));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(SamplingError::TopP(p));
+            }
+        }
+        Ok(())
+    }
+
+    fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == Some(1)
+    }
+}
+
+/// SplitMix64: tiny, fast, and fully specified, so sequences never change with a dependency.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Index of the largest finite logit (the lowest index among ties).
+pub fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    match best {
+        Some((i, v)) if v > f32::NEG_INFINITY => Ok(i as u32),
+        _ => Err(SamplingError::NoFiniteLogit(logits.len())),
+    }
+}
+
+/// A seeded sampler; one per generation so its sequence depends only on the seed and logits.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: SplitMix64,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
+        params.validate()?;
+        Ok(Self {
+            params,
+            rng: SplitMix64::new(params.seed),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The next token id for `logits` (one value per vocabulary entry).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let candidates = self.candidates(logits)?;
+        let total: f64 = candidates.iter().map(|(_, p)| p).sum();
+        let mut target = self.rng.next_f64() * total;
+        for &(id, p) in &candidates {
+            if target < p {
+                return Ok(id);
+            }
+            target -= p;
+        }
+        // Rounding can leave `target` a hair above the last weight.
+        candidates
+            .last()
+            .map(|(id, _)| *id)
+            .ok_or(SamplingError::NoFiniteLogit(logits.len()))
+    }
+
+    /// The kept tokens with unnormalised probabilities (in a deterministic order).
+    fn candidates(&self, logits: &[f32]) -> Result<Vec<(u32, f64)>, SamplingError> {
+        let inv_t = 1.0 / f64::from(self.params.temperature);
+        let max = logits
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+        if max == f64::NEG_INFINITY {
+            return Err(SamplingError::NoFiniteLogit(logits.len()));
+        }
+        // exp is monotonic, so ranking by weight is ranking by logit.
+        let mut probs: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, ((f64::from(v) - max) * inv_t).exp()))
+            .collect();
+        // Total order (weight desc, id asc): selections are reproducible.
+        let desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if let Some(k) = self.params.top_k {
+            if k < probs.len() {
+                probs.select_nth_unstable_by(k - 1, desc);
+                probs.truncate(k);
+            }
+        }
+        let Some(p) = self.params.top_p else {
+            return Ok(probs);
+        };
+        let threshold = f64::from(p) * probs.iter().map(|(_, w)| w).sum::<f64>();
+        // The nucleus is usually small: sort only a growing head instead of the whole vocab.
+        let mut head = probs.len().min(64);
+        loop {
+            if head < probs.len() {
+                probs.select_nth_unstable_by(head - 1, desc);
+            }
+            probs[..head].sort_unstable_by(desc);
+            let mut cumulative = 0.0;
+            for n in 0..head {
+                cumulative += probs[n].1;
+                if cumulative >= threshold {
+                    probs.truncate(n + 1);
+                    return Ok(probs);
+                }
+            }
+            if head == probs.len() {
+                return Ok(probs);
+            }
+            head = (head * 4).min(probs.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits_of(probs: &[f64]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    fn sampled(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params).unwrap();
+        (0..n).map(|_| s.sample(logits).unwrap()).collect()
+    }
+
+    fn counts(ids: &[u32], vocab: usize) -> Vec<usize> {
+        let mut c = vec![0; vocab];
+        for &i in ids {
+            c[i as usize] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn greedy_picks_the_argmax() {
+        let logits = [0.1, 2.5, -1.0, 2.4, f32::NAN];
+        assert_eq!(sampled(SamplingParams::greedy(), &logits, 3), [1, 1, 1]);
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -5.0]).unwrap(), 1);
+        assert_eq!(
+            argmax(&[f32::NAN, f32::NEG_INFINITY]),
+            Err(SamplingError::NoFiniteLogit(2))
+        );
+        assert_eq!(argmax(&[]), Err(SamplingError::NoFiniteLogit(0)));
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy_at_any_temperature() {
+        let mut rng = SplitMix64::new(7);
+        let logits: Vec<f32> = (0..1000).map(|_| (rng.next_f64() * 10.0) as f32).collect();
+        let expect = argmax(&logits).unwrap();
+        let params = SamplingParams {
+            temperature: 1.7,
+            top_k: Some(1),
+            top_p: Some(0.9),
+            seed: 3,
+        };
+        assert!(sampled(params, &logits, 50).iter().all(|&t| t == expect));
+    }
+
+    #[test]
+    fn same_seed_same_sequence_other_seed_other_sequence() {
+        let logits = logits_of(&[0.2; 5]);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            seed: 42,
+        };
+        let a = sampled(p, &logits, 64);
+        assert_eq!(a, sampled(p, &logits, 64));
+        assert_ne!(a, sampled(SamplingParams { seed: 43, ..p }, &logits, 64));
+    }
+
+    #[test]
+    fn splitmix_matches_the_reference_sequence() {
+        // First outputs of SplitMix64 seeded with 0 (Vigna's reference implementation).
+        let mut r = SplitMix64::new(0);
+        assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    #[test]
+    fn unrestricted_sampling_follows_the_distribution() {
+        let logits = logits_of(&[0.5, 0.3, 0.15, 0.05]);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            seed: 1,
+        };
+        let c = counts(&sampled(p, &logits, 20_000), 4);
+        let f: Vec<f64> = c.iter().map(|&n| n as f64 / 20_000.0).collect();
+        for (got, want) in f.iter().zip([0.5, 0.3, 0.15, 0.05]) {
+            assert!((got - want).abs() < 0.015, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn top_p_excludes_the_tail() {
+        // Cumulative 0.5, 0.8, 0.95, 1.0: top_p 0.7 keeps {0, 1} renormalised to 0.625/0.375.
+        let logits = logits_of(&[0.5, 0.3, 0.15, 0.05]);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: Some(0.7),
+            seed: 9,
+        };
+        let c = counts(&sampled(p, &logits, 20_000), 4);
+        assert_eq!((c[2], c[3]), (0, 0), "{c:?}");
+        let f0 = c[0] as f64 / 20_000.0;
+        assert!((f0 - 0.625).abs() < 0.015, "{c:?}");
+    }
+
+    #[test]
+    fn top_k_restricts_to_the_k_best_and_temperature_sharpens() {
+        let logits = logits_of(&[0.1, 0.4, 0.2, 0.3]);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: Some(2),
+            top_p: None,
+            seed: 5,
+        };
+        let c = counts(&sampled(p, &logits, 20_000), 4);
+        assert_eq!((c[0], c[2]), (0, 0), "{c:?}");
+        assert!((c[1] as f64 / 20_000.0 - 4.0 / 7.0).abs() < 0.015, "{c:?}");
+        // T = 0.5 squares the probabilities: 0.16 / (0.16 + 0.09) = 0.64.
+        let cold = SamplingParams {
+            temperature: 0.5,
+            ..p
+        };
+        let c = counts(&sampled(cold, &logits, 20_000), 4);
+        assert!((c[1] as f64 / 20_000.0 - 0.64).abs() < 0.015, "{c:?}");
+    }
+
+    #[test]
+    fn nucleus_over_a_large_vocab_matches_a_full_sort() {
+        let mut rng = SplitMix64::new(11);
+        let logits: Vec<f32> = (0..5000).map(|_| (rng.next_f64() * 4.0) as f32).collect();
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: None,
+            top_p: Some(0.9),
+            seed: 0,
+        };
+        let got = Sampler::new(params).unwrap().candidates(&logits).unwrap();
+        // Reference: sort everything, take the smallest prefix reaching 90 %.
+        let mut all: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, (f64::from(v) / 0.8).exp()))
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let total: f64 = all.iter().map(|x| x.1).sum();
+        let mut cum = 0.0;
+        let n = all
+            .iter()
+            .position(|x| {
+                cum += x.1;
+                cum >= 0.9 * total
+            })
+            .unwrap()
+            + 1;
+        let ids = |v: &[(u32, f64)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert!(n > 64, "the test must exercise head growth (n = {n})");
+        assert_eq!(ids(&got), ids(&all[..n]));
+    }
+
+    #[test]
+    fn invalid_params_are_rejected() {
+        let bad = |p: SamplingParams| Sampler::new(p).unwrap_err();
+        let d = SamplingParams::default();
+        assert_eq!(
+            bad(SamplingParams {
+                temperature: -1.0,
+                ..d
+            }),
+            SamplingError::Temperature(-1.0)
+        );
+        assert!(matches!(
+            bad(SamplingParams {
+                temperature: f32::NAN,
+                ..d
+            }),
+            SamplingError::Temperature(_)
+        ));
+        assert_eq!(
+            bad(SamplingParams {
+                top_k: Some(0),
+                ..d
+            }),
+            SamplingError::TopK(0)
+        );
+        assert_eq!(
+            bad(SamplingParams {
+                top_p: Some(0.0),
+                ..d
+            }),
+            SamplingError::TopP(0.0)
+        );
+        assert_eq!(
+            bad(SamplingParams {
+                top_p: Some(1.5),
+                ..d
+            }),
+            SamplingError::TopP(1.5)
+        );
+        let mut s = Sampler::new(d).unwrap();
+        assert_eq!(
+            s.sample(&[f32::NAN; 3]),
+            Err(SamplingError::NoFiniteLogit(3))
+        );
+    }
+
+    #[test]
+    fn json_shape_is_pinned() {
+        let p = SamplingParams::default();
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"{"temperature":1.0,"top_k":64,"top_p":0.95,"seed":0}"#
+        );
+        let g: SamplingParams =
+            serde_json::from_str(r#"{"temperature":0.0,"top_k":null,"top_p":null,"seed":7}"#)
+                .unwrap();
+        assert_eq!(
+            g,
+            SamplingParams {
+                seed: 7,
+                ..SamplingParams::greedy()
+            }
+        );
+        let partial: SamplingParams = serde_json::from_str(r#"{"seed":3}"#).unwrap();
+        assert_eq!(partial, SamplingParams { seed: 3, ..p });
+        assert!(serde_json::from_str::<SamplingParams>(r#"{"temp":1}"#).is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! One conversation's state on a loaded model: the KV cache plus the exact token ids it holds,
+//! so a new prompt only prefills what the cache does not already have (longest common
+//! prefix; rewind when possible, otherwise reset and start over).
+
+use crate::error::Result;
+use crate::kv::{KvCache, KvMemoryReport, PrecisionPolicy};
+use crate::model::Model;
+
+/// Tokens sliding layers keep beyond their window so a turn whose re-rendered history differs
+/// near the end (re-tokenized answer, trimmed whitespace) can rewind instead of re-prefilling.
+pub const REWIND_MARGIN: usize = 16;
+
+/// A KV cache and the ids in it.
+#[derive(Debug)]
+pub struct Session {
+    cache: KvCache,
+    /// Ids at positions `0..cache.seq_len()`, in order.
+    history: Vec<u32>,
+    policy: PrecisionPolicy,
+}
+
+/// What [`Session::prepare`] did to line the cache up with a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared {
+    /// Prompt tokens already in the cache.
+    pub reused: usize,
+    /// Whether the cache had to be cleared (rewind impossible).
+    pub reset: bool,
+}
+
+impl Session {
+    /// An empty session for `model` with KV storage as `policy` says.
+    pub fn new(model: &Model, policy: &PrecisionPolicy) -> Result<Self> {
+        let mut cache = model.new_cache(policy)?;
+        cache.set_rewind_margin(REWIND_MARGIN);
+        Ok(Self {
+            cache,
+            history: Vec::new(),
+            policy: policy.clone(),
+        })
+    }
+
+    /// The ids the cache holds.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Tokens in the cache.
+    pub fn len(&self) -> usize {
+        self.history.len()
+    }
+
+    /// True when the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.history.is_empty()
+    }
+
+    /// The cache (read-only; mutate through the session so history stays in step).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The precision policy the cache is stored in.
+    pub fn policy(&self) -> &PrecisionPolicy {
+        &self.policy
+    }
+
+    /// Exact KV bytes.
+    pub fn memory(&self) -> KvMemoryReport {
+        self.cache.memory()
+    }
+
+    /// Forgets everything.
+    pub fn reset(&mut self) -> Result<()> {
+        self.history.clear();
+        self.cache.reset()
+    }
+
+    /// Makes the cache hold a prefix of `prompt` and returns how much of it is reused. At
+    /// least one prompt token is always left to run, so the caller gets fresh logits.
+    pub fn prepare(&mut self, prompt: &[u32]) -> Result<Prepared> {
+        let common = self
+            .history
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Keep one token to run: its logits start the generation.
+        let target = common.min(prompt.len().saturating_sub(1));
+        if target == self.history.len() {
+            return Ok(Prepared {
+                reused: target,
+                reset: false,
+            });
+        }
+        if self.cache.can_rewind(target) {
+            self.cache.rewind(target)?;
+            self.history.truncate(target);
+            return Ok(Prepared {
+                reused: target,
+                reset: false,
+            });
+        }
+        self.reset()?;
+        Ok(Prepared {
+            reused: 0,
+            reset: true,
+        })
+    }
+
+    /// Runs `ids` through `model`, extending the cache and the history together.
+    pub fn forward(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        which: crate::model::Logits,
+    ) -> Result<candle_core::Tensor> {
+        let out = model.forward(ids, &mut self.cache, which)?;
+        self.history.extend_from_slice(ids);
+        Ok(out)
+    }
+
+    /// Re-encodes the cache in `policy`. All or nothing: if a layer fails, the layers already
+    /// converted go back to the old policy; if even that fails, the session is cleared. The
+    /// cache is never left in a mix the caller did not ask for.
+    pub fn switch_policy(&mut self, model: &Model, policy: &PrecisionPolicy) -> Result<()> {
+        match self.cache.convert(policy) {
+            Ok(()) => {
+                self.policy = policy.clone();
+                Ok(())
+            }
+            Err(e) => {
+                if self.cache.convert(&self.policy).is_err() {
+                    // Fresh storages in the old policy: empty but consistent.
+                    *self = Session::new(model, &self.policy)?;
+                }
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Where a model comes from: a local path, an offline asset, or a Hugging Face Hub
+//! repository, parsed from one user string and resolved to local files (weights plus a
+//! `tokenizer.json`). Resolution never panics: every failure is a [`SourceError`] with a code.
+
+#[cfg(feature = "hub")]
+mod hub;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use serde::{Deserialize, Serialize};
+
+use crate::assets::{self, AssetError};
+use crate::events::{ErrorCode, Event};
+
+/// The asset used for Gemma GGUF files that ship without a usable tokenizer.
+pub const GEMMA_TOKENIZER_ASSET: &str = "gemma-tokenizer";
+
+/// The asset `kvlab` uses when no model is named.
+pub const DEFAULT_MODEL_ASSET: &str = "gemma3-270m";
+
+/// A model as the user named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A file or directory on disk.
+    Local {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A Hugging Face Hub repository (`owner/name`, optionally `@revision`).
+    Hub {
+        /// `owner/name`.
+        repo: String,
+        /// Branch, tag or commit; `None` for the default branch.
+        revision: Option<String>,
+    },
+    /// An offline asset from the KV Lab cache (e.g. `gemma3-270m`).
+    Asset {
+        /// The asset name.
+        name: String,
+    },
+}
+
+/// Why a model could not be located.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The local path does not exist.
+    #[error("model not found: {0} does not exist")]
+    NotFound(PathBuf),
+    /// The asset is unknown, missing or damaged.
+    #[error(transparent)]
+    Asset(#[from] AssetError),
+    /// No `tokenizer.json` could be found.
+    #[error("no tokenizer for {model}: pass --tokenizer PATH, put tokenizer.json beside the model, or run `kvlab assets fetch {GEMMA_TOKENIZER_ASSET}`")]
+    NoTokenizer {
+        /// The model path.
+        model: PathBuf,
+    },
+    /// The explicit tokenizer path does not exist.
+    #[error("tokenizer not found: {0} does not exist")]
+    TokenizerNotFound(PathBuf),
+    /// The Hub could not be reached, or refused.
+    #[error("Hugging Face Hub download of {repo} failed: {reason}")]
+    Network {
+        /// The repository.
+        repo: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The Hub has no such repository or revision.
+    #[error("Hugging Face Hub has no {repo}: {reason}")]
+    HubNotFound {
+        /// The repository.
+        repo: String,
+        /// The server's answer.
+        reason: String,
+    },
+    /// Built without Hub support.
+    #[error(
+        "cannot download {0}: this build has no Hugging Face Hub support (cargo feature `hub`)"
+    )]
+    HubDisabled(String),
+    /// The download was cancelled.
+    #[error("download cancelled")]
+    Cancelled,
+}
+
+impl SourceError {
+    /// The stable code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SourceError::NotFound(_) | SourceError::HubNotFound { .. } => ErrorCode::ModelNotFound,
+            SourceError::Asset(AssetError::UnknownAsset { .. } | AssetError::Missing { .. }) => {
+                ErrorCode::ModelNotFound
+            }
+            SourceError::Asset(_) => ErrorCode::BadModelFile,
+            SourceError::NoTokenizer { .. } | SourceError::TokenizerNotFound(_) => {
+                ErrorCode::TokenizerNotFound
+            }
+            SourceError::Network { .. } | SourceError::HubDisabled(_) => ErrorCode::Network,
+            SourceError::Cancelled => ErrorCode::Cancelled,
+        }
+    }
+}
+
+/// Local files ready for [`crate::Model::load`] and [`crate::tokenizer::GemmaTokenizer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedModel {
+    /// Display name.
+    pub name: String,
+    /// What `Model::load` takes (file or directory).
+    pub weights: PathBuf,
+    /// The `tokenizer.json`.
+    pub tokenizer: PathBuf,
+}
+
+fn is_hub_id(s: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with('.')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    match s.split_once('/') {
+        Some((owner, name)) => ok(owner) && ok(name),
+        None => false,
+    }
+}
+
+impl ModelSource {
+    /// Reads a user string: an existing path is `Local`; `asset:NAME` or a known asset name
+    /// is `Asset`; `owner/name[@revision]` is `Hub`; anything else is a (missing) `Local`.
+    pub fn parse(s: &str) -> Self {
+        let path = Path::new(s);
+        if path.exists() {
+            return Self::Local { path: path.into() };
+        }
+        if let Some(name) = s.strip_prefix("asset:") {
+            return Self::Asset { name: name.into() };
+        }
+        if assets::find(s).is_some() {
+            return Self::Asset { name: s.into() };
+        }
+        let (repo, revision) = match s.split_once('@') {
+            Some((r, rev)) if !rev.is_empty() => (r, Some(rev.to_owned())),
+            _ => (s, None),
+        };
+        if is_hub_id(repo) {
+            return Self::Hub {
+                repo: repo.into(),
+                revision,
+            };
+        }
+        Self::Local { path: path.into() }
+    }
+
+    /// A short display name.
+    pub fn display_name(&self) -> String {
+        match self {
+            ModelSource::Local { path } => {
+                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+                // `model.safetensors` says nothing: name a Hugging Face folder instead.
+                let generic = file.as_deref().is_some_and(|f| f.starts_with("model"))
+                    && path.extension().is_none_or(|e| e != "gguf");
+                let dir = path
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .map(|f| f.to_string_lossy().into_owned());
+                match (file, dir) {
+                    (_, Some(d)) if generic => d,
+                    (Some(f), _) => f,
+                    _ => path.display().to_string(),
+                }
+            }
+            ModelSource::Hub { repo, revision } => match revision {
+                Some(r) => format!("{repo}@{r}"),
+                None => repo.clone(),
+            },
+            ModelSource::Asset { name } => name.clone(),
+        }
+    }
+
+    /// Resolves to local files: downloads Hub repositories (reporting `loading` events and
+    /// stopping when `cancel` is set), then finds the tokenizer (`tokenizer` when given).
+    pub fn resolve(
+        &self,
+        tokenizer: Option<&Path>,
+        emit: &mut dyn FnMut(Event),
+        cancel: &AtomicBool,
+    ) -> Result<ResolvedModel, SourceError> {
+        let weights = self.weights(emit, cancel)?;
+        let tokenizer = find_tokenizer(&weights, tokenizer)?;
+        Ok(ResolvedModel {
+            name: self.display_name(),
+            weights,
+            tokenizer,
+        })
+    }
+
+    /// Resolves the weights only (what [`crate::Model::load`] takes), for jobs that need no
+    /// tokenizer (logits, parity checks).
+    pub fn weights(
+        &self,
+        emit: &mut dyn FnMut(Event),
+        cancel: &AtomicBool,
+    ) -> Result<PathBuf, SourceError> {
+        Ok(match self {
+            ModelSource::Local { path } => {
+                if !path.exists() {
+                    return Err(SourceError::NotFound(path.clone()));
+                }
+                path.clone()
+            }
+            ModelSource::Asset { name } => assets::resolve(name)?,
+            ModelSource::Hub { repo, revision } => {
+                hub_download(repo, revision.as_deref(), emit, cancel)?
+            }
+        })
+    }
+}
+
+#[cfg(feature = "hub")]
+fn hub_download(
+    repo: &str,
+    revision: Option<&str>,
+    emit: &mut dyn FnMut(Event),
+    cancel: &AtomicBool,
+) -> Result<PathBuf, SourceError> {
+    hub::download(repo, revision, emit, cancel)
+}
+
+#[cfg(not(feature = "hub"))]
+fn hub_download(
+    repo: &str,
+    _revision: Option<&str>,
+    _emit: &mut dyn FnMut(Event),
+    _cancel: &AtomicBool,
+) -> Result<PathBuf, SourceError> {
+    Err(SourceError::HubDisabled(repo.to_owned()))
+}
+
+/// The tokenizer for the model at `weights`: `explicit` if given, else `tokenizer.json` in
+/// the model's directory, else (GGUF files, which carry no usable tokenizer.json) the
+/// `gemma-tokenizer` asset.
+pub fn find_tokenizer(weights: &Path, explicit: Option<&Path>) -> Result<PathBuf, SourceError> {
+    if let Some(p) = explicit {
+        return if p.exists() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(SourceError::TokenizerNotFound(p.to_path_buf()))
+        };
+    }
+    let dir = if weights.is_dir() {
+        Some(weights)
+    } else {
+        weights.parent()
+    };
+    if let Some(beside) = dir.map(|d| d.join("tokenizer.json")) {
+        if beside.exists() {
+            return Ok(beside);
+        }
+    }
+    let is_gguf = weights.extension().and_then(|e| e.to_str()) == Some("gguf");
+    if is_gguf {
+        if let Ok(p) = assets::resolve(GEMMA_TOKENIZER_ASSET) {
+            return Ok(p);
+        }
+    }
+    Err(SourceError::NoTokenizer {
+        model: weights.to_path_buf(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_tells_paths_assets_and_repos_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().to_str().unwrap();
+        assert_eq!(
+            ModelSource::parse(p),
+            ModelSource::Local {
+                path: dir.path().into()
+            }
+        );
+        assert_eq!(
+            ModelSource::parse("gemma3-270m"),
+            ModelSource::Asset {
+                name: "gemma3-270m".into()
+            }
+        );
+        assert_eq!(
+            ModelSource::parse("asset:alice"),
+            ModelSource::Asset {
+                name: "alice".into()
+            }
+        );
+        assert_eq!(
+            ModelSource::parse("google/gemma-3-270m-it"),
+            ModelSource::Hub {
+                repo: "google/gemma-3-270m-it".into(),
+                revision: None
+            }
+        );
+        assert_eq!(
+            ModelSource::parse("google/gemma-3-270m@main"),
+            ModelSource::Hub {
+                repo: "google/gemma-3-270m".into(),
+                revision: Some("main".into())
+            }
+        );
+        // Not a repo id: missing paths stay local so the error names the path.
+        for s in ["./x/y", "/nope/model.gguf", "a/b/c", "model.gguf"] {
+            assert_eq!(ModelSource::parse(s), ModelSource::Local { path: s.into() });
+        }
+    }
+
+    #[test]
+    fn missing_local_path_is_model_not_found() {
+        let never = AtomicBool::new(false);
+        let err = ModelSource::parse("/definitely/not/here.gguf")
+            .resolve(None, &mut |_| {}, &never)
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ModelNotFound);
+        assert!(err.to_string().contains("/definitely/not/here.gguf"));
+    }
+
+    #[test]
+    fn tokenizer_is_explicit_or_beside_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.safetensors");
+        std::fs::write(&model, b"x").unwrap();
+        let never = AtomicBool::new(false);
+        let src = ModelSource::parse(model.to_str().unwrap());
+        let err = src.resolve(None, &mut |_| {}, &never).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::TokenizerNotFound);
+        assert!(err.to_string().contains("--tokenizer"));
+
+        let tok = dir.path().join("tokenizer.json");
+        std::fs::write(&tok, b"{}").unwrap();
+        let r = src.resolve(None, &mut |_| {}, &never).unwrap();
+        assert_eq!((r.weights, r.tokenizer), (model.clone(), tok.clone()));
+        // A generic weight file name gives way to its folder's name.
+        assert_eq!(
+            Some(r.name.as_str()),
+            dir.path().file_name().and_then(|f| f.to_str())
+        );
+        assert_eq!(
+            ModelSource::parse("/m/gemma-3-270m-q4_k_m.gguf").display_name(),
+            "gemma-3-270m-q4_k_m.gguf"
+        );
+
+        let other = dir.path().join("other.json");
+        assert!(matches!(
+            find_tokenizer(&model, Some(&other)),
+            Err(SourceError::TokenizerNotFound(p)) if p == other
+        ));
+        std::fs::write(&other, b"{}").unwrap();
+        assert_eq!(find_tokenizer(&model, Some(&other)).unwrap(), other);
+        // A directory model looks inside itself.
+        assert_eq!(find_tokenizer(dir.path(), None).unwrap(), tok);
+    }
+
+    #[test]
+    fn unknown_asset_is_model_not_found() {
+        let never = AtomicBool::new(false);
+        let err = ModelSource::Asset {
+            name: "no-such-asset".into(),
+        }
+        .resolve(None, &mut |_| {}, &never)
+        .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ModelNotFound);
+    }
+
+    #[cfg(not(feature = "hub"))]
+    #[test]
+    fn hub_without_the_feature_is_a_clear_network_error() {
+        let never = AtomicBool::new(false);
+        let err = ModelSource::parse("google/gemma-3-270m")
+            .resolve(None, &mut |_| {}, &never)
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Network);
+        assert!(err.to_string().contains("google/gemma-3-270m"));
+    }
+
+    #[test]
+    fn source_json_is_tagged() {
+        assert_eq!(
+            serde_json::to_value(ModelSource::Hub {
+                repo: "a/b".into(),
+                revision: None
+            })
+            .unwrap(),
+            serde_json::json!({"kind": "hub", "repo": "a/b", "revision": null})
+        );
+    }
+}

@@ -1,0 +1,369 @@
+//! Weight access by Hugging Face logical name (`layers.3.self_attn.q_proj.weight`, no
+//! `model.` prefix) over safetensors (memory-mapped, single or sharded) and GGUF (quantized
+//! matrices kept quantized). Every lookup checks the shape and names the tensor on failure.
+
+mod gguf;
+mod repack;
+mod safetensors;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{EngineError, Result};
+
+pub use gguf::gguf_name;
+
+/// Where the weights live.
+enum Backend {
+    Safetensors {
+        st: candle_core::safetensors::MmapedSafetensors,
+        /// `model.language_model.`, `model.` or empty.
+        prefix: String,
+    },
+    Gguf {
+        content: gguf_file::Content,
+        file: Mutex<std::fs::File>,
+    },
+}
+
+/// An open checkpoint that hands out tensors on a chosen device and dtype.
+pub struct WeightStore {
+    backend: Backend,
+    path: PathBuf,
+    device: Device,
+    dtype: DType,
+    /// Bytes of every tensor handed out so far (what the model holds once built).
+    loaded_bytes: AtomicUsize,
+}
+
+/// Bytes a matrix occupies as held (quantized blocks or dense elements).
+fn qmatmul_bytes(m: &QMatMul) -> usize {
+    match m {
+        QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+        QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+impl std::fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightStore")
+            .field("path", &self.path)
+            .field(
+                "format",
+                &if self.is_gguf() {
+                    "gguf"
+                } else {
+                    "safetensors"
+                },
+            )
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl WeightStore {
+    /// Opens safetensors weights: a `.safetensors` file, or a directory holding
+    /// `model.safetensors` or a sharded `model.safetensors.index.json`.
+    pub fn open_safetensors(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let (st, origin) = safetensors::open(path)?;
+        let prefix = safetensors::detect_prefix(&st);
+        Ok(Self {
+            backend: Backend::Safetensors { st, prefix },
+            path: origin,
+            device: device.clone(),
+            dtype,
+            loaded_bytes: AtomicUsize::new(0),
+        })
+    }
+
+    /// Opens a GGUF file; returns the store and its parsed header (metadata + tensor
+    /// directory), which [`crate::config::gguf::config_from_gguf`] turns into a config.
+    pub fn open_gguf(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let mut file = std::fs::File::open(path).map_err(|source| EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let content =
+            gguf_file::Content::read(&mut file).map_err(|e| EngineError::CorruptFile {
+                path: path.to_path_buf(),
+                reason: format!("cannot parse GGUF header: {e}"),
+            })?;
+        Ok(Self {
+            backend: Backend::Gguf {
+                content,
+                file: Mutex::new(file),
+            },
+            path: path.to_path_buf(),
+            device: device.clone(),
+            dtype,
+            loaded_bytes: AtomicUsize::new(0),
+        })
+    }
+
+    /// Total bytes of the tensors handed out so far: after a model is built from this
+    /// store, the size of its weights as held in memory (quantized matrices at their
+    /// quantized size).
+    pub fn loaded_bytes(&self) -> usize {
+        self.loaded_bytes.load(Ordering::Relaxed)
+    }
+
+    fn note(&self, bytes: usize) {
+        self.loaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The GGUF header, if this is a GGUF file.
+    pub fn gguf_content(&self) -> Option<&gguf_file::Content> {
+        match &self.backend {
+            Backend::Gguf { content, .. } => Some(content),
+            Backend::Safetensors { .. } => None,
+        }
+    }
+
+    /// True for GGUF files.
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.backend, Backend::Gguf { .. })
+    }
+
+    /// The device tensors are placed on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dtype dense tensors are converted to.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The file (or directory) the weights come from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name a logical tensor has in the file.
+    pub fn file_name(&self, name: &str) -> String {
+        match &self.backend {
+            Backend::Safetensors { prefix, .. } => {
+                if name == "lm_head.weight" {
+                    name.to_string()
+                } else {
+                    format!("{prefix}{name}")
+                }
+            }
+            Backend::Gguf { .. } => gguf_name(name),
+        }
+    }
+
+    /// Whether the checkpoint has this logical tensor.
+    pub fn contains(&self, name: &str) -> bool {
+        let n = self.file_name(name);
+        match &self.backend {
+            Backend::Safetensors { st, .. } => st.get(&n).is_ok(),
+            Backend::Gguf { content, .. } => content.tensor_infos.contains_key(&n),
+        }
+    }
+
+    fn missing(&self, name: &str) -> EngineError {
+        EngineError::MissingTensor {
+            name: self.file_name(name),
+            origin: self.path.display().to_string(),
+        }
+    }
+
+    fn check_shape(&self, name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+        if actual != expected {
+            return Err(EngineError::ShapeMismatch {
+                name: self.file_name(name),
+                expected: expected.to_vec(),
+                actual: actual.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn corrupt(&self, e: impl std::fmt::Display) -> EngineError {
+        EngineError::CorruptFile {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Reads a GGUF tensor (quantized as stored) after checking its shape.
+    fn gguf_qtensor(&self, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let Backend::Gguf { content, file } = &self.backend else {
+            return Err(EngineError::invalid("not a GGUF store"));
+        };
+        let n = self.file_name(name);
+        let info = content
+            .tensor_infos
+            .get(&n)
+            .ok_or_else(|| self.missing(name))?;
+        self.check_shape(name, info.shape.dims(), shape)?;
+        let mut f = file
+            .lock()
+            .map_err(|_| EngineError::invalid("GGUF reader poisoned by an earlier panic"))?;
+        info.read(&mut *f, content.tensor_data_offset, &self.device)
+            .map_err(|e| self.corrupt(format!("tensor `{n}`: {e}")))
+    }
+
+    /// candle's CPU backend has SIMD dot products for Q4_0, Q8_0 and the K-quants but only
+    /// scalar ones for Q5_0 (common in Q4_K_M files). On CPU such matrices are repacked
+    /// losslessly to Q8_0 at load (see [`repack`]): 34 instead of 22 bytes per 32 weights,
+    /// identical values, fast kernels. Other devices keep the file's type.
+    fn cpu_kernel_friendly(&self, q: QTensor) -> Result<QTensor> {
+        use candle_core::quantized::GgmlDType as G;
+        if !self.device.is_cpu() || q.dtype() != G::Q5_0 {
+            return Ok(q);
+        }
+        let bytes = repack::q5_0_to_q8_0(&q.data()?)?;
+        Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(
+            G::Q8_0,
+            &bytes,
+            q.shape().dims().to_vec(),
+            &self.device,
+        )?)
+    }
+
+    /// A dense tensor in the store's dtype (dequantized if the file stores it quantized).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.tensor_as(name, shape, self.dtype)
+    }
+
+    /// A dense tensor in an explicit dtype (e.g. f32 for router or scale vectors).
+    pub fn tensor_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        match &self.backend {
+            Backend::Safetensors { st, .. } => {
+                let n = self.file_name(name);
+                let view = st.get(&n).map_err(|_| self.missing(name))?;
+                self.check_shape(name, view.shape(), shape)?;
+                let t = st
+                    .load(&n, &self.device)
+                    .map_err(|e| self.corrupt(format!("tensor `{n}`: {e}")))?;
+                let t = t.to_dtype(dtype)?;
+                self.note(tensor_bytes(&t));
+                Ok(t)
+            }
+            Backend::Gguf { .. } => {
+                let q = self.gguf_qtensor(name, shape)?;
+                let t = q.dequantize(&self.device)?.to_dtype(dtype)?;
+                self.note(tensor_bytes(&t));
+                Ok(t)
+            }
+        }
+    }
+
+    /// A `[out, inp]` matrix for `x·Wᵀ`: quantized matrices stay quantized.
+    pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<QMatMul> {
+        match &self.backend {
+            Backend::Safetensors { .. } => Ok(QMatMul::Tensor(self.tensor(name, &[out, inp])?)),
+            Backend::Gguf { .. } => {
+                let q = self.cpu_kernel_friendly(self.gguf_qtensor(name, &[out, inp])?)?;
+                let m = QMatMul::from_qtensor(q)?;
+                // Unquantized GGUF matrices come back as f32; keep the compute dtype.
+                let m = match m {
+                    QMatMul::Tensor(t) => QMatMul::Tensor(t.to_dtype(self.dtype)?),
+                    other => other,
+                };
+                self.note(qmatmul_bytes(&m));
+                Ok(m)
+            }
+        }
+    }
+
+    /// A `[rows, cols]` table as a quantized tensor when the file stores it quantized
+    /// (token embeddings: row lookups and the tied output projection stay quantized).
+    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Table> {
+        match &self.backend {
+            Backend::Safetensors { .. } => Ok(Table::Dense(self.tensor(name, &[rows, cols])?)),
+            Backend::Gguf { .. } => {
+                let q = self.gguf_qtensor(name, &[rows, cols])?;
+                if q.dtype().block_size() > 1 && cols.is_multiple_of(q.dtype().block_size()) {
+                    self.note(q.storage_size_in_bytes());
+                    Ok(Table::Quantized(Arc::new(q)))
+                } else {
+                    let t = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
+                    self.note(tensor_bytes(&t));
+                    Ok(Table::Dense(t))
+                }
+            }
+        }
+    }
+
+    /// `[n, out, inp]` stacked matrices (MoE experts) as one matrix per expert.
+    pub fn stacked_linears(
+        &self,
+        name: &str,
+        n: usize,
+        out: usize,
+        inp: usize,
+    ) -> Result<Vec<QMatMul>> {
+        match &self.backend {
+            Backend::Safetensors { .. } => {
+                let t = self.tensor(name, &[n, out, inp])?;
+                (0..n)
+                    .map(|e| Ok(QMatMul::Tensor(t.get(e)?.contiguous()?)))
+                    .collect()
+            }
+            Backend::Gguf { .. } => {
+                let q = self.gguf_qtensor(name, &[n, out, inp])?;
+                let bytes = q.data()?;
+                let per = bytes.len() / n.max(1);
+                (0..n)
+                    .map(|e| {
+                        let part = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                            q.dtype(),
+                            &bytes[e * per..(e + 1) * per],
+                            vec![out, inp],
+                            &self.device,
+                        )?;
+                        let m = QMatMul::from_qtensor(self.cpu_kernel_friendly(part)?)?;
+                        let m = match m {
+                            QMatMul::Tensor(t) => QMatMul::Tensor(t.to_dtype(self.dtype)?),
+                            other => other,
+                        };
+                        self.note(qmatmul_bytes(&m));
+                        Ok(m)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A lookup table (token embedding) that may stay quantized.
+#[derive(Debug, Clone)]
+pub enum Table {
+    /// Plain tensor `[rows, cols]`.
+    Dense(Tensor),
+    /// Quantized `[rows, cols]`; rows are dequantized on lookup.
+    Quantized(Arc<QTensor>),
+}
+
+impl Table {
+    /// Rows for `ids` (u32, any shape) → `[..ids, cols]` in `dtype`.
+    pub fn lookup(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        Ok(match self {
+            Table::Dense(w) => {
+                let mut dims = ids.dims().to_vec();
+                dims.push(w.dim(1)?);
+                w.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?
+            }
+            Table::Quantized(q) => q.embedding(ids)?.to_dtype(dtype)?,
+        })
+    }
+
+    /// The table as the matrix of `x·Tᵀ` (tied output projection).
+    pub fn as_linear(&self) -> Result<QMatMul> {
+        Ok(match self {
+            Table::Dense(w) => QMatMul::Tensor(w.clone()),
+            Table::Quantized(q) => QMatMul::from_arc(q.clone())?,
+        })
+    }
+}

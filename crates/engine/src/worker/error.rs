@@ -1,0 +1,112 @@
+//! Errors of engine jobs: typed where they arise (loading), and flattened to a stable code
+//! plus message ([`JobError`]) once they cross the engine thread's boundary.
+
+use crate::error::EngineError;
+use crate::events::{ErrorCode, Event};
+use crate::generate::GenerateError;
+use crate::source::SourceError;
+use crate::tokenizer::TokenizerError;
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The model or its tokenizer could not be located.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The weights could not be read.
+    #[error("cannot load model: {0}")]
+    Model(EngineError),
+    /// The tokenizer could not be read.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// The cache could not be created.
+    #[error("cannot create the KV cache: {0}")]
+    Cache(EngineError),
+}
+
+impl LoadError {
+    /// The stable code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LoadError::Source(e) => e.code(),
+            LoadError::Model(EngineError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                ErrorCode::ModelNotFound
+            }
+            LoadError::Model(_) => ErrorCode::BadModelFile,
+            LoadError::Tokenizer(_) => ErrorCode::BadTokenizer,
+            LoadError::Cache(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
+            LoadError::Cache(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// A failed job as the caller sees it: a stable code and a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JobError {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl JobError {
+    /// An error with `code`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The job was refused because a generation is running.
+    pub fn busy(what: &str) -> Self {
+        Self::new(
+            ErrorCode::Busy,
+            format!("cannot {what} while a generation is running; cancel it first"),
+        )
+    }
+
+    /// No model is loaded.
+    pub fn no_model() -> Self {
+        Self::new(ErrorCode::NoModel, "no model is loaded")
+    }
+
+    /// The engine thread has stopped.
+    pub fn stopped() -> Self {
+        Self::new(ErrorCode::EngineStopped, "the engine thread has stopped")
+    }
+
+    /// The `error` event carrying this error.
+    pub fn to_event(&self) -> Event {
+        Event::Error {
+            code: self.code,
+            message: self.message.clone(),
+        }
+    }
+}
+
+impl From<LoadError> for JobError {
+    fn from(e: LoadError) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+impl From<GenerateError> for JobError {
+    fn from(e: GenerateError) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+impl From<EngineError> for JobError {
+    fn from(e: EngineError) -> Self {
+        let code = match e {
+            EngineError::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Internal,
+        };
+        Self::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,308 @@
+//! The engine thread: one dedicated std thread owns the model, its tokenizer and its KV cache;
+//! jobs come in over a std channel, and each job carries its own event sink (mistral.rs
+//! style), so the app can forward to an IPC channel and the CLI to stdout. Status is readable
+//! at any time without waiting for a running generation.
+//!
+//! Between two generated tokens the thread looks at its queue: `Cancel` and `SwitchCache`
+//! take effect there; other jobs that need the model answer `busy`.
+
+mod card;
+mod error;
+mod run;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+
+pub use card::{count_params, model_card, CARD_PRECISIONS};
+pub use error::{JobError, LoadError};
+
+use crate::events::{Event, ModelCard};
+use crate::generate::GenerateRequest;
+use crate::kv::{KvMemoryReport, KvPrecision, PrecisionPolicy};
+use crate::model::LoadOptions;
+use crate::source::ModelSource;
+
+/// Where a job's events go. Called on the engine thread; keep it quick (forward, don't work).
+pub type EventSink = Box<dyn FnMut(Event) + Send + 'static>;
+
+/// A shared flag that stops a running job before its next token (or download chunk).
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A fresh, unset token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the job to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`CancelToken::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The flag itself.
+    pub fn flag(&self) -> &AtomicBool {
+        &self.0
+    }
+}
+
+/// What to load and how.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    /// The model.
+    pub source: ModelSource,
+    /// An explicit `tokenizer.json` (else found beside the model, or the Gemma asset).
+    pub tokenizer: Option<PathBuf>,
+    /// Device and dtype.
+    pub options: LoadOptions,
+    /// KV storage precision per layer.
+    pub policy: PrecisionPolicy,
+}
+
+impl LoadRequest {
+    /// Loads `source` on the CPU in f32 with an f16 KV cache.
+    pub fn new(source: ModelSource) -> Self {
+        Self {
+            source,
+            tokenizer: None,
+            options: LoadOptions::default(),
+            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+        }
+    }
+}
+
+/// A request to the engine thread.
+pub enum Job {
+    /// Load a model (replacing the current one only once the new one is ready).
+    Load {
+        /// What to load.
+        request: LoadRequest,
+        /// Receives `loading`, then `loaded` or `error`.
+        sink: EventSink,
+        /// Stops a download.
+        cancel: CancelToken,
+    },
+    /// Generate a reply.
+    Generate {
+        /// The request.
+        request: GenerateRequest,
+        /// Receives `token`/`thinking` deltas, `stats`, then `done`; or one `error`.
+        sink: EventSink,
+        /// Checked before every token.
+        cancel: CancelToken,
+    },
+    /// Stop the running generation (also reachable directly through [`EngineHandle::cancel`]).
+    Cancel,
+    /// Forget the conversation held in the cache.
+    Reset {
+        /// The outcome.
+        reply: Sender<Result<(), JobError>>,
+    },
+    /// Re-encode the cache in another precision (between two tokens when generating).
+    SwitchCache {
+        /// The new precisions.
+        policy: PrecisionPolicy,
+        /// The cache bytes after the switch.
+        reply: Sender<Result<KvMemoryReport, JobError>>,
+    },
+    /// Drop the model.
+    Unload {
+        /// The outcome.
+        reply: Sender<Result<(), JobError>>,
+    },
+    /// Stop the thread.
+    Shutdown,
+}
+
+/// A snapshot of the engine's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineStatus {
+    /// The loaded model's card.
+    pub model: Option<ModelCard>,
+    /// A job is running (load or generate).
+    pub busy: bool,
+    /// Tokens in the cache.
+    pub context_tokens: usize,
+    /// Bytes the cache holds.
+    pub kv_bytes: usize,
+    /// The cache precisions (of the loaded model, or for the next load).
+    pub policy: PrecisionPolicy,
+}
+
+pub(crate) struct Shared {
+    status: Mutex<EngineStatus>,
+    /// Cancel token of the running job.
+    active: Mutex<Option<CancelToken>>,
+}
+
+/// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the engine thread.
+pub struct Engine;
+
+impl Engine {
+    /// Spawns the engine thread and returns its handle.
+    pub fn spawn() -> Result<EngineHandle, JobError> {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            status: Mutex::new(EngineStatus {
+                model: None,
+                busy: false,
+                context_tokens: 0,
+                kv_bytes: 0,
+                policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            }),
+            active: Mutex::new(None),
+        });
+        let worker_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("kvlab-engine".into())
+            .spawn(move || run::Worker::new(rx, worker_shared).run())
+            .map_err(|e| JobError::new(crate::events::ErrorCode::Internal, e.to_string()))?;
+        Ok(EngineHandle {
+            tx,
+            shared,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+}
+
+/// The way in: cheap to clone, usable from any thread (Tauri state holds one).
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Job>,
+    shared: Arc<Shared>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl EngineHandle {
+    /// Sends a raw job.
+    pub fn send(&self, job: Job) -> Result<(), JobError> {
+        self.tx.send(job).map_err(|_| JobError::stopped())
+    }
+
+    /// Starts loading; events go to `sink`. Returns the token that cancels a download.
+    pub fn load(&self, request: LoadRequest, sink: EventSink) -> Result<CancelToken, JobError> {
+        let cancel = CancelToken::new();
+        self.send(Job::Load {
+            request,
+            sink,
+            cancel: cancel.clone(),
+        })?;
+        Ok(cancel)
+    }
+
+    /// Loads and waits; `on_event` sees the `loading` events on the calling thread.
+    pub fn load_blocking(
+        &self,
+        request: LoadRequest,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<ModelCard, JobError> {
+        let (tx, rx) = mpsc::channel();
+        self.load(request, channel_sink(tx))?;
+        for ev in rx {
+            on_event(&ev);
+            match ev {
+                Event::Loaded { card } => return Ok(card),
+                Event::Error { code, message } => return Err(JobError::new(code, message)),
+                _ => {}
+            }
+        }
+        Err(JobError::stopped())
+    }
+
+    /// Starts a generation; events go to `sink`. Returns its cancel token.
+    pub fn generate(
+        &self,
+        request: GenerateRequest,
+        sink: EventSink,
+    ) -> Result<CancelToken, JobError> {
+        let cancel = CancelToken::new();
+        self.send(Job::Generate {
+            request,
+            sink,
+            cancel: cancel.clone(),
+        })?;
+        Ok(cancel)
+    }
+
+    /// Starts a generation whose events arrive on the returned receiver (ends after `done`
+    /// or `error`).
+    pub fn generate_channel(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<(Receiver<Event>, CancelToken), JobError> {
+        let (tx, rx) = mpsc::channel();
+        let cancel = self.generate(request, channel_sink(tx))?;
+        Ok((rx, cancel))
+    }
+
+    /// Cancels the running job, if any (takes effect before its next token).
+    pub fn cancel(&self) {
+        if let Some(t) = lock(&self.shared.active).as_ref() {
+            t.cancel();
+        }
+        // The queue copy matters only if the job has not started yet; a stopped engine has
+        // nothing to cancel.
+        let _ = self.tx.send(Job::Cancel);
+    }
+
+    /// Forgets the conversation in the cache.
+    pub fn reset(&self) -> Result<(), JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::Reset { reply })?;
+        rx.recv().map_err(|_| JobError::stopped())?
+    }
+
+    /// Re-encodes the cache in `policy` (applied between two tokens if generating) and
+    /// returns its bytes afterwards. Without a model, sets the policy for the next load.
+    pub fn switch_cache(&self, policy: PrecisionPolicy) -> Result<KvMemoryReport, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::SwitchCache { policy, reply })?;
+        rx.recv().map_err(|_| JobError::stopped())?
+    }
+
+    /// Drops the model.
+    pub fn unload(&self) -> Result<(), JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::Unload { reply })?;
+        rx.recv().map_err(|_| JobError::stopped())?
+    }
+
+    /// The engine's state now (never waits for a generation).
+    pub fn status(&self) -> EngineStatus {
+        lock(&self.shared.status).clone()
+    }
+
+    /// Stops the running job and the thread, and waits for it to end.
+    pub fn shutdown(&self) {
+        if let Some(t) = lock(&self.shared.active).as_ref() {
+            t.cancel();
+        }
+        let _ = self.tx.send(Job::Shutdown);
+        if let Some(t) = lock(&self.thread).take() {
+            // A panic on the engine thread has already been reported by the panic hook.
+            let _ = t.join();
+        }
+    }
+}
+
+/// A sink that forwards events into a std channel (dropped receivers are ignored).
+pub fn channel_sink(tx: Sender<Event>) -> EventSink {
+    Box::new(move |ev| {
+        let _ = tx.send(ev);
+    })
+}

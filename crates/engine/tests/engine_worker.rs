@@ -1,0 +1,430 @@
+//! The engine thread on the tiny golden fixtures: streaming greedy generation equals the
+//! reference ids, cancel stops within one token, reset clears, a second turn prefills only
+//! its new tokens, an oversize prompt and a corrupt model are clean coded errors, and the
+//! engine stays usable after each.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use kvlab_engine::chat::Message;
+use kvlab_engine::events::{DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::generate::{GenerateRequest, Prompt};
+use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::worker::{channel_sink, CancelToken, Job, LoadRequest};
+use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+
+const FIXTURES: [(&str, Family); 4] = [
+    ("tiny_gemma3", Family::Gemma3),
+    ("tiny_e", Family::Gemma4),
+    ("tiny_dense", Family::Gemma4),
+    ("tiny_moe", Family::Gemma4),
+];
+
+struct Setup {
+    engine: EngineHandle,
+    tokenizer: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn load_request(name: &str, tokenizer: &Path) -> LoadRequest {
+    LoadRequest {
+        tokenizer: Some(tokenizer.to_path_buf()),
+        // f32: the golden ids come from an f32 reference.
+        policy: PrecisionPolicy::uniform(KvPrecision::F32),
+        ..LoadRequest::new(ModelSource::Local {
+            path: common::fixture(name).join("model.safetensors"),
+        })
+    }
+}
+
+fn setup(name: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokenizer = common::write_tokenizer(dir.path(), 512);
+    let engine = Engine::spawn().expect("spawn");
+    let card = engine
+        .load_blocking(load_request(name, &tokenizer), |_| {})
+        .expect("load fixture");
+    assert_eq!(card.vocab_size, 512);
+    Setup {
+        engine,
+        tokenizer,
+        _dir: dir,
+    }
+}
+
+fn greedy(prompt: Prompt, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        ..GenerateRequest::new(prompt)
+    }
+}
+
+/// Everything one generation sent, in order.
+struct Run {
+    events: Vec<Event>,
+}
+
+impl Run {
+    fn text(&self) -> String {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Token { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+    fn done(&self) -> (DoneReason, Vec<u32>) {
+        match self.events.last() {
+            Some(Event::Done { reason, token_ids }) => (*reason, token_ids.clone()),
+            other => panic!("run did not end with done: {other:?}"),
+        }
+    }
+    fn stats(&self) -> GenStats {
+        self.events
+            .iter()
+            .find_map(|e| match e {
+                Event::Stats(s) => Some(s.clone()),
+                _ => None,
+            })
+            .expect("stats event")
+    }
+    fn error(&self) -> (ErrorCode, String) {
+        match self.events.as_slice() {
+            [Event::Error { code, message }] => (*code, message.clone()),
+            other => panic!("expected exactly one error event, got {other:?}"),
+        }
+    }
+}
+
+fn run(engine: &EngineHandle, req: GenerateRequest) -> Run {
+    let (rx, _cancel) = engine.generate_channel(req).expect("send");
+    let mut events = Vec::new();
+    for ev in rx {
+        let end = matches!(ev, Event::Done { .. } | Event::Error { .. });
+        events.push(ev);
+        if end {
+            break;
+        }
+    }
+    Run { events }
+}
+
+#[test]
+fn streaming_greedy_generation_equals_the_reference_ids() {
+    for (name, family) in FIXTURES {
+        let s = setup(name);
+        let g = common::golden(name);
+        let expect = common::ids(&g["greedy_ids"]);
+        let r = run(
+            &s.engine,
+            greedy(
+                Prompt::Ids {
+                    ids: expect[..12].to_vec(),
+                },
+                20,
+            ),
+        );
+        let (reason, ids) = r.done();
+        assert_eq!(ids, expect[12..], "{name}: greedy ids differ");
+        assert_eq!(reason, DoneReason::Length);
+        // The streamed deltas add up to the decoded ids.
+        let tok = GemmaTokenizer::from_file(&s.tokenizer, family).expect("tokenizer");
+        assert_eq!(r.text(), tok.decode(&ids, true).expect("decode"), "{name}");
+        let st = r.stats();
+        assert_eq!(
+            (st.prompt_tokens, st.prefill_tokens, st.generated_tokens),
+            (12, 12, 20)
+        );
+        // The last sampled token is not run through the model.
+        assert_eq!(st.context_tokens, 12 + 19);
+        assert_eq!(s.engine.status().context_tokens, 31);
+        assert!(st.kv_bytes > 0 && st.kv_bytes <= st.kv_bytes_allocated);
+        s.engine.shutdown();
+    }
+}
+
+#[test]
+fn cancel_stops_within_one_token() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let cancel = CancelToken::new();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let (sink_cancel, sink_events) = (cancel.clone(), Arc::clone(&events));
+    let (done_tx, done_rx) = mpsc::channel();
+    s.engine
+        .send(Job::Generate {
+            request: greedy(
+                Prompt::Ids {
+                    ids: expect[..12].to_vec(),
+                },
+                20,
+            ),
+            // Runs on the engine thread: cancelling here is exactly "after the 3rd token".
+            sink: Box::new(move |ev| {
+                let mut evs = sink_events.lock().expect("lock");
+                let tokens = evs
+                    .iter()
+                    .filter(|e| matches!(e, Event::Token { .. }))
+                    .count();
+                if matches!(ev, Event::Token { .. }) && tokens + 1 == 3 {
+                    sink_cancel.cancel();
+                }
+                let end = matches!(ev, Event::Done { .. } | Event::Error { .. });
+                evs.push(ev);
+                if end {
+                    let _ = done_tx.send(());
+                }
+            }),
+            cancel,
+        })
+        .expect("send");
+    done_rx.recv().expect("done");
+    let r = Run {
+        events: events.lock().expect("lock").clone(),
+    };
+    let (reason, ids) = r.done();
+    assert_eq!(reason, DoneReason::Cancelled);
+    assert_eq!(ids, expect[12..15]);
+    assert_eq!(r.stats().generated_tokens, 3);
+}
+
+#[test]
+fn reset_clears_the_context() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let prompt = Prompt::Ids {
+        ids: expect[..12].to_vec(),
+    };
+    let first = run(&s.engine, greedy(prompt.clone(), 5));
+    assert_eq!(s.engine.status().context_tokens, 16);
+    s.engine.reset().expect("reset");
+    let st = s.engine.status();
+    assert_eq!((st.context_tokens, st.kv_bytes), (0, 0));
+    let again = run(&s.engine, greedy(prompt, 5));
+    assert_eq!(again.stats().reused_tokens, 0);
+    assert_eq!(again.stats().prefill_tokens, 12);
+    assert_eq!(again.done(), first.done());
+}
+
+#[test]
+fn a_second_turn_prefills_only_its_new_tokens() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let p1 = expect[..12].to_vec();
+    let t1 = run(&s.engine, greedy(Prompt::Ids { ids: p1.clone() }, 5));
+    let (_, g1) = t1.done();
+    // Turn 2 = turn 1 + its answer + three new tokens.
+    let mut p2 = p1.clone();
+    p2.extend(&g1);
+    p2.extend([40, 41, 42]);
+    let st = run(&s.engine, greedy(Prompt::Ids { ids: p2.clone() }, 5)).stats();
+    // The cache held p1 and the first four answer tokens (the fifth was never run).
+    assert_eq!(st.reused_tokens, 12 + 4);
+    assert_eq!(st.prefill_tokens, p2.len() - 16);
+    assert_eq!(st.prefill_tokens, 4);
+
+    // The same through the chat template: the second turn reuses the first prompt and the
+    // answer, and prefills only the rest.
+    s.engine.reset().expect("reset");
+    let user1 = Message::user("hello there");
+    let chat1 = Prompt::Chat {
+        system: None,
+        messages: vec![user1.clone()],
+        thinking: false,
+    };
+    let r1 = run(&s.engine, greedy(chat1, 6));
+    let p1_len = r1.stats().prompt_tokens;
+    let chat2 = Prompt::Chat {
+        system: None,
+        messages: vec![user1, Message::model(r1.text()), Message::user("and more")],
+        thinking: false,
+    };
+    let st2 = run(&s.engine, greedy(chat2, 4)).stats();
+    assert!(
+        st2.reused_tokens > p1_len,
+        "{st2:?} vs first prompt {p1_len}"
+    );
+    assert_eq!(st2.prefill_tokens, st2.prompt_tokens - st2.reused_tokens);
+    assert!(st2.prefill_tokens < st2.prompt_tokens - p1_len);
+}
+
+#[test]
+fn an_oversize_prompt_is_a_clean_error_and_loses_nothing() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let p1 = expect[..12].to_vec();
+    run(&s.engine, greedy(Prompt::Ids { ids: p1.clone() }, 3));
+    let before = s.engine.status().context_tokens;
+    // The fixture's context is 256 tokens.
+    let long: Vec<u32> = (0..300).map(|i| 10 + (i % 400)).collect();
+    let (code, message) = run(&s.engine, greedy(Prompt::Ids { ids: long }, 3)).error();
+    assert_eq!(code, ErrorCode::ContextOverflow);
+    assert!(
+        message.contains("300") && message.contains("256"),
+        "{message}"
+    );
+    assert_eq!(s.engine.status().context_tokens, before);
+    // The cached conversation is still there.
+    let st = run(&s.engine, greedy(Prompt::Ids { ids: p1 }, 3)).stats();
+    assert_eq!(st.reused_tokens, 11);
+}
+
+#[test]
+fn bad_models_are_coded_errors_and_the_engine_stays_usable() {
+    let s = setup("tiny_gemma3");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        common::fixture("tiny_gemma3").join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .expect("copy config");
+    let corrupt = dir.path().join("model.safetensors");
+    std::fs::write(&corrupt, b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}").expect("write");
+    let bad = LoadRequest {
+        tokenizer: Some(s.tokenizer.clone()),
+        ..LoadRequest::new(ModelSource::Local { path: corrupt })
+    };
+    let err = s.engine.load_blocking(bad, |_| {}).unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadModelFile, "{err}");
+
+    let missing = LoadRequest::new(ModelSource::Local {
+        path: dir.path().join("absent.gguf"),
+    });
+    let err = s.engine.load_blocking(missing, |_| {}).unwrap_err();
+    assert_eq!(err.code, ErrorCode::ModelNotFound, "{err}");
+
+    // The model loaded before is still there and still answers.
+    assert_eq!(
+        s.engine.status().model.map(|c| c.name),
+        Some("tiny_gemma3".to_owned())
+    );
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let r = run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: expect[..12].to_vec(),
+            },
+            4,
+        ),
+    );
+    assert_eq!(r.done().1, expect[12..16]);
+
+    s.engine.unload().expect("unload");
+    let (code, _) = run(&s.engine, greedy(Prompt::Text { text: "hi".into() }, 2)).error();
+    assert_eq!(code, ErrorCode::NoModel);
+    // And a fresh load works again.
+    s.engine
+        .load_blocking(load_request("tiny_gemma3", &s.tokenizer), |_| {})
+        .expect("reload");
+}
+
+#[test]
+fn cache_switches_apply_between_tokens_and_other_jobs_are_refused() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let handle = s.engine.clone();
+    let (switch_tx, switch_rx) = mpsc::channel();
+    let (reset_tx, reset_rx) = mpsc::channel();
+    let (events_tx, events_rx) = mpsc::channel();
+    let mut forward = channel_sink(events_tx);
+    let mut tokens = 0;
+    s.engine
+        .send(Job::Generate {
+            request: greedy(
+                Prompt::Ids {
+                    ids: expect[..12].to_vec(),
+                },
+                20,
+            ),
+            sink: Box::new(move |ev| {
+                if matches!(ev, Event::Token { .. }) {
+                    tokens += 1;
+                    if tokens == 2 {
+                        let _ = handle.send(Job::SwitchCache {
+                            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+                            reply: switch_tx.clone(),
+                        });
+                        let _ = handle.send(Job::Reset {
+                            reply: reset_tx.clone(),
+                        });
+                    }
+                }
+                forward(ev);
+            }),
+            cancel: CancelToken::new(),
+        })
+        .expect("send");
+    let mut events = Vec::new();
+    for ev in events_rx {
+        let end = matches!(ev, Event::Done { .. } | Event::Error { .. });
+        events.push(ev);
+        if end {
+            break;
+        }
+    }
+    let r = Run { events };
+    let (reason, ids) = r.done();
+    assert_eq!((reason, ids.len()), (DoneReason::Length, 20));
+    let report = switch_rx.recv().expect("switch reply").expect("switched");
+    assert!(report
+        .layers
+        .iter()
+        .all(|l| l.precision.is_none() || l.precision == Some(KvPrecision::F16)));
+    // Switched after the 2nd token: 12 prompt + 1 run token were converted, and it went on.
+    assert!(report.layers.iter().any(|l| l.tokens >= 7));
+    let refused = reset_rx.recv().expect("reset reply").unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Busy);
+    assert_eq!(
+        s.engine.status().policy,
+        PrecisionPolicy::uniform(KvPrecision::F16)
+    );
+    // The refused reset really did nothing.
+    assert_eq!(s.engine.status().context_tokens, 31);
+}
+
+#[test]
+fn the_handle_cancels_a_running_generation() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let (tx, rx) = mpsc::channel();
+    let mut forward = channel_sink(tx);
+    s.engine
+        .generate(
+            greedy(
+                Prompt::Ids {
+                    ids: expect[..12].to_vec(),
+                },
+                200,
+            ),
+            // A slow consumer: 200 tokens would take a second, the cancel arrives long before.
+            Box::new(move |ev| {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                forward(ev);
+            }),
+        )
+        .expect("send");
+    let mut events = Vec::new();
+    for ev in rx {
+        if matches!(ev, Event::Token { .. }) && s.engine.status().model.is_some() {
+            // Busy while generating, and status answers without waiting for it.
+            assert!(s.engine.status().busy);
+            s.engine.cancel();
+        }
+        let end = matches!(ev, Event::Done { .. } | Event::Error { .. });
+        events.push(ev);
+        if end {
+            break;
+        }
+    }
+    let (reason, ids) = Run { events }.done();
+    assert_eq!(reason, DoneReason::Cancelled);
+    assert!(ids.len() < 200, "{}", ids.len());
+    assert!(!s.engine.status().busy);
+}

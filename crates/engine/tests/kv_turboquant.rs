@@ -1,0 +1,219 @@
+//! TurboQuant caches on the tiny fixture models: a live precision switch between two tokens
+//! gives the same continuation as replaying the prefix and converting the cache the same
+//! way; memory samples add up and equal the codec formula; fidelity of a cache against
+//! itself is perfect and a coarse cache is measurably worse.
+
+use std::path::PathBuf;
+
+use kvlab_engine::config::AttentionKind;
+use kvlab_engine::fidelity::compare_caches;
+use kvlab_engine::kv::{CacheSpec, KvCache, TqSide};
+use kvlab_engine::memory::{KvBytes, MemorySample, RssProbe};
+use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_turboquant::bytes_per_vector;
+
+fn load(name: &str) -> Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    Model::load(&dir, &LoadOptions::default()).expect("load fixture")
+}
+
+fn policy(s: &str) -> PrecisionPolicy {
+    CacheSpec::parse(s).expect("spec").to_policy()
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    let mut s = 11u32;
+    let mut ids = vec![2];
+    while ids.len() < n {
+        s = s.wrapping_mul(1103515245).wrapping_add(12345);
+        ids.push(3 + (s >> 8) % 500);
+    }
+    ids
+}
+
+fn argmax(model: &Model, ids: &[u32], cache: &mut KvCache) -> u32 {
+    model
+        .forward(ids, cache, Logits::Last)
+        .expect("forward")
+        .argmax(0)
+        .expect("argmax")
+        .to_scalar::<u32>()
+        .expect("scalar")
+}
+
+/// Greedy decoding of `steps` tokens after `prompt`, converting the cache to `to` right
+/// before generated token `switch_at` is fed back (between two tokens, as the worker does).
+fn live_switch(
+    model: &Model,
+    prompt: &[u32],
+    from: &PrecisionPolicy,
+    to: &PrecisionPolicy,
+    switch_at: usize,
+    steps: usize,
+) -> Vec<u32> {
+    let mut cache = model.new_cache(from).expect("cache");
+    let mut out = vec![argmax(model, prompt, &mut cache)];
+    for i in 0..steps {
+        if i == switch_at {
+            cache.convert(to).expect("switch");
+        }
+        let next = argmax(model, &[out[out.len() - 1]], &mut cache);
+        out.push(next);
+    }
+    out
+}
+
+#[test]
+fn live_switch_equals_replay_then_convert() {
+    let pairs = [
+        ("f32", "tq4@all"),
+        ("tq4@all", "tq3@all"),
+        ("tq3.5", "f32"),
+        ("f32", "k4vf16@all"),
+    ];
+    for name in ["tiny_gemma3", "tiny_e"] {
+        let model = load(name);
+        let p = prompt(12);
+        for (from, to) in pairs {
+            let (from, to) = (policy(from), policy(to));
+            // Switch points before, at and well past the sliding window (8).
+            for switch_at in [0usize, 5, 19] {
+                let live = live_switch(&model, &p, &from, &to, switch_at, 24);
+                // Replay: the same tokens in the old precision, then the same conversion,
+                // then greedy decoding on the converted cache.
+                let mut cache = model.new_cache(&from).expect("cache");
+                let mut ids = p.clone();
+                ids.extend_from_slice(&live[..switch_at]);
+                let first = argmax(&model, &ids, &mut cache);
+                assert_eq!(first, live[switch_at], "{name} switch at {switch_at}");
+                cache.convert(&to).expect("convert");
+                let mut replay = vec![first];
+                for _ in switch_at..24 {
+                    let next = argmax(&model, &[replay[replay.len() - 1]], &mut cache);
+                    replay.push(next);
+                }
+                assert_eq!(
+                    &live[switch_at..],
+                    &replay[..],
+                    "{name}: {from:?} → {to:?} at {switch_at}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn memory_samples_add_up_and_follow_the_codec_formula() {
+    for name in ["tiny_gemma3", "tiny_e"] {
+        let model = load(name);
+        for spec in [
+            "f16",
+            "f32",
+            "tq4",
+            "tq3.5@all",
+            "k4v2.5@sliding",
+            "k4vf16@all",
+        ] {
+            let mut cache = model.new_cache(&policy(spec)).expect("cache");
+            let ids = prompt(40);
+            for c in ids.chunks(9) {
+                model.forward(c, &mut cache, Logits::Last).expect("forward");
+            }
+            let mut probe = RssProbe::new();
+            let s = MemorySample::capture(5, &cache, model.weights_bytes(), &mut probe);
+            assert_eq!(s.tokens_in_context, 40);
+            assert!(s.weights_bytes > 0 && s.rss_bytes > 0);
+            let kv: &KvBytes = &s.kv;
+            let sum_layers: u64 = kv.layers.iter().map(|l| l.bytes.used).sum();
+            let sum_alloc: u64 = kv.layers.iter().map(|l| l.bytes.allocated).sum();
+            let sum_prec: u64 = kv.by_precision.values().map(|b| b.used).sum();
+            let sum_prec_alloc: u64 = kv.by_precision.values().map(|b| b.allocated).sum();
+            assert_eq!(sum_layers, kv.total_used, "{name} {spec}");
+            assert_eq!(sum_prec, kv.total_used, "{name} {spec}");
+            assert_eq!(sum_alloc, kv.total_allocated, "{name} {spec}");
+            assert_eq!(sum_prec_alloc, kv.total_allocated, "{name} {spec}");
+            assert_eq!(
+                kv.by_kind.sliding.used + kv.by_kind.full.used,
+                kv.total_used
+            );
+            // Each layer's bytes are the formula: tokens × kv heads × (K + V bytes/vector).
+            for l in &kv.layers {
+                let cfg = &model.config().layers[l.layer];
+                let prec = cache.storage(l.layer).expect("owning layer").precision();
+                let (bk, bv) = match prec {
+                    kvlab_engine::KvPrecision::TurboQuant(p) => {
+                        let b = |s: &TqSide| match s {
+                            TqSide::F16 => 2 * cfg.head_dim,
+                            TqSide::Codes(c) => bytes_per_vector(cfg.head_dim, c).expect("codec"),
+                        };
+                        (b(&p.key), b(&p.value))
+                    }
+                    kvlab_engine::KvPrecision::F32 => (4 * cfg.head_dim, 4 * cfg.head_dim),
+                    _ => (2 * cfg.head_dim, 2 * cfg.head_dim),
+                };
+                let want = l.tokens * cfg.n_kv_heads * (bk + bv);
+                assert_eq!(l.bytes.used, want as u64, "{name} {spec} layer {}", l.layer);
+                assert!(l.bytes.allocated >= l.bytes.used);
+                let expect_tokens = match cfg.kind {
+                    AttentionKind::Full => 40,
+                    AttentionKind::Sliding => cfg.sliding_window.expect("window") - 1,
+                };
+                assert_eq!(l.tokens, expect_tokens);
+            }
+            let json = serde_json::to_string(&s).expect("json");
+            let back: MemorySample = serde_json::from_str(&json).expect("parse");
+            assert_eq!(back, s);
+        }
+    }
+}
+
+#[test]
+fn fidelity_against_itself_is_perfect_and_coarse_caches_diverge() {
+    let model = load("tiny_gemma3");
+    let ids = prompt(48);
+    let same = compare_caches(
+        &model,
+        &ids,
+        &policy("f32"),
+        &policy("f32"),
+        16,
+        &mut |_, _| {},
+    )
+    .expect("fidelity");
+    assert_eq!(same.tokens_scored, 47);
+    assert_eq!(same.mean_kld, 0.0);
+    assert_eq!(same.top1_agreement, 1.0);
+    assert_eq!(same.max_logit_error, 0.0);
+    assert_eq!(same.ppl, same.ppl_reference);
+    let coarse = compare_caches(
+        &model,
+        &ids,
+        &policy("f32"),
+        &policy("tq2@all"),
+        16,
+        &mut |_, _| {},
+    )
+    .expect("fidelity");
+    let fine = compare_caches(
+        &model,
+        &ids,
+        &policy("f32"),
+        &policy("tq4@all"),
+        16,
+        &mut |_, _| {},
+    )
+    .expect("fidelity");
+    assert_eq!(coarse.ppl_reference, same.ppl_reference);
+    assert!(coarse.mean_kld > 0.0 && coarse.max_logit_error > 0.0);
+    assert!(
+        fine.mean_kld < coarse.mean_kld,
+        "tq4 {} vs tq2 {}",
+        fine.mean_kld,
+        coarse.mean_kld
+    );
+    assert_eq!(coarse.positions.len(), 47);
+    let mean: f64 = coarse.positions.iter().map(|p| p.kld).sum::<f64>() / 47.0;
+    assert!((mean - coarse.mean_kld).abs() < 1e-12);
+}

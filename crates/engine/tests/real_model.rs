@@ -1,0 +1,120 @@
+//! Gemma 3 270M (Q4_K_M GGUF) sanity: next-token ranking after "The capital of France is"
+//! and perplexity on the opening of Alice. Needs the assets in `$KVLAB_CACHE/assets`
+//! (default `~/.cache/kvlab/assets`).
+//!
+//! The figures in docs/assets.md (p 0.51 / 0.28, perplexity ≈ 68) come from candle-transformers'
+//! `quantized_gemma3`, whose MLP uses SiLU where Gemma 3 uses GELU-tanh (`hidden_activation:
+//! gelu_pytorch_tanh`; the tiny_gemma3 golden fixture pins GELU-tanh). With SiLU swapped in,
+//! this engine reproduces them (0.509 / 0.281, perplexity 65.2); with the correct GELU-tanh it
+//! gives "▁the" 0.20, "▁a" 0.12, "▁Paris" 0.08 and perplexity ≈ 23. The assertions below keep
+//! the ranking from assets.md and bound the perplexity well below the SiLU model's.
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Tensor, D};
+use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+
+fn asset(name: &str) -> PathBuf {
+    let root = std::env::var_os("KVLAB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvlab")))
+        .unwrap_or_else(|| PathBuf::from(".cache/kvlab"));
+    let p = root.join("assets").join(name);
+    assert!(
+        p.exists(),
+        "missing asset {}: run `kvlab assets fetch` first (or set KVLAB_CACHE)",
+        p.display()
+    );
+    p
+}
+
+fn model() -> Model {
+    Model::load(&asset("gemma-3-270m-q4_k_m.gguf"), &LoadOptions::default()).expect("load 270M")
+}
+
+fn tokenizer() -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(asset("gemma-tokenizer.json")).expect("tokenizer")
+}
+
+#[test]
+fn capital_of_france_next_token_probabilities() {
+    let model = model();
+    let cfg = model.config();
+    assert_eq!(cfg.num_layers(), 18);
+    let full: Vec<usize> = cfg
+        .layers
+        .iter()
+        .filter(|l| l.sliding_window.is_none())
+        .map(|l| l.index)
+        .collect();
+    assert_eq!(full, vec![5, 11, 17]);
+    let ids = [2u32, 818, 5279, 529, 7001, 563];
+    let mut cache = model
+        .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
+        .expect("cache");
+    let logits = model
+        .forward(&ids, &mut cache, Logits::Last)
+        .expect("forward");
+    let probs: Vec<f32> = candle_nn::ops::softmax_last_dim(&logits)
+        .expect("softmax")
+        .to_vec1()
+        .expect("vec");
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    let tok = tokenizer();
+    let piece = |i: usize| tok.id_to_token(i as u32).unwrap_or_default();
+    println!(
+        "top: {:?} {:.3}, {:?} {:.3}, {:?} {:.3}",
+        piece(order[0]),
+        probs[order[0]],
+        piece(order[1]),
+        probs[order[1]],
+        piece(order[2]),
+        probs[order[2]]
+    );
+    assert_eq!(piece(order[0]), "▁the");
+    assert_eq!(piece(order[1]), "▁a");
+    assert_eq!(piece(order[2]), "▁Paris");
+    assert!(
+        probs[order[0]] > 1.4 * probs[order[1]],
+        "p(the) {} vs p(a) {}",
+        probs[order[0]],
+        probs[order[1]]
+    );
+}
+
+#[test]
+fn alice_perplexity_is_low() {
+    let text = std::fs::read_to_string(asset("alice29.txt"))
+        .expect("alice")
+        .replace("\r\n", "\n");
+    let body = text.trim_start();
+    let enc = tokenizer().encode(body, false).expect("encode");
+    let mut ids = vec![2u32];
+    ids.extend(enc.get_ids().iter().take(256));
+    assert_eq!(ids.len(), 257);
+    let model = model();
+    // FP16 cache, as the reference figure was measured with.
+    let mut cache = model
+        .new_cache(&PrecisionPolicy::uniform(KvPrecision::F16))
+        .expect("cache");
+    let logits = model
+        .forward(&ids[..256], &mut cache, Logits::All)
+        .expect("forward");
+    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).expect("log_softmax");
+    let targets = Tensor::new(&ids[1..], logits.device())
+        .expect("targets")
+        .unsqueeze(1)
+        .expect("unsqueeze");
+    let nll = logp
+        .gather(&targets, 1)
+        .expect("gather")
+        .to_dtype(DType::F64)
+        .expect("f64")
+        .mean_all()
+        .expect("mean");
+    let ppl = (-nll.to_scalar::<f64>().expect("scalar")).exp();
+    println!("perplexity over 256 tokens: {ppl:.2}");
+    // The SiLU variant scores ≈ 65 here; a correct Gemma 3 must do clearly better.
+    assert!((10.0..40.0).contains(&ppl), "perplexity {ppl}");
+}
