@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds KV Lab (release) and opens it on the default model. Extra arguments go to the app.
+# Builds KV Lab and opens it on the default model. Extra arguments go to the app.
 # Without a display (a headless Linux machine) the window opens inside Xvfb.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -7,9 +7,12 @@ source "$(dirname "$0")/common.sh"
 "$ROOT/scripts/setup.sh" run
 say "building the UI"
 npm --prefix "$ROOT/ui" run --silent build >/dev/null
-say "building the app (release)"
-cargo build --release -p kvlab --features custom-protocol
-APP="$CARGO_TARGET_DIR/release/kvlab-app"
+# The dev profile already optimizes the engine, the codec and every dependency, and shares its
+# build with scripts/test.sh; KVLAB_PROFILE=release builds a fully optimized binary instead.
+PROFILE="${KVLAB_PROFILE:-dev}"
+say "building the app ($PROFILE profile)"
+cargo build --profile "$PROFILE" -p kvlab --features custom-protocol
+if [ "$PROFILE" = dev ]; then APP="$CARGO_TARGET_DIR/debug/kvlab-app"; else APP="$CARGO_TARGET_DIR/$PROFILE/kvlab-app"; fi
 say "starting KV Lab"
 if [ "$(uname -s)" = Linux ] && [ -z "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
   say "no display: running inside Xvfb"

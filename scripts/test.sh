@@ -18,6 +18,8 @@ step() {
 
 "$ROOT/scripts/setup.sh" test || { echo "summary: 0 passed, 1 failed"; exit 1; }
 cd "$ROOT"
+# Assets were fetched by setup.sh: tests that need the real model must not skip silently.
+export KVLAB_REQUIRE_ASSETS=1
 FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol)
 
 step ui-build npm --prefix ui run --silent build
