@@ -19,6 +19,40 @@ impl CommandError {
     }
 }
 
+impl From<kvlab_engine::EngineError> for CommandError {
+    fn from(e: kvlab_engine::EngineError) -> Self {
+        use kvlab_engine::EngineError as E;
+        let code = match &e {
+            E::Io { .. } => "io",
+            E::UnsupportedArchitecture(_) => "unsupported_model",
+            E::ConfigParse { .. } | E::ConfigContradiction(_) => "bad_model",
+            E::MissingTensor { .. } | E::ShapeMismatch { .. } | E::CorruptFile { .. } => {
+                "bad_model"
+            }
+            _ => "engine",
+        };
+        Self::new(code, e.to_string())
+    }
+}
+
+impl From<kvlab_engine::chat::ChatError> for CommandError {
+    fn from(e: kvlab_engine::chat::ChatError) -> Self {
+        Self::new("bad_conversation", e.to_string())
+    }
+}
+
+impl From<kvlab_engine::tokenizer::TokenizerError> for CommandError {
+    fn from(e: kvlab_engine::tokenizer::TokenizerError) -> Self {
+        Self::new("tokenizer", e.to_string())
+    }
+}
+
+impl From<kvlab_engine::sampling::SamplingError> for CommandError {
+    fn from(e: kvlab_engine::sampling::SamplingError) -> Self {
+        Self::new("bad_sampling", e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -30,5 +64,13 @@ mod tests {
             serde_json::to_value(&e).unwrap(),
             serde_json::json!({"code": "engine_busy", "message": "a generation is running"})
         );
+    }
+
+    #[test]
+    fn engine_errors_get_stable_codes() {
+        let e: CommandError =
+            kvlab_engine::EngineError::UnsupportedArchitecture("llama".into()).into();
+        assert_eq!(e.code, "unsupported_model");
+        assert!(e.message.contains("llama"), "{}", e.message);
     }
 }

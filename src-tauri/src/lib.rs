@@ -1,13 +1,26 @@
 //! KV Lab's desktop shell: a thin Tauri layer that turns UI commands into engine jobs and
 //! engine output into channel messages and low-rate events. It holds handles, never the model.
 
+mod cachespec;
+mod card;
 mod commands;
+mod documents;
 mod error;
+mod events;
 mod monitor;
 pub mod platform;
+mod runner;
+mod sessions;
 mod state;
 
-use tauri::{Manager, Runtime};
+use std::sync::{Arc, Mutex};
+
+use tauri::{Emitter, Manager, Runtime};
+
+use events::EngineStatus;
+
+/// The `engine-status` event: the status bar's state, emitted on every change.
+pub const STATUS_EVENT: &str = "engine-status";
 
 /// Starts the desktop app.
 pub fn run() {
@@ -24,16 +37,56 @@ pub fn run() {
 /// Wires state, commands and background tasks onto any runtime (the mock runtime in tests).
 pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
-        .manage(state::AppState::new())
+        .plugin(tauri_plugin_dialog::init())
         .invoke_handler(tauri::generate_handler![
             commands::system_info,
             commands::engine_status,
+            commands::default_model,
+            commands::inspect_model,
+            commands::load_model,
+            commands::pick_model,
+            commands::generate,
+            commands::compare,
+            commands::stop_generation,
+            commands::reset_conversation,
+            commands::switch_cache,
+            commands::count_tokens,
+            commands::inspect_document_path,
+            commands::inspect_document_bytes,
+            commands::list_sessions,
+            commands::load_session,
+            commands::save_session,
+            commands::rename_session,
+            commands::delete_session,
+            commands::export_file,
         ])
         .setup(|app| {
-            monitor::spawn_memory_sampler(app.handle().clone(), monitor::SAMPLE_PERIOD);
-            if let Some(window) = app.get_webview_window("main") {
-                tracing::debug!(label = window.label(), "main window ready");
-            }
+            let data_dir = state::data_dir_from(
+                std::env::var_os("KVLAB_DATA_DIR"),
+                app.path().app_data_dir().ok(),
+            );
+            tracing::info!(dir = %data_dir.display(), "app data");
+            let status = Arc::new(Mutex::new(EngineStatus::NoModel));
+            let handle = app.handle().clone();
+            let shared = status.clone();
+            let engine = runner::spawn(Box::new(move |s: EngineStatus| {
+                if let Ok(mut cur) = shared.lock() {
+                    *cur = s.clone();
+                }
+                let label = s.label();
+                let _ = handle.emit(STATUS_EVENT, commands::StatusView { status: s, label });
+            }));
+            monitor::spawn_memory_sampler(
+                app.handle().clone(),
+                engine.memory.clone(),
+                monitor::SAMPLE_PERIOD,
+            );
+            app.manage(state::AppState {
+                engine,
+                status,
+                sessions: sessions::SessionStore::new(data_dir.join("sessions")),
+                data_dir,
+            });
             Ok(())
         })
 }

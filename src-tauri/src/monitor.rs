@@ -2,8 +2,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::{Arc, Mutex};
+
 use serde::Serialize;
 use tauri::{AppHandle, Emitter, Runtime};
+
+use crate::events::EngineMemory;
 
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(500);
 pub const MEMORY_EVENT: &str = "memory-sample";
@@ -15,6 +19,8 @@ pub struct ProcessMemorySample {
     pub t_ms: u64,
     pub rss_bytes: u64,
     pub virtual_bytes: u64,
+    /// The engine's weights, KV cache by kind and precision, and context length.
+    pub engine: EngineMemory,
 }
 
 /// Reads this process's resident and virtual memory, or None where the OS does not say.
@@ -30,17 +36,25 @@ pub fn sample_process(sys: &mut sysinfo::System) -> Option<ProcessMemorySample> 
         t_ms,
         rss_bytes: proc_.memory(),
         virtual_bytes: proc_.virtual_memory(),
+        engine: EngineMemory::default(),
     })
 }
 
 /// Spawns a thread that emits a sample every `period` until the app exits.
-pub fn spawn_memory_sampler<R: Runtime>(app: AppHandle<R>, period: Duration) {
+pub fn spawn_memory_sampler<R: Runtime>(
+    app: AppHandle<R>,
+    engine: Arc<Mutex<EngineMemory>>,
+    period: Duration,
+) {
     std::thread::Builder::new()
         .name("memory-sampler".into())
         .spawn(move || {
             let mut sys = sysinfo::System::new();
             loop {
-                if let Some(sample) = sample_process(&mut sys) {
+                if let Some(mut sample) = sample_process(&mut sys) {
+                    if let Ok(m) = engine.lock() {
+                        sample.engine = m.clone();
+                    }
                     if app.emit(MEMORY_EVENT, &sample).is_err() {
                         break;
                     }

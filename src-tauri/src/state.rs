@@ -1,36 +1,42 @@
 //! Managed app state: handles shared by commands (never the model itself).
 
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
-/// What the engine is doing, as the status bar shows it.
-#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum EngineStatus {
-    NoModel,
-}
-
-impl EngineStatus {
-    pub fn label(&self) -> &'static str {
-        match self {
-            EngineStatus::NoModel => "no model loaded",
-        }
-    }
-}
+use crate::events::EngineStatus;
+use crate::runner::EngineHandle;
+use crate::sessions::SessionStore;
 
 pub struct AppState {
-    pub status: Mutex<EngineStatus>,
+    pub engine: EngineHandle,
+    pub status: Arc<Mutex<EngineStatus>>,
+    pub sessions: SessionStore,
+    pub data_dir: PathBuf,
 }
 
-impl AppState {
-    pub fn new() -> Self {
-        Self {
-            status: Mutex::new(EngineStatus::NoModel),
-        }
-    }
+/// The app data dir: `$KVLAB_DATA_DIR` when set (tests use a temp dir), else the platform's.
+pub fn data_dir_from(env: Option<std::ffi::OsString>, platform: Option<PathBuf>) -> PathBuf {
+    env.filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or(platform)
+        .unwrap_or_else(|| std::env::temp_dir().join("kvlab"))
 }
 
-impl Default for AppState {
-    fn default() -> Self {
-        Self::new()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_the_platform_dir() {
+        let p = Some(PathBuf::from("/p"));
+        assert_eq!(
+            data_dir_from(Some("/e".into()), p.clone()),
+            PathBuf::from("/e")
+        );
+        assert_eq!(
+            data_dir_from(Some("".into()), p.clone()),
+            PathBuf::from("/p")
+        );
+        assert_eq!(data_dir_from(None, p), PathBuf::from("/p"));
     }
 }

@@ -60,14 +60,16 @@ export async function launchApp({ port = 4444, env = {} } = {}) {
   };
 }
 
-/** Calls a Tauri command from inside the page, as the UI would. */
+/** Calls a Tauri command from inside the page, as the UI would: `{ok, value}` or `{ok, error}`. */
 export async function invokeInPage(browser, command, args = {}) {
-  return browser.executeAsync(
-    (cmd, a, done) => {
-      window.__TAURI_INTERNALS__
-        .invoke(cmd, a)
-        .then((value) => done({ ok: true, value }))
-        .catch((error) => done({ ok: false, error }));
+  // WebDriver's execute awaits a returned promise; errors cross as plain JSON.
+  return browser.execute(
+    async (cmd, a) => {
+      try {
+        return { ok: true, value: await window.__TAURI_INTERNALS__.invoke(cmd, a) };
+      } catch (error) {
+        return { ok: false, error: JSON.parse(JSON.stringify(error ?? null)) };
+      }
     },
     command,
     args,

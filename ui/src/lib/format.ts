@@ -22,3 +22,46 @@ export function formatRate(perSecond: number, unit = "tok/s"): string {
   const digits = perSecond >= 100 ? 0 : 1;
   return `${perSecond.toFixed(digits)} ${unit}`;
 }
+
+/** Formats milliseconds ("850 ms", "1.25 s"). */
+export function formatMs(ms: number): string {
+  if (!Number.isFinite(ms) || ms < 0) return "–";
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  return `${(ms / 1000).toFixed(ms < 10_000 ? 2 : 1)} s`;
+}
+
+/** Formats a large count with a metric suffix ("268M", "1.5B", "640"). */
+export function formatCount(n: number): string {
+  if (!Number.isFinite(n) || n < 0) return "–";
+  const units: [number, string][] = [
+    [1e9, "B"],
+    [1e6, "M"],
+    [1e3, "K"],
+  ];
+  for (const [size, suffix] of units) {
+    if (n >= size) {
+      const v = n / size;
+      return `${v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(0) : v.toFixed(1)}${suffix}`;
+    }
+  }
+  return String(Math.round(n));
+}
+
+/** The facts under an answer, in display order. */
+export function statsParts(s: {
+  ttft_ms: number;
+  prefill_tok_s: number;
+  decode_tok_s: number;
+  decode_tokens: number;
+  kv_bytes: number;
+  cache_policy: string;
+}): { label: string; value: string }[] {
+  return [
+    { label: "first token", value: formatMs(s.ttft_ms) },
+    { label: "prefill", value: formatRate(s.prefill_tok_s) },
+    { label: "decode", value: formatRate(s.decode_tok_s) },
+    { label: "tokens", value: String(s.decode_tokens) },
+    { label: "KV", value: formatBytes(s.kv_bytes) },
+    { label: "cache", value: s.cache_policy },
+  ];
+}

@@ -1,37 +1,72 @@
 import { describe, expect, it } from "vitest";
 import { MemoryTimeline } from "./timeline";
 
+const s = (tMs: number, tokens: number, values: Record<string, number>) => ({ tMs, tokens, values });
+
 describe("MemoryTimeline", () => {
-  it("turns samples into seconds-since-start columns", () => {
+  it("turns samples into x plus one column per series, null where a series is missing", () => {
     const t = new MemoryTimeline();
-    t.push({ tMs: 10_000, rssBytes: 100 });
-    t.push({ tMs: 10_500, rssBytes: 150 });
-    t.push({ tMs: 11_000, rssBytes: 120 });
-    expect(t.columns()).toEqual([
+    t.push(s(10_000, 0, { process: 100 }));
+    t.push(s(10_500, 5, { process: 150, "kv full f32": 40 }));
+    t.push(s(11_000, 5, { process: 120, "kv full f16": 20 }));
+    expect(t.series).toEqual(["process", "kv full f32", "kv full f16"]);
+    expect(t.columns("time")).toEqual([
       [0, 0.5, 1],
       [100, 150, 120],
+      [null, 40, null],
+      [null, null, 20],
     ]);
-    expect(t.peakBytes()).toBe(150);
-    expect(t.latest()).toEqual({ tMs: 11_000, rssBytes: 120 });
+    expect(t.peak("process")).toBe(150);
+    expect(t.latest()?.tMs).toBe(11_000);
+  });
+
+  it("plots against tokens in context, keeping the latest sample per count and restarting on reset", () => {
+    const t = new MemoryTimeline();
+    t.push(s(0, 1, { kv: 1 }));
+    t.push(s(1, 3, { kv: 3 }));
+    t.push(s(2, 3, { kv: 4 }));
+    t.push(s(3, 9, { kv: 9 }));
+    expect(t.columns("tokens")).toEqual([
+      [1, 3, 9],
+      [1, 4, 9],
+    ]);
+    t.push(s(4, 2, { kv: 2 }));
+    expect(t.columns("tokens")).toEqual([[2], [2]]);
   });
 
   it("ignores samples that go back in time", () => {
     const t = new MemoryTimeline();
-    t.push({ tMs: 2000, rssBytes: 1 });
-    t.push({ tMs: 1000, rssBytes: 2 });
+    t.push(s(2000, 0, { process: 1 }));
+    t.push(s(1000, 0, { process: 2 }));
     expect(t.length).toBe(1);
   });
 
-  it("stays bounded over an hour of 500 ms samples and keeps the peak", () => {
+  it("keeps switch markers with their before/after bytes, in CSV too", () => {
+    const t = new MemoryTimeline();
+    t.push(s(1000, 4, { "kv total": 800 }));
+    t.mark({ tMs: 1500, tokens: 4, from: "f32", to: "f16", beforeBytes: 800, afterBytes: 400 });
+    t.push(s(2000, 4, { "kv total": 400 }));
+    expect(t.markers).toHaveLength(1);
+    expect(t.x(t.markers[0].tMs, 4, "time")).toBe(0.5);
+    expect(t.toCSV()).toBe("t_ms,tokens,kv total\n1000,4,800\n2000,4,400\n# switch,1500,4,f32,f16,800,400\n");
+    const back = MemoryTimeline.fromJSON(JSON.parse(JSON.stringify(t.toJSON())));
+    expect(back.columns()).toEqual(t.columns());
+    expect(back.markers).toEqual(t.markers);
+  });
+
+  it("stays bounded over an hour of 500 ms samples and keeps every series' peak", () => {
     const t = new MemoryTimeline(1000);
     const n = 7200;
     for (let i = 0; i < n; i++) {
-      t.push({ tMs: i * 500, rssBytes: i === 1234 ? 9_999 : 100 + (i % 7) });
+      t.push(s(i * 500, i, { process: i === 1234 ? 9_999 : 100 + (i % 7), kv: i === 77 ? 5_555 : i }));
     }
     expect(t.length).toBeLessThanOrEqual(1000);
-    expect(t.peakBytes()).toBe(9_999);
-    const [x] = t.columns();
-    // Time stays ordered and the newest sample is kept exactly.
+    expect(t.peak("process")).toBe(9_999);
+    expect(t.peak("kv")).toBe(n - 1);
+    const cols = t.columns();
+    expect(Math.max(...(cols[2] as number[]))).toBe(n - 1);
+    expect((cols[2] as number[]).includes(5_555)).toBe(true);
+    const x = cols[0] as number[];
     for (let i = 1; i < x.length; i++) expect(x[i]).toBeGreaterThan(x[i - 1]);
     expect(t.latest()?.tMs).toBe((n - 1) * 500);
   });

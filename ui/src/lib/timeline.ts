@@ -1,56 +1,141 @@
-// The memory timeline's data model: samples in, columnar series out (what uPlot draws).
-// Bounded: past `capacity` samples, the older half is thinned two-to-one, so an hour of
-// 500 ms samples stays smooth to draw while the recent past keeps full resolution.
+// The memory timeline's data model: multi-series samples and cache-switch markers in,
+// columnar data out (what uPlot draws), plus CSV. Bounded: past `capacity` samples the older
+// half is thinned two-to-one keeping each series' larger value, so an hour of 500 ms samples
+// stays smooth to draw, peaks never vanish, and the recent past keeps full resolution.
 
-export interface MemoryPoint {
+export interface TimelineSample {
   /** Milliseconds since the Unix epoch. */
   tMs: number;
-  rssBytes: number;
+  /** Tokens in the context at that moment. */
+  tokens: number;
+  /** Bytes per series name ("process", "weights", "kv total", "kv full f16", …). */
+  values: Record<string, number>;
 }
 
+export interface SwitchMarker {
+  tMs: number;
+  tokens: number;
+  from: string;
+  to: string;
+  beforeBytes: number;
+  afterBytes: number;
+}
+
+export type XAxis = "time" | "tokens";
+
 export class MemoryTimeline {
-  private points: MemoryPoint[] = [];
+  private samples: TimelineSample[] = [];
+  private markerList: SwitchMarker[] = [];
+  private keys: string[] = [];
+  private t0: number | undefined;
 
   constructor(readonly capacity = 4000) {
     if (capacity < 4) throw new Error("capacity must be at least 4");
   }
 
   get length(): number {
-    return this.points.length;
+    return this.samples.length;
+  }
+
+  /** Series names in order of first appearance. */
+  get series(): readonly string[] {
+    return this.keys;
+  }
+
+  get markers(): readonly SwitchMarker[] {
+    return this.markerList;
   }
 
   /** Appends a sample; samples that go back in time are ignored (clock jumps, replays). */
-  push(point: MemoryPoint): void {
-    const last = this.points[this.points.length - 1];
-    if (last && point.tMs < last.tMs) return;
-    this.points.push(point);
-    if (this.points.length > this.capacity) this.thinOlderHalf();
+  push(sample: TimelineSample): void {
+    const last = this.samples[this.samples.length - 1];
+    if (last && sample.tMs < last.tMs) return;
+    if (this.t0 === undefined) this.t0 = sample.tMs;
+    for (const k of Object.keys(sample.values)) if (!this.keys.includes(k)) this.keys.push(k);
+    this.samples.push(sample);
+    if (this.samples.length > this.capacity) this.thinOlderHalf();
   }
 
-  /** Columns for uPlot: x in seconds since the first sample, y in bytes. */
-  columns(): [number[], number[]] {
-    const t0 = this.points[0]?.tMs ?? 0;
-    return [this.points.map((p) => (p.tMs - t0) / 1000), this.points.map((p) => p.rssBytes)];
+  mark(marker: SwitchMarker): void {
+    if (this.t0 === undefined) this.t0 = marker.tMs;
+    this.markerList.push(marker);
   }
 
-  latest(): MemoryPoint | undefined {
-    return this.points[this.points.length - 1];
+  /** The x value of a time and token count on the chosen axis. */
+  x(tMs: number, tokens: number, axis: XAxis): number {
+    return axis === "time" ? (tMs - (this.t0 ?? tMs)) / 1000 : tokens;
   }
 
-  peakBytes(): number {
-    return this.points.reduce((m, p) => Math.max(m, p.rssBytes), 0);
+  /**
+   * Columns for uPlot: x (seconds since the first sample, or tokens in context), then one
+   * column per series in `series` order, null where a series had no value. On the tokens
+   * axis x must not decrease, so only the last sample at each token count is kept.
+   */
+  columns(axis: XAxis = "time"): (number | null)[][] {
+    let rows = this.samples;
+    if (axis === "tokens") {
+      const kept: TimelineSample[] = [];
+      for (const s of rows) {
+        const prev = kept[kept.length - 1];
+        if (prev && s.tokens < prev.tokens) kept.length = 0; // a reset: start over
+        if (prev && kept.length && s.tokens === kept[kept.length - 1].tokens) kept[kept.length - 1] = s;
+        else kept.push(s);
+      }
+      rows = kept;
+    }
+    const xs = rows.map((s) => this.x(s.tMs, s.tokens, axis));
+    return [xs, ...this.keys.map((k) => rows.map((s) => s.values[k] ?? null))];
+  }
+
+  latest(): TimelineSample | undefined {
+    return this.samples[this.samples.length - 1];
+  }
+
+  peak(key: string): number {
+    return this.samples.reduce((m, s) => Math.max(m, s.values[key] ?? 0), 0);
+  }
+
+  /** All samples as CSV: t_ms, tokens, one column per series; then the markers. */
+  toCSV(): string {
+    const head = ["t_ms", "tokens", ...this.keys].join(",");
+    const rows = this.samples.map((s) => [s.tMs, s.tokens, ...this.keys.map((k) => s.values[k] ?? "")].join(","));
+    const marks = this.markerList.map(
+      (m) => `# switch,${m.tMs},${m.tokens},${csvText(m.from)},${csvText(m.to)},${m.beforeBytes},${m.afterBytes}`,
+    );
+    return [head, ...rows, ...marks].join("\n") + "\n";
+  }
+
+  /** Plain data for saving in a session. */
+  toJSON(): { samples: TimelineSample[]; markers: SwitchMarker[] } {
+    return { samples: this.samples, markers: this.markerList };
+  }
+
+  static fromJSON(data: { samples?: TimelineSample[]; markers?: SwitchMarker[] } | undefined, capacity = 4000): MemoryTimeline {
+    const t = new MemoryTimeline(capacity);
+    for (const s of data?.samples ?? []) t.push(s);
+    for (const m of data?.markers ?? []) t.mark(m);
+    return t;
   }
 
   private thinOlderHalf(): void {
-    const half = Math.floor(this.points.length / 2);
-    const older = this.points.slice(0, half);
-    const thinned: MemoryPoint[] = [];
+    const half = Math.floor(this.samples.length / 2);
+    const older = this.samples.slice(0, half);
+    const thinned: TimelineSample[] = [];
     for (let i = 0; i < older.length; i += 2) {
       const a = older[i];
       const b = older[i + 1];
-      // Keep the larger of each pair so peaks never disappear from the chart.
-      thinned.push(b && b.rssBytes > a.rssBytes ? { tMs: a.tMs, rssBytes: b.rssBytes } : a);
+      if (!b) {
+        thinned.push(a);
+        continue;
+      }
+      const values: Record<string, number> = { ...a.values };
+      for (const [k, v] of Object.entries(b.values)) values[k] = Math.max(values[k] ?? v, v);
+      thinned.push({ tMs: a.tMs, tokens: Math.max(a.tokens, b.tokens), values });
     }
-    this.points = thinned.concat(this.points.slice(half));
+    this.samples = thinned.concat(this.samples.slice(half));
   }
+}
+
+function csvText(s: string): string {
+  return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
 }

@@ -1,0 +1,140 @@
+//! Files the user attaches to a prompt: decides whether a file is readable text (plain,
+//! markdown, code) and returns its text, or refuses it with a reason. The chat is never
+//! touched here; token costs are counted by the engine thread afterwards.
+
+use serde::Serialize;
+
+use crate::error::CommandError;
+
+/// Largest file accepted, in bytes.
+pub const MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// A file accepted as text.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Document {
+    pub name: String,
+    /// `text`, `markdown` or `code`.
+    pub kind: &'static str,
+    pub bytes: usize,
+    pub text: String,
+}
+
+const MARKDOWN: [&str; 3] = ["md", "markdown", "mdx"];
+const CODE: [&str; 30] = [
+    "rs", "py", "js", "mjs", "ts", "tsx", "jsx", "svelte", "c", "h", "cpp", "hpp", "cc", "go",
+    "java", "kt", "swift", "rb", "php", "sh", "bash", "toml", "yaml", "yml", "json", "html", "css",
+    "sql", "lua", "zig",
+];
+const REFUSED_EXT: [&str; 16] = [
+    "png",
+    "jpg",
+    "jpeg",
+    "gif",
+    "webp",
+    "zip",
+    "gz",
+    "tar",
+    "exe",
+    "bin",
+    "so",
+    "dll",
+    "gguf",
+    "safetensors",
+    "mp3",
+    "mp4",
+];
+
+fn extension(name: &str) -> String {
+    name.rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// Accepts `bytes` named `name` as a text document, or says why not (`document_refused`).
+pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
+    let refuse = |why: String| CommandError::new("document_refused", format!("{name}: {why}"));
+    let ext = extension(name);
+    if bytes.len() > MAX_BYTES {
+        return Err(refuse(format!(
+            "{} is over the {} MiB limit",
+            human(bytes.len()),
+            MAX_BYTES / (1024 * 1024)
+        )));
+    }
+    if ext == "pdf" || bytes.starts_with(b"%PDF") {
+        return Err(refuse(
+            "PDF text extraction is not in this build yet".into(),
+        ));
+    }
+    if REFUSED_EXT.contains(&ext.as_str()) {
+        return Err(refuse(format!(".{ext} files are binary, not text")));
+    }
+    if bytes.is_empty() {
+        return Err(refuse("the file is empty".into()));
+    }
+    if bytes.iter().take(8192).any(|&b| b == 0) {
+        return Err(refuse("binary content (NUL bytes), not text".into()));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        refuse(format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    let kind = if MARKDOWN.contains(&ext.as_str()) {
+        "markdown"
+    } else if CODE.contains(&ext.as_str()) {
+        "code"
+    } else {
+        "text"
+    };
+    Ok(Document {
+        name: name.to_owned(),
+        kind,
+        bytes: bytes.len(),
+        text: text.strip_prefix('\u{feff}').unwrap_or(text).to_owned(),
+    })
+}
+
+fn human(n: usize) -> String {
+    format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_text_markdown_and_code() {
+        let d = inspect("notes.md", "# Title\nbody".as_bytes()).unwrap();
+        assert_eq!(
+            (d.kind, d.bytes, d.text.as_str()),
+            ("markdown", 12, "# Title\nbody")
+        );
+        assert_eq!(inspect("main.RS", b"fn main() {}").unwrap().kind, "code");
+        assert_eq!(inspect("README", b"hello").unwrap().kind, "text");
+        assert_eq!(
+            inspect("bom.txt", "\u{feff}hi".as_bytes()).unwrap().text,
+            "hi"
+        );
+    }
+
+    #[test]
+    fn refuses_binary_unreadable_and_oversized_with_a_reason() {
+        let e = inspect("blob.dat", &[1, 2, 0, 3]).unwrap_err();
+        assert_eq!(e.code, "document_refused");
+        assert!(e.message.contains("NUL"), "{}", e.message);
+        let e = inspect("latin1.txt", &[b'c', b'a', 0xE9]).unwrap_err();
+        assert!(e.message.contains("offset 2"), "{}", e.message);
+        let e = inspect("big.txt", &vec![b'a'; MAX_BYTES + 1]).unwrap_err();
+        assert!(e.message.contains("4 MiB limit"), "{}", e.message);
+        assert!(inspect("photo.png", b"abc")
+            .unwrap_err()
+            .message
+            .contains(".png"));
+        assert!(inspect("empty.txt", b"")
+            .unwrap_err()
+            .message
+            .contains("empty"));
+    }
+}

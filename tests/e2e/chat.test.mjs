@@ -1,0 +1,239 @@
+// The real app on the real offline model (Gemma 3 270M): loads on start, streams two chat
+// turns, stops mid-answer, shows per-answer stats, switches the cache precision mid-chat
+// (timeline marker, KV bytes drop), attaches a dropped text file and refuses a binary one,
+// and restores the conversation after a relaunch. Screenshots go to the artifacts dir.
+
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { ARTIFACTS, launchApp } from "./driver.mjs";
+
+const DATA_DIR = mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-chat-"));
+let app;
+
+const $ = (sel) => app.browser.$(sel);
+const $$ = (sel) => app.browser.$$(sel);
+const shot = (name) => app.browser.saveScreenshot(path.join(ARTIFACTS, name));
+
+async function waitForReady(timeout = 180_000) {
+  const status = await $('[data-testid="engine-status"]');
+  await app.browser.waitUntil(async () => (await status.getAttribute("data-state")) === "ready", {
+    timeout,
+    timeoutMsg: "the default model did not load",
+  });
+}
+
+async function setNumber(testid, value) {
+  // Svelte's bind:value listens to `input`; set the value and fire it as a user edit would.
+  await app.browser.execute(
+    (id, v) => {
+      const el = document.querySelector(`[data-testid="${id}"]`);
+      el.value = String(v);
+      el.dispatchEvent(new Event("input", { bubbles: true }));
+    },
+    testid,
+    value,
+  );
+}
+
+async function answers() {
+  return $$('[data-testid="message"][data-role="model"]');
+}
+
+/** Types `text` and presses Enter; returns the index of the new answer. */
+async function send(text) {
+  const before = (await answers()).length;
+  const box = await $('[data-testid="composer"]');
+  await box.click();
+  await box.setValue(text);
+  await app.browser.keys("Enter");
+  await app.browser.waitUntil(async () => (await answers()).length === before + 1, { timeout: 10_000 });
+  return before;
+}
+
+async function waitForStats(index, timeout = 120_000) {
+  await app.browser.waitUntil(
+    async () => {
+      const a = (await answers())[index];
+      return a && (await a.$('[data-testid="stats"]').isExisting());
+    },
+    { timeout, timeoutMsg: `answer ${index} never finished` },
+  );
+  return (await answers())[index];
+}
+
+before(async () => {
+  app = await launchApp({ env: { KVLAB_DATA_DIR: DATA_DIR } });
+});
+
+after(async () => {
+  await app?.close();
+});
+
+test("loads the offline Gemma 3 270M on start and shows its card", async () => {
+  await waitForReady();
+  const layers = await $('[data-testid="card-layers"]');
+  await layers.waitForDisplayed({ timeout: 10_000 });
+  assert.match(await layers.getText(), /^18 · 15 sliding \(window 512\), 3 full/);
+  assert.match(await (await $('[data-testid="card-params"]')).getText(), /^2\d\dM$/);
+  const costs = await (await $('[data-testid="card-costs"]')).getText();
+  assert.match(costs, /FP16/);
+  assert.match(costs, /TQ 3\.5/);
+  await shot("model-loaded.png");
+});
+
+test("streams two chat turns, each with its stats", async () => {
+  await setNumber("temperature", 0);
+  await setNumber("max-tokens", 24);
+  const first = await send("What is the capital of France? Answer in one sentence.");
+  // Streaming: text appears while the answer is still marked as streaming.
+  await app.browser.waitUntil(
+    async () => {
+      const a = (await answers())[first];
+      return (await a.getAttribute("data-streaming")) === "true" && (await (await a.$('[data-testid="answer"]')).getText()).trim().length > 0;
+    },
+    { timeout: 60_000, interval: 50, timeoutMsg: "no partial text was seen while streaming" },
+  );
+  const a1 = await waitForStats(first);
+  const stats1 = await (await a1.$('[data-testid="stats"]')).getText();
+  assert.match(stats1, /first token \d+(\.\d+)? m?s/);
+  assert.match(stats1, /decode \d+(\.\d+)? tok\/s/);
+  assert.match(stats1, /KV \d/);
+  assert.match(stats1, /cache f16/);
+  assert.ok((await (await a1.$('[data-testid="answer"]')).getText()).trim().length > 0);
+
+  const second = await send("And of Italy?");
+  const a2 = await waitForStats(second);
+  assert.match(await (await a2.$('[data-testid="stats"]')).getText(), /tokens \d+/);
+  assert.equal((await $$('[data-testid="message"][data-role="user"]')).length, 2);
+  await shot("chat.png");
+});
+
+test("Esc stops an answer mid-stream", async () => {
+  await setNumber("max-tokens", 400);
+  const i = await send("Write a long story about a dragon who learns to bake bread.");
+  await app.browser.waitUntil(
+    async () => (await (await (await answers())[i].$('[data-testid="answer"]')).getText()).length > 20,
+    { timeout: 60_000, interval: 50 },
+  );
+  await app.browser.keys("Escape");
+  const a = await waitForStats(i, 30_000);
+  const stats = await (await a.$('[data-testid="stats"]')).getText();
+  assert.match(stats, /stopped/);
+  const tokens = Number(stats.match(/tokens (\d+)/)[1]);
+  assert.ok(tokens < 400, `stopped after ${tokens} tokens`);
+  await setNumber("max-tokens", 24);
+});
+
+test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → TQ 3.5)", async () => {
+  const current = await $('[data-testid="cache-current"]');
+  const policy = () => current.getAttribute("data-policy");
+  const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
+  const chart = await $('[data-testid="memory-chart"]');
+  await (await $('[data-testid="precision-f32"]')).click();
+  await app.browser.waitUntil(async () => (await policy()) === "f32", { timeout: 10_000 });
+  const wide = await kvBytes();
+  assert.ok(wide > 0, "the conversation holds KV bytes");
+  await (await $('[data-testid="precision-f16"]')).click();
+  await app.browser.waitUntil(async () => (await policy()) === "f16", { timeout: 10_000 });
+  const half = await kvBytes();
+  assert.equal(half * 2, wide, `f16 holds half of f32 (${half} vs ${wide})`);
+  await (await $('[data-testid="precision-tq3.5"]')).click();
+  await app.browser.waitUntil(async () => (await policy()) === "tq3.5", { timeout: 30_000 });
+  const tq = await kvBytes();
+  assert.ok(tq > 0 && tq < half * 0.3, `TQ 3.5 holds ${tq} bytes vs ${half} in f16`);
+  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "3", { timeout: 5_000 });
+  // The conversation goes on in the new precision.
+  const i = await send("Thanks!");
+  const a = await waitForStats(i);
+  assert.match(await (await a.$('[data-testid="stats"]')).getText(), /cache tq3\.5/);
+  // Let a few samples land after the switch so the chart shows the drop.
+  await app.browser.pause(1500);
+  await shot("cache-switch.png");
+});
+
+test("a dropped text file shows its cost and goes into the prompt; a binary file is refused", async () => {
+  const userCount = (await $$('[data-testid="message"][data-role="user"]')).length;
+  const drop = (name, bytes) =>
+    app.browser.execute(
+      (n, b) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(b)], n));
+        document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+      },
+      name,
+      Array.from(bytes),
+    );
+  await drop("blob.bin", [0x7f, 0x45, 0x4c, 0x46, 0, 0, 1, 2]);
+  const notice = await $('[data-testid="doc-notice"]');
+  await notice.waitForDisplayed({ timeout: 10_000 });
+  assert.match(await notice.getText(), /blob\.bin: .*binary/);
+  assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+
+  await drop("notes.txt", Buffer.from("The secret word is pineapple.\nRemember it.\n"));
+  const att = await $('[data-testid="attachment"]');
+  await att.waitForDisplayed({ timeout: 10_000 });
+  const tokens = Number(await att.getAttribute("data-tokens"));
+  assert.ok(tokens > 5 && tokens < 30, `${tokens} tokens`);
+  assert.equal(await att.getAttribute("data-fits"), "true");
+  const costs = await (await att.$('[data-testid="doc-costs"]')).getText();
+  assert.match(costs, /FP16 \d/);
+  assert.match(costs, /TQ 3\.5 \d/);
+  await shot("document.png");
+  assert.equal((await $$('[data-testid="message"][data-role="user"]')).length, userCount, "the chat is untouched");
+
+  const i = await send("What is the secret word?");
+  await waitForStats(i);
+  const users = await $$('[data-testid="message"][data-role="user"]');
+  assert.match(await users[users.length - 1].getText(), /notes\.txt/);
+  assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+});
+
+test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD and top-1", async () => {
+  await setNumber("max-tokens", 8);
+  await app.browser.keys(["Control", "k"]);
+  const view = await $('[data-testid="compare-view"]');
+  await view.waitForDisplayed({ timeout: 5_000 });
+  await (await $('[data-testid="compare-run"]')).click();
+  // Both panes stream at once: each shows text while still streaming.
+  await app.browser.waitUntil(
+    async () => {
+      const panes = await $$('[data-testid="compare-pane"]');
+      let seen = 0;
+      for (const p of panes) {
+        if ((await p.getAttribute("data-streaming")) === "true" && (await (await p.$('[data-testid="compare-text"]')).getText()).length > 0) seen += 1;
+      }
+      return seen === 2;
+    },
+    { timeout: 60_000, interval: 50, timeoutMsg: "the two panes did not stream together" },
+  );
+  const kld = await $('[data-testid="kld"]');
+  await kld.waitForDisplayed({ timeout: 120_000 });
+  assert.ok(Number(await kld.getText()) >= 0);
+  const top1 = Number((await (await $('[data-testid="top1"]')).getText()).replace("%", ""));
+  assert.ok(top1 >= 0 && top1 <= 100, `top-1 ${top1}%`);
+  const stats = await $$('[data-testid="compare-stats"]');
+  assert.equal(stats.length, 2);
+  assert.match(await stats[0].getText(), /cache f16/);
+  assert.match(await stats[1].getText(), /cache tq3\.5/);
+  await shot("compare.png");
+  await app.browser.keys("Escape");
+  await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
+});
+
+test("quitting and relaunching restores the conversation", async () => {
+  const count = (await $$('[data-testid="message"]')).length;
+  const lastAnswer = await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText();
+  await app.close();
+  app = await launchApp({ env: { KVLAB_DATA_DIR: DATA_DIR } });
+  await app.browser.waitUntil(async () => (await $$('[data-testid="message"]')).length === count, {
+    timeout: 30_000,
+    timeoutMsg: "the saved conversation did not come back",
+  });
+  assert.equal(await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText(), lastAnswer);
+  assert.equal((await $$('[data-testid="session"]')).length, 1);
+  await waitForReady();
+  await shot("main-window.png");
+});

@@ -1,0 +1,90 @@
+// The conversation's message model and the reducer that folds a generation's stream events
+// into it. Pure: no Tauri, no DOM, so it is unit-tested directly.
+
+import type { ChatEvent, GenerationStats, StopReason, WireMessage } from "./api";
+
+export interface ChatMessage {
+  id: string;
+  role: "user" | "model";
+  content: string;
+  thinking: string;
+  /** Set while tokens are still arriving. */
+  streaming: boolean;
+  stats?: GenerationStats;
+  stopReason?: StopReason;
+  error?: { code: string; message: string };
+  /** Documents attached to a user message (names only; their text is in `content`). */
+  attachments?: string[];
+  /** What the user typed, when `content` also carries attached documents. */
+  display?: string;
+}
+
+let counter = 0;
+export function newId(prefix = "m"): string {
+  counter += 1;
+  return `${prefix}-${Date.now().toString(36)}-${counter}`;
+}
+
+export function userMessage(content: string, attachments?: string[], display?: string): ChatMessage {
+  return { id: newId(), role: "user", content, thinking: "", streaming: false, attachments, display };
+}
+
+export function pendingAnswer(): ChatMessage {
+  return { id: newId(), role: "model", content: "", thinking: "", streaming: true };
+}
+
+/** Applies one stream event to the answer being written; returns the updated message. */
+export function applyEvent(msg: ChatMessage, ev: ChatEvent): ChatMessage {
+  switch (ev.type) {
+    case "token":
+      return { ...msg, content: msg.content + ev.text };
+    case "thinking":
+      return { ...msg, thinking: msg.thinking + ev.text };
+    case "done":
+      return { ...msg, streaming: false, stats: ev.stats, stopReason: ev.reason };
+    case "error":
+      return { ...msg, streaming: false, error: { code: ev.code, message: ev.message } };
+  }
+}
+
+/**
+ * What the model is asked: the system prompt (if any), then the conversation up to `upTo`
+ * (exclusive). Failed or empty answers are left out together with the question before them,
+ * so roles keep alternating as Gemma's template requires.
+ */
+export function toWire(system: string, messages: ChatMessage[], upTo = messages.length): WireMessage[] {
+  const out: WireMessage[] = [];
+  if (system.trim()) out.push({ role: "system", content: system });
+  const turns = messages.slice(0, upTo);
+  for (let i = 0; i < turns.length; i++) {
+    const m = turns[i];
+    if (m.role === "user") {
+      const answer = turns[i + 1];
+      const last = i === turns.length - 1;
+      if (last) out.push({ role: "user", content: m.content });
+      else if (answer?.role === "model" && !answer.error && answer.content.trim()) {
+        out.push({ role: "user", content: m.content }, { role: "model", content: answer.content });
+        i += 1;
+      }
+    }
+  }
+  return out;
+}
+
+/** The conversation as a Markdown document (session export). */
+export function toMarkdown(title: string, system: string, messages: ChatMessage[]): string {
+  const parts = [`# ${title}`];
+  if (system.trim()) parts.push(`> **System:** ${system.trim()}`);
+  for (const m of messages) {
+    if (m.role === "user") {
+      const files = m.attachments?.length ? ` (attached: ${m.attachments.join(", ")})` : "";
+      parts.push(`## You${files}\n\n${m.display ?? m.content}`);
+    } else {
+      const stats = m.stats
+        ? `\n\n*${m.stats.decode_tokens} tokens · ${m.stats.decode_tok_s.toFixed(1)} tok/s · cache ${m.stats.cache_policy}*`
+        : "";
+      parts.push(`## Model\n\n${m.content}${stats}`);
+    }
+  }
+  return parts.join("\n\n") + "\n";
+}
