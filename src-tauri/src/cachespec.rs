@@ -36,8 +36,11 @@ impl CacheSpec {
     /// Parses `f32`, `f16`, `bf16`, `tq<b>` or `k<b>v<b>`, optionally `@all|@full|@sliding`.
     pub fn parse(spec: &str) -> Result<Self, CommandError> {
         let bad = || CommandError::new("bad_cache_spec", format!("unknown cache policy `{spec}`"));
+        let dense = matches!(spec.trim(), "f32" | "f16" | "bf16");
         let (body, scope) = match spec.trim().split_once('@') {
-            None => (spec.trim(), Scope::All),
+            // As in the engine's grammar: TurboQuant without a suffix means the full layers.
+            None if dense => (spec.trim(), Scope::All),
+            None => (spec.trim(), Scope::Full),
             Some((b, "all")) => (b, Scope::All),
             Some((b, "full")) => (b, Scope::Full),
             Some((b, "sliding")) => (b, Scope::Sliding),
@@ -187,7 +190,10 @@ mod tests {
     #[test]
     fn parses_dense_turboquant_and_scopes() {
         let s = CacheSpec::parse("tq3.5").unwrap();
+        assert_eq!((s.key_bits, s.value_bits, s.scope), (3.5, 3.5, Scope::Full));
+        let s = CacheSpec::parse("tq3.5@all").unwrap();
         assert_eq!((s.key_bits, s.value_bits, s.scope), (3.5, 3.5, Scope::All));
+        assert_eq!(CacheSpec::parse("f16").unwrap().scope, Scope::All);
         let s = CacheSpec::parse("k4v3@sliding").unwrap();
         assert_eq!(
             (s.key_bits, s.value_bits, s.scope),

@@ -174,13 +174,23 @@ pub struct MemoryEstimate {
 }
 
 pub fn estimate(card: ModelCard, context: u64, spec: &str) -> Result<MemoryEstimate, CommandError> {
-    let cost = card
-        .token_costs
-        .iter()
-        .find(|c| c.spec == spec)
-        .ok_or_else(|| {
-            CommandError::new("bad_cache_spec", format!("unknown cache policy `{spec}`"))
-        })?;
+    let unknown = || CommandError::new("bad_cache_spec", format!("unknown cache policy `{spec}`"));
+    let parsed = crate::cachespec::CacheSpec::parse(spec)?;
+    // The card lists every offered precision applied to all layers; a scoped SPEC
+    // (`tq3.5@full`) keeps the other kind of layer at f16.
+    let body = spec.trim().split_once('@').map_or(spec.trim(), |(b, _)| b);
+    let find = |name: &str| card.token_costs.iter().find(|c| c.spec == name);
+    let chosen = find(body).ok_or_else(unknown)?;
+    let f16 = find("f16").ok_or_else(unknown)?;
+    let mut scoped = chosen.clone();
+    match parsed.scope {
+        crate::cachespec::Scope::All => {}
+        crate::cachespec::Scope::Full => {
+            scoped.sliding_bytes_per_token = f16.sliding_bytes_per_token
+        }
+        crate::cachespec::Scope::Sliding => scoped.full_bytes_per_token = f16.full_bytes_per_token,
+    }
+    let cost = &scoped;
     let kv = context_bytes(cost, context, card.sliding_window as u64);
     Ok(MemoryEstimate {
         weights_bytes: card.weights_bytes,
@@ -190,4 +200,60 @@ pub fn estimate(card: ModelCard, context: u64, spec: &str) -> Result<MemoryEstim
         spec: spec.to_owned(),
         card,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cachespec::TokenCost;
+
+    fn card() -> ModelCard {
+        let cost = |spec: &str, full, sliding| TokenCost {
+            spec: spec.into(),
+            label: spec.into(),
+            full_bytes_per_token: full,
+            sliding_bytes_per_token: sliding,
+        };
+        ModelCard {
+            name: "m".into(),
+            path: "m.gguf".into(),
+            family: "gemma3".into(),
+            format: "gguf",
+            parameters: 1,
+            layers: 2,
+            full_layers: 1,
+            sliding_layers: 1,
+            shared_layers: 0,
+            hidden_size: 8,
+            vocab_size: 8,
+            max_context: 4096,
+            sliding_window: 512,
+            kv_heads: 1,
+            head_dim: 256,
+            weights_bytes: 1000,
+            supports_thinking: false,
+            token_costs: vec![cost("f16", 1024, 1024), cost("tq3.5", 228, 228)],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn scoped_specs_keep_the_other_layer_kind_at_f16() {
+        // 2048 tokens: full layers hold all of them, sliding layers their 512-token window.
+        let all = estimate(card(), 2048, "tq3.5@all").unwrap();
+        assert_eq!(all.kv_bytes, 2048 * 228 + 512 * 228);
+        let full = estimate(card(), 2048, "tq3.5@full").unwrap();
+        assert_eq!(full.kv_bytes, 2048 * 228 + 512 * 1024);
+        assert_eq!(
+            estimate(card(), 2048, "tq3.5").unwrap().kv_bytes,
+            full.kv_bytes
+        );
+        let sliding = estimate(card(), 2048, "tq3.5@sliding").unwrap();
+        assert_eq!(sliding.kv_bytes, 2048 * 1024 + 512 * 228);
+        assert_eq!(sliding.total_bytes, sliding.kv_bytes + 1000);
+        assert_eq!(
+            estimate(card(), 2048, "q8").unwrap_err().code,
+            "bad_cache_spec"
+        );
+    }
 }

@@ -144,6 +144,9 @@ struct Loaded {
     model: Model,
     tokenizer: GemmaTokenizer,
     template: ChatTemplate,
+    /// False for base checkpoints that ship no chat template (the offline Gemma 3 270M):
+    /// they continue plain text, and wrapping it in turn markers makes them babble.
+    chat_template: bool,
     cache: KvCache,
     policy: PrecisionPolicy,
     /// The token ids whose keys and values the cache holds, in order.
@@ -155,6 +158,26 @@ struct Worker {
     cancel: Arc<AtomicBool>,
     memory: Arc<Mutex<EngineMemory>>,
     status: Box<dyn Fn(EngineStatus) + Send>,
+}
+
+/// The prompt's token ids: the model's chat template, or for a base model without one, the
+/// conversation as plain text (each message a paragraph) for the model to continue.
+fn render_prompt(l: &Loaded, messages: &[Message], opts: ChatOptions) -> Res<Vec<u32>> {
+    if l.chat_template {
+        return Ok(l.template.render_ids(&l.tokenizer, messages, opts)?);
+    }
+    let text = plain_transcript(messages);
+    Ok(l.tokenizer.encode(&text, true)?)
+}
+
+/// Messages joined as paragraphs, trimmed, with no role markers.
+fn plain_transcript(messages: &[Message]) -> String {
+    messages
+        .iter()
+        .map(|m| m.content.trim())
+        .filter(|c| !c.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 fn now_ms() -> u64 {
@@ -312,6 +335,7 @@ impl Worker {
             model,
             tokenizer,
             template: ChatTemplate::new(family),
+            chat_template: kvlab_engine::worker::has_chat_template(&path).unwrap_or(true),
             cache,
             policy,
             cached: Vec::new(),
@@ -368,7 +392,7 @@ impl Worker {
             thinking: req.thinking,
             add_generation_prompt: true,
         };
-        let prompt = l.template.render_ids(&l.tokenizer, &req.messages, opts)?;
+        let prompt = render_prompt(l, &req.messages, opts)?;
         if prompt.len() + req.max_tokens > l.card.max_context.max(1) {
             return Err(CommandError::new(
                 "context_full",
@@ -505,9 +529,7 @@ impl Worker {
             policy_for(&req.specs[0], &l.policy)?,
             policy_for(&req.specs[1], &l.policy)?,
         ];
-        let prompt = l
-            .template
-            .render_ids(&l.tokenizer, &req.messages, ChatOptions::default())?;
+        let prompt = render_prompt(l, &req.messages, ChatOptions::default())?;
         let max_tokens = req
             .max_tokens
             .clamp(1, l.card.max_context.saturating_sub(prompt.len()).max(1));
@@ -670,5 +692,23 @@ fn memory_of(l: &Loaded) -> EngineMemory {
         kv,
         context_tokens: l.cache.seq_len(),
         cache_policy: policy_label(&l.policy),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_transcript_joins_messages_as_paragraphs_without_markers() {
+        let messages = vec![
+            Message::system("  Be brief. "),
+            Message::user("What is the capital of France?"),
+            Message::user("   "),
+        ];
+        assert_eq!(
+            plain_transcript(&messages),
+            "Be brief.\n\nWhat is the capital of France?"
+        );
     }
 }

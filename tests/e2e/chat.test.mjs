@@ -218,6 +218,11 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   assert.equal(stats.length, 2);
   assert.match(await stats[0].getText(), /cache f16/);
   assert.match(await stats[1].getText(), /cache tq3\.5/);
+  // The memory bars are drawn to scale: FP16 is the longest, TQ 3.5 on all layers far shorter.
+  const fp16Bar = Number(await (await $('[data-testid="kv-bar-0"]')).getAttribute("data-fraction"));
+  const tqBar = Number(await (await $('[data-testid="kv-bar-1"]')).getAttribute("data-fraction"));
+  assert.equal(fp16Bar, 1);
+  assert.ok(tqBar > 0.1 && tqBar < 0.35, `TQ 3.5 bar fraction ${tqBar}`);
   await shot("compare.png");
   await app.browser.keys("Escape");
   await view.waitForDisplayed({ reverse: true, timeout: 5_000 });

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-pub use card::{count_params, model_card, CARD_PRECISIONS};
+pub use card::{count_params, has_chat_template, model_card, CARD_PRECISIONS};
 pub use error::{JobError, LoadError};
 
 use crate::events::{Event, ModelCard};
