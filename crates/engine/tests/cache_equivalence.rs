@@ -2,9 +2,12 @@
 //! and with multi-token chunks after it has filled; F16 storage stays close; memory is
 //! exact; reset, rewind, conversion and failed steps leave the cache consistent.
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
+use common::max_diff;
 use kvlab_engine::config::AttentionKind;
 use kvlab_engine::kv::KvLayout;
 use kvlab_engine::{
@@ -39,17 +42,6 @@ fn ids(name: &str) -> Vec<u32> {
         ids.push(3 + (s >> 8) % 509);
     }
     ids
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .expect("sub")
-        .abs()
-        .expect("abs")
-        .max_all()
-        .expect("max")
-        .to_scalar::<f32>()
-        .expect("scalar")
 }
 
 fn run_chunks(model: &Model, cache: &mut KvCache, ids: &[u32], sizes: &[usize]) -> Tensor {

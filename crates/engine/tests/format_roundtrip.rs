@@ -3,12 +3,15 @@
 //! written with llama.cpp's naming. The GGUF names are this project's reading of llama.cpp
 //! (no real Gemma 4 GGUF was available), so these tests pin the plumbing, not the naming.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use common::max_diff;
 use kvlab_engine::config::{hf, AttentionKind, KvSource};
 use kvlab_engine::weights::gguf_name;
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
@@ -38,17 +41,6 @@ fn full_logits(model: &Model, ids: &[u32]) -> Tensor {
     model
         .forward(ids, &mut cache, Logits::All)
         .expect("forward")
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .expect("sub")
-        .abs()
-        .expect("abs")
-        .max_all()
-        .expect("max")
-        .to_scalar::<f32>()
-        .expect("scalar")
 }
 
 #[test]

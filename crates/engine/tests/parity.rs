@@ -2,10 +2,13 @@
 //! full-sequence logits, chunked incremental logits (the fixture's schedule), and greedy
 //! generation, for both config spellings.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use common::max_diff;
 use kvlab_engine::kv::PrecisionPolicy;
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model};
 
@@ -37,17 +40,6 @@ fn ids_of(t: &Tensor) -> Vec<u32> {
         .into_iter()
         .map(|x| x as u32)
         .collect()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .expect("sub")
-        .abs()
-        .expect("abs")
-        .max_all()
-        .expect("max")
-        .to_scalar::<f32>()
-        .expect("scalar")
 }
 
 fn load(cfg: &Path, name: &str) -> Model {

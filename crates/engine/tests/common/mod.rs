@@ -87,3 +87,15 @@ pub fn ids(t: &candle_core::Tensor) -> Vec<u32> {
         .map(|x| x as u32)
         .collect()
 }
+
+/// Largest absolute element difference between two tensors of one shape.
+pub fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .expect("sub")
+        .abs()
+        .expect("abs")
+        .max_all()
+        .expect("max")
+        .to_scalar::<f32>()
+        .expect("scalar")
+}
