@@ -54,8 +54,8 @@ pub struct BenchMemoryArgs {
     /// After each f16 run, also time a live switch of its whole cache to this SPEC.
     #[arg(long)]
     switch_to: Option<String>,
-    /// Also draw the figures into this PNG (not available in this build: reported and
-    /// skipped).
+    /// Also draw the figures into this file: PNG, or SVG for a `.svg` name (labels use a
+    /// system TrueType font; `KVLAB_PLOT_FONT` picks one).
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -139,7 +139,7 @@ pub fn parse_contexts(s: &str) -> anyhow::Result<Vec<usize>> {
                 None => (p.as_str(), 1),
             };
             match num.parse::<usize>() {
-                Ok(n) if n >= 2 => Ok(n * mul),
+                Ok(n) if n * mul >= 2 => Ok(n * mul),
                 _ => bail!("bad context `{p}` (want e.g. 2k, 4096; at least 2)"),
             }
         })
@@ -266,10 +266,8 @@ pub fn run(args: BenchMemoryArgs) -> anyhow::Result<()> {
         eprintln!("{failed} configuration(s) failed (see above)");
     }
     if let Some(p) = &args.plot {
-        eprintln!(
-            "--plot {}: skipped (this build has no plotting backend; plot the --json rows instead)",
-            p.display()
-        );
+        crate::plot::draw(&rows, p)?;
+        eprintln!("plot written to {}", p.display());
     }
     Ok(())
 }
@@ -408,6 +406,7 @@ mod tests {
     #[test]
     fn contexts_parse_with_k_suffix() -> anyhow::Result<()> {
         assert_eq!(parse_contexts("2k, 4K,1500")?, vec![2048, 4096, 1500]);
+        assert_eq!(parse_contexts("1k")?, vec![1024]);
         assert!(parse_contexts("2m").is_err());
         assert!(parse_contexts("1").is_err());
         assert!(parse_contexts("").is_err());

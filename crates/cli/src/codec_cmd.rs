@@ -61,6 +61,9 @@ struct EvalArgs {
     /// Store n/‖c[idx]‖ instead of n (mse only).
     #[arg(long)]
     norm_correction: bool,
+    /// Store n/⟨u, û⟩ so inner products are unbiased along x (mse only).
+    #[arg(long, conflicts_with = "norm_correction")]
+    unbiased: bool,
     /// f32 matrix [n, dim]: `.safetensors` (tensor "x") or `.npy` ('<f4', C order).
     #[arg(long)]
     vectors: Option<PathBuf>,
@@ -172,6 +175,7 @@ fn eval_report(a: &EvalArgs) -> Result<EvalReport> {
             RotationArg::Haar => RotationKind::Haar,
         },
         norm_correction: a.norm_correction,
+        unbiased: a.unbiased,
         seed: a.seed,
     };
     let codec = Codec::new(a.dim, spec).context("invalid codec spec")?;
@@ -553,6 +557,7 @@ mod tests {
             variant: VariantArg::Mse,
             rotation: RotationArg::Hadamard,
             norm_correction: false,
+            unbiased: false,
             vectors: None,
             n: 2000,
             queries: 16,

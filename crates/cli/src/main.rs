@@ -7,6 +7,7 @@ mod bench_memory_cmd;
 mod chat_cmd;
 mod codec_cmd;
 mod logits_cmd;
+mod plot;
 mod ppl_cmd;
 mod ppl_fidelity;
 

@@ -42,6 +42,14 @@ pub struct PplArgs {
     /// tokens in lockstep; reports ppl, ppl_reference, mean_kld, top1_agreement.
     #[arg(long)]
     reference: Option<String>,
+    /// With --reference: run this many consecutive windows of --ctx tokens (each starting
+    /// with <bos>, as llama.cpp's perplexity tool cuts its chunks) and pool their positions.
+    #[arg(long, default_value_t = 1, requires = "reference")]
+    windows: usize,
+    /// With --reference: score only positions from this one on in each window (llama.cpp
+    /// scores from ctx/2).
+    #[arg(long, default_value_t = 0, requires = "reference")]
+    score_from: usize,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -121,10 +129,26 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", resolved.weights.display()))?;
     let tokenizer =
         GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
-    let ids = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx)?;
     if let Some(reference) = &args.reference {
-        return crate::ppl_fidelity::run(&model, &ids, &args.kv, reference, args.chunk, args.json);
+        if args.windows == 0 || args.score_from + 1 >= args.ctx {
+            bail!("--windows must be at least 1 and --score-from below --ctx − 1");
+        }
+        let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
+        let windows: Vec<Vec<u32>> = all
+            .chunks_exact(args.ctx)
+            .map(|w| {
+                let mut w = w.to_vec();
+                w[0] = all[0]; // <bos>
+                w
+            })
+            .collect();
+        let cut = crate::ppl_fidelity::Windows {
+            windows: &windows,
+            score_from: args.score_from,
+        };
+        return crate::ppl_fidelity::run(&model, cut, &args.kv, reference, args.chunk, args.json);
     }
+    let ids = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx)?;
     let t0 = Instant::now();
     let (p, kv_bytes, _) = score(&model, &policy, &ids, args.chunk)?;
     let report = PplReport {

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use kvlab_engine::fidelity::compare_caches;
+use kvlab_engine::fidelity::{compare_caches_from, FidelityReport};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::Model;
 use serde::Serialize;
@@ -27,8 +27,12 @@ pub struct FidelityOut {
     pub max_logit_error: f32,
     /// Positions scored.
     pub tokens_scored: usize,
-    /// Tokens run.
+    /// Tokens per window.
     pub ctx: usize,
+    /// Windows run (consecutive, each starting with <bos>).
+    pub windows: usize,
+    /// First position scored in each window.
+    pub score_from: usize,
     /// The test SPEC (canonical).
     pub kv: String,
     /// The reference SPEC (canonical).
@@ -37,10 +41,16 @@ pub struct FidelityOut {
     pub seconds: f64,
 }
 
+/// The token windows to compare, and the first position scored in each.
+pub struct Windows<'a> {
+    pub windows: &'a [Vec<u32>],
+    pub score_from: usize,
+}
+
 /// Runs the comparison and prints it (JSON with `json`, else one line).
 pub fn run(
     model: &Model,
-    ids: &[u32],
+    cut: Windows<'_>,
     kv: &str,
     reference: &str,
     chunk: usize,
@@ -50,21 +60,31 @@ pub fn run(
     let refr =
         CacheSpec::parse(reference).with_context(|| format!("bad --reference `{reference}`"))?;
     let t0 = Instant::now();
-    let r = compare_caches(
-        model,
-        ids,
-        &refr.to_policy(),
-        &test.to_policy(),
-        chunk,
-        &mut |done, total| {
-            if !json {
-                eprint!("\r{done}/{total} tokens");
-            }
-        },
-    )?;
+    let mut positions = Vec::new();
+    for (w, ids) in cut.windows.iter().enumerate() {
+        let r = compare_caches_from(
+            model,
+            ids,
+            &refr.to_policy(),
+            &test.to_policy(),
+            chunk,
+            cut.score_from,
+            &mut |done, total| {
+                if !json {
+                    eprint!(
+                        "\rwindow {}/{}: {done}/{total} tokens",
+                        w + 1,
+                        cut.windows.len()
+                    );
+                }
+            },
+        )?;
+        positions.extend(r.positions.into_iter().filter(|p| p.pos >= cut.score_from));
+    }
     if !json {
         eprintln!();
     }
+    let r = FidelityReport::from_positions(positions);
     let out = FidelityOut {
         ppl: r.ppl,
         ppl_reference: r.ppl_reference,
@@ -73,7 +93,9 @@ pub fn run(
         top1_agreement: r.top1_agreement,
         max_logit_error: r.max_logit_error,
         tokens_scored: r.tokens_scored,
-        ctx: ids.len(),
+        ctx: cut.windows.first().map_or(0, Vec::len),
+        windows: cut.windows.len(),
+        score_from: cut.score_from,
         kv: test.to_string(),
         reference: refr.to_string(),
         seconds: t0.elapsed().as_secs_f64(),

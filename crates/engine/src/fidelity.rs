@@ -59,6 +59,20 @@ pub fn compare_caches(
     chunk: usize,
     on_chunk: &mut dyn FnMut(usize, usize),
 ) -> Result<FidelityReport> {
+    compare_caches_from(model, ids, reference, test, chunk, 0, on_chunk)
+}
+
+/// [`compare_caches`] scoring only positions `score_from..`: chunks wholly before it run
+/// for their K/V alone, without the vocabulary projection (most of a small model's cost).
+pub fn compare_caches_from(
+    model: &Model,
+    ids: &[u32],
+    reference: &PrecisionPolicy,
+    test: &PrecisionPolicy,
+    chunk: usize,
+    score_from: usize,
+    on_chunk: &mut dyn FnMut(usize, usize),
+) -> Result<FidelityReport> {
     if ids.len() < 2 {
         return Err(EngineError::invalid(
             "fidelity needs at least 2 tokens (one to condition on, one to score)",
@@ -72,6 +86,13 @@ pub fn compare_caches(
     while at < ids.len() {
         let n = chunk.min(ids.len() - at);
         let part = &ids[at..at + n];
+        if at + n <= score_from {
+            model.forward(part, &mut c_ref, Logits::Last)?;
+            model.forward(part, &mut c_test, Logits::Last)?;
+            at += n;
+            on_chunk(at, ids.len());
+            continue;
+        }
         let l_ref = model.forward(part, &mut c_ref, Logits::All)?;
         let l_test = model.forward(part, &mut c_test, Logits::All)?;
         let scored = n.min(ids.len() - 1 - at);
@@ -87,7 +108,7 @@ pub fn compare_caches(
         at += n;
         on_chunk(at, ids.len());
     }
-    Ok(summarize(positions))
+    Ok(FidelityReport::from_positions(positions))
 }
 
 /// Per-row comparison of two `[n, vocab]` logit blocks whose rows predict `targets`.
@@ -124,6 +145,14 @@ fn compare_rows(
             nll: -(nll_test[i] as f64),
         })
         .collect())
+}
+
+impl FidelityReport {
+    /// The summary of any set of scored positions (e.g. several windows pooled, or only
+    /// the second half of each, as llama.cpp's perplexity tool scores).
+    pub fn from_positions(positions: Vec<PositionFidelity>) -> FidelityReport {
+        summarize(positions)
+    }
 }
 
 fn summarize(positions: Vec<PositionFidelity>) -> FidelityReport {

@@ -84,9 +84,21 @@ fn live_switch_equals_replay_then_convert() {
                 // Replay: the same tokens in the old precision, then the same conversion,
                 // then greedy decoding on the converted cache.
                 let mut cache = model.new_cache(&from).expect("cache");
-                let mut ids = p.clone();
-                ids.extend_from_slice(&live[..switch_at]);
-                let first = argmax(&model, &ids, &mut cache);
+                let first = if from.full.is_dense() && from.sliding.is_dense() {
+                    // Dense caches do not depend on how the prefix was cut: feed it at once.
+                    let mut ids = p.clone();
+                    ids.extend_from_slice(&live[..switch_at]);
+                    argmax(&model, &ids, &mut cache)
+                } else {
+                    // TurboQuant fixes each head's offset from its first append: write the
+                    // history in the live run's steps (the prompt, then one token at a time).
+                    let mut next = argmax(&model, &p, &mut cache);
+                    for &t in &live[..switch_at] {
+                        assert_eq!(next, t, "{name} replay at {switch_at}");
+                        next = argmax(&model, &[t], &mut cache);
+                    }
+                    next
+                };
                 assert_eq!(first, live[switch_at], "{name} switch at {switch_at}");
                 cache.convert(&to).expect("convert");
                 let mut replay = vec![first];
@@ -153,7 +165,16 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                     kvlab_engine::KvPrecision::F32 => (4 * cfg.head_dim, 4 * cfg.head_dim),
                     _ => (2 * cfg.head_dim, 2 * cfg.head_dim),
                 };
-                let want = l.tokens * cfg.n_kv_heads * (bk + bv);
+                // Plus, per centered coded side (the default), one f32 offset per kv head.
+                let offsets = match prec {
+                    kvlab_engine::KvPrecision::TurboQuant(p) if p.center => [p.key, p.value]
+                        .iter()
+                        .filter(|s| matches!(s, TqSide::Codes(_)))
+                        .count(),
+                    _ => 0,
+                };
+                let want = l.tokens * cfg.n_kv_heads * (bk + bv)
+                    + offsets * cfg.n_kv_heads * cfg.head_dim * 4;
                 assert_eq!(l.bytes.used, want as u64, "{name} {spec} layer {}", l.layer);
                 assert!(l.bytes.allocated >= l.bytes.used);
                 let expect_tokens = match cfg.kind {
@@ -216,4 +237,30 @@ fn fidelity_against_itself_is_perfect_and_coarse_caches_diverge() {
     assert_eq!(coarse.positions.len(), 47);
     let mean: f64 = coarse.positions.iter().map(|p| p.kld).sum::<f64>() / 47.0;
     assert!((mean - coarse.mean_kld).abs() < 1e-12);
+}
+
+#[test]
+fn scoring_from_a_position_equals_the_full_comparison_filtered() {
+    let model = load("tiny_gemma3");
+    let ids = prompt(40);
+    let (f32p, tq) = (policy("f32"), policy("tq2@all"));
+    let full = compare_caches(&model, &ids, &f32p, &tq, 7, &mut |_, _| {}).expect("full");
+    let tail = kvlab_engine::fidelity::compare_caches_from(
+        &model,
+        &ids,
+        &f32p,
+        &tq,
+        7,
+        21,
+        &mut |_, _| {},
+    )
+    .expect("from 21");
+    // Chunks wholly before position 21 (0..7, 7..14, 14..21) run without logits.
+    assert_eq!(tail.positions.first().map(|p| p.pos), Some(21));
+    let want: Vec<_> = full.positions.iter().filter(|p| p.pos >= 21).collect();
+    assert_eq!(tail.positions.len(), want.len());
+    for (a, b) in tail.positions.iter().zip(want) {
+        assert_eq!(a.pos, b.pos);
+        assert!((a.kld - b.kld).abs() < 1e-9 && a.top1_agree == b.top1_agree);
+    }
 }

@@ -214,6 +214,8 @@ impl Codec {
         if self.layout.segments.is_empty() {
             unit.fill(0.0);
         }
+        // ⟨u, û⟩ = ⟨y, c⟩: the rotation is orthogonal.
+        let proj: f32 = unit.iter().zip(rot.iter()).map(|(c, y)| c * y).sum();
         if let (Some(qjl), Some(sign_bit), Some(goff)) = (
             &self.qjl,
             self.layout.sign_bit_offset,
@@ -231,7 +233,9 @@ impl Codec {
             pack(idx, 1, record, sign_bit);
             write_f16(record, goff, gamma);
         }
-        let stored = if self.spec.norm_correction && cnorm2 > 0.0 {
+        let stored = if self.spec.unbiased && proj > 0.0 {
+            norm / proj
+        } else if self.spec.norm_correction && cnorm2 > 0.0 {
             norm / cnorm2.sqrt()
         } else {
             norm

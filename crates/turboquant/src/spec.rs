@@ -118,6 +118,12 @@ pub struct Spec {
     /// Store n/‖c[idx]‖ instead of n so decoded vectors keep their norm (mse only).
     #[serde(default)]
     pub norm_correction: bool,
+    /// Store n/⟨u, û⟩ instead of n (u the unit input, û its unit-scale reconstruction), so
+    /// ⟨x, x̂⟩ = ‖x‖²: inner products are no longer shrunk by (1 − D_mse). Attention needs
+    /// this on keys: the shrink flattens every softmax by the same factor, a bias, while
+    /// the rest of the error is zero-mean noise (mse only; excludes `norm_correction`).
+    #[serde(default)]
+    pub unbiased: bool,
     /// Seed of the rotation (and of the QJL matrix for `prod`).
     #[serde(default)]
     pub seed: u64,
@@ -131,12 +137,23 @@ impl Spec {
             variant: Variant::Mse,
             rotation: RotationKind::Hadamard,
             norm_correction: false,
+            unbiased: false,
             seed: 0,
         }
     }
 
     /// Rejects combinations the codec does not implement.
     pub fn validate(&self) -> Result<()> {
+        if self.unbiased && self.norm_correction {
+            return Err(Error::UnsupportedSpec(
+                "the unbiased scale and norm correction are two choices of one stored norm".into(),
+            ));
+        }
+        if self.unbiased && self.variant == Variant::Prod {
+            return Err(Error::UnsupportedSpec(
+                "variant prod is unbiased through its residual signs already".into(),
+            ));
+        }
         if self.variant == Variant::Prod {
             let (lo, hi) = self.bits.widths();
             if lo != hi {
@@ -165,13 +182,14 @@ mod tests {
             variant: Variant::Mse,
             rotation: RotationKind::Haar,
             norm_correction: true,
+            unbiased: false,
             seed: 7,
         };
         let json = serde_json::to_value(spec).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"bits": 3.5, "variant": "mse", "rotation": "haar",
-                               "norm_correction": true, "seed": 7})
+                               "norm_correction": true, "unbiased": false, "seed": 7})
         );
         let back: Spec = serde_json::from_value(json).unwrap();
         assert_eq!(back, spec);

@@ -63,6 +63,7 @@ fn one_hot_spikes() {
     let plain = relative_mse(&codec, &xs);
     let spec = Spec {
         norm_correction: true,
+        unbiased: false,
         ..Spec::mse(Bits::B3)
     };
     let corrected = relative_mse(&Codec::new(d, spec).unwrap(), &xs);

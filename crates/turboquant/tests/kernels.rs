@@ -24,12 +24,13 @@ fn all_specs() -> Vec<Spec> {
     for bits in ALL_BITS {
         for rotation in [RotationKind::Hadamard, RotationKind::Haar] {
             for variant in [Variant::Mse, Variant::Prod] {
-                for norm_correction in [false, true] {
+                for (norm_correction, unbiased) in [(false, false), (true, false), (false, true)] {
                     let spec = Spec {
                         bits,
                         variant,
                         rotation,
                         norm_correction,
+                        unbiased,
                         seed: 5,
                     };
                     if spec.validate().is_ok() {
@@ -419,6 +420,7 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                     RotationKind::Hadamard
                 },
                 norm_correction: nc && variant == Variant::Mse,
+                unbiased: false,
                 seed,
             }
         })

@@ -86,6 +86,7 @@ fn norm_correction_keeps_norms_at_about_the_same_mse() {
         let plain = empirical_mse(&Codec::new(256, Spec::mse(bits)).unwrap(), 5_000, 8);
         let spec = Spec {
             norm_correction: true,
+            unbiased: false,
             ..Spec::mse(bits)
         };
         let codec = Codec::new(256, spec).unwrap();
@@ -169,4 +170,70 @@ fn mse_inner_products_shrink_by_one_minus_dmse() {
     let (_, _, var) = inner_product_errors(&codec, 4_096, 64, 3);
     println!("mse b=2 d·E[err²]={var:.4}");
     assert!((var - 0.116).abs() / 0.116 < 0.05, "{var}");
+}
+
+/// Mean ⟨x, x̂⟩ / ‖x‖² over random unit vectors: how much a query aligned with the key
+/// sees of it.
+fn self_projection(codec: &Codec, n: usize, seed: u64) -> f64 {
+    let d = codec.dim();
+    let mut rng = TestRng::new(seed);
+    let xs: Vec<f32> = (0..n).flat_map(|_| rng.unit_vec(d)).collect();
+    let mut block = codec.new_block();
+    codec.encode_batch(&xs, &mut block).unwrap();
+    let mut out = vec![0.0; d];
+    let mut s = codec.scratch();
+    let mut total = 0.0;
+    for (t, x) in xs.chunks_exact(d).enumerate() {
+        codec.decode(&block, t, &mut out, &mut s).unwrap();
+        total += dot(x, &out);
+    }
+    total / n as f64
+}
+
+#[test]
+fn unbiased_scale_removes_the_inner_product_shrink() {
+    for (k, &bits) in BITS.iter().enumerate() {
+        let dmse = ANCHORS[0].1[k];
+        let plain = Codec::new(128, Spec::mse(bits)).unwrap();
+        let unbiased = Codec::new(
+            128,
+            Spec {
+                unbiased: true,
+                ..Spec::mse(bits)
+            },
+        )
+        .unwrap();
+        let (p, u) = (
+            self_projection(&plain, 2_000, 40 + k as u64),
+            self_projection(&unbiased, 2_000, 40 + k as u64),
+        );
+        println!(
+            "b={}: ⟨x,x̂⟩ plain {p:.4} (1 − D = {:.4}), unbiased {u:.5}",
+            k + 1,
+            1.0 - dmse
+        );
+        assert!(
+            (p - (1.0 - dmse)).abs() < 0.01,
+            "plain {p} vs {}",
+            1.0 - dmse
+        );
+        // Only the f16 rounding of the stored norm remains.
+        assert!((u - 1.0).abs() < 1e-3, "unbiased {u}");
+    }
+}
+
+#[test]
+fn unbiased_scale_is_refused_where_it_does_not_apply() {
+    let both = Spec {
+        unbiased: true,
+        norm_correction: true,
+        ..Spec::mse(Bits::B3)
+    };
+    assert!(Codec::new(128, both).is_err());
+    let prod = Spec {
+        unbiased: true,
+        variant: Variant::Prod,
+        ..Spec::mse(Bits::B3)
+    };
+    assert!(Codec::new(128, prod).is_err());
 }

@@ -5,6 +5,7 @@
 
 use candle_core::{DType, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
 
 use super::storage::AttendSpec;
 use crate::error::Result;
@@ -137,52 +138,117 @@ fn run<T: Elem>(
             "attend: queries see no stored key",
         ));
     }
-    let span = hi - lo;
     let mut out = vec![0f32; n_kv * n_rows * d];
-    let mut scores = vec![f32::NEG_INFINITY; n_rows * span];
-    let mut row = vec![0f32; d];
+    // Long contexts are cut into key blocks attended on all cores, each with its own
+    // running max, then merged exactly (the split-softmax of flash decoding).
+    let blocks: Vec<(usize, usize)> = (lo..hi)
+        .step_by(KEY_BLOCK)
+        .map(|a| (a, (a + KEY_BLOCK).min(hi)))
+        .collect();
     for h in 0..n_kv {
-        scores.fill(f32::NEG_INFINITY);
         let qh = &q[h * n_rows * d..(h + 1) * n_rows * d];
-        for j in lo..hi {
-            T::to_f32_row(kr.row(h, j, d), &mut row);
-            for i in 0..t {
-                let (a, b) = range(i);
-                if j < a || j >= b {
+        let partial = |&(a, b): &(usize, usize)| {
+            block_partial::<T>(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale)
+        };
+        let parts: Vec<Partial> = if blocks.len() > 1 {
+            blocks.par_iter().map(partial).collect()
+        } else {
+            blocks.iter().map(partial).collect()
+        };
+        let oh = &mut out[h * n_rows * d..(h + 1) * n_rows * d];
+        for r in 0..n_rows {
+            let m = parts
+                .iter()
+                .map(|p| p.max[r])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            let o = &mut oh[r * d..(r + 1) * d];
+            for p in &parts {
+                if p.sum[r] == 0.0 {
                     continue;
                 }
-                for g in 0..group {
-                    let r = g * t + i;
-                    scores[r * span + (j - lo)] = dot(&qh[r * d..(r + 1) * d], &row) * scale;
+                let w = (p.max[r] - m).exp();
+                sum += w * p.sum[r];
+                for (x, y) in o.iter_mut().zip(&p.out[r * d..(r + 1) * d]) {
+                    *x += w * y;
                 }
-            }
-        }
-        for r in 0..n_rows {
-            let sr = &mut scores[r * span..(r + 1) * span];
-            let m = sr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in sr.iter_mut() {
-                *x = (*x - m).exp();
-                sum += *x;
             }
             let inv = 1.0 / sum;
-            sr.iter_mut().for_each(|x| *x *= inv);
-        }
-        let oh = &mut out[h * n_rows * d..(h + 1) * n_rows * d];
-        for j in lo..hi {
-            T::to_f32_row(vr.row(h, j, d), &mut row);
-            for r in 0..n_rows {
-                let p = scores[r * span + (j - lo)];
-                if p == 0.0 {
-                    continue;
-                }
-                for (o, x) in oh[r * d..(r + 1) * d].iter_mut().zip(&row) {
-                    *o += p * x;
-                }
-            }
+            o.iter_mut().for_each(|x| *x *= inv);
         }
     }
     Ok(out)
+}
+
+/// Keys per block of the split softmax.
+const KEY_BLOCK: usize = 1024;
+
+/// One key block's share of every query row: its max score, the sum of exp(score − max)
+/// and the value rows weighted by those (unnormalized) exponentials.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn block_partial<T: Elem>(
+    qh: &[f32],
+    kr: &Rows<'_, T>,
+    vr: &Rows<'_, T>,
+    h: usize,
+    (a, b): (usize, usize),
+    range: &(dyn Fn(usize) -> (usize, usize) + Sync),
+    (group, t, d): (usize, usize, usize),
+    scale: f32,
+) -> Partial {
+    let n_rows = group * t;
+    let span = b - a;
+    let mut scores = vec![f32::NEG_INFINITY; n_rows * span];
+    let mut row = vec![0f32; d];
+    for j in a..b {
+        T::to_f32_row(kr.row(h, j, d), &mut row);
+        for i in 0..t {
+            let (lo, hi) = range(i);
+            if j < lo || j >= hi {
+                continue;
+            }
+            for g in 0..group {
+                let r = g * t + i;
+                scores[r * span + (j - a)] = dot(&qh[r * d..(r + 1) * d], &row) * scale;
+            }
+        }
+    }
+    let mut max = vec![f32::NEG_INFINITY; n_rows];
+    let mut sum = vec![0f32; n_rows];
+    for r in 0..n_rows {
+        let sr = &mut scores[r * span..(r + 1) * span];
+        let m = sr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            // No visible key in this block for this row: it contributes nothing.
+            sr.fill(0.0);
+            continue;
+        }
+        for x in sr.iter_mut() {
+            *x = (*x - m).exp();
+            sum[r] += *x;
+        }
+        max[r] = m;
+    }
+    let mut out = vec![0f32; n_rows * d];
+    for j in a..b {
+        T::to_f32_row(vr.row(h, j, d), &mut row);
+        for r in 0..n_rows {
+            let p = scores[r * span + (j - a)];
+            if p == 0.0 {
+                continue;
+            }
+            for (o, x) in out[r * d..(r + 1) * d].iter_mut().zip(&row) {
+                *o += p * x;
+            }
+        }
+    }
+    Partial { max, sum, out }
 }
 
 #[cfg(test)]
@@ -207,6 +273,34 @@ mod tests {
                 key_start: 100,
                 window,
                 scale: 0.3,
+            };
+            let fast = try_attend(&q, &k, &v, &spec)?
+                .ok_or_else(|| crate::error::EngineError::invalid("no fast path"))?;
+            let general = attend_dense(
+                &q,
+                &k.to_dtype(DType::F32)?,
+                &v.to_dtype(DType::F32)?,
+                &spec,
+            )?;
+            let d = (fast - general)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(d < 1e-5, "t {t} window {window:?}: {d}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn long_contexts_split_into_blocks_match_the_general_path() -> Result<()> {
+        let dev = Device::Cpu;
+        // 2600 keys: three blocks of the split softmax, the last one partial.
+        let k = Tensor::randn(0f32, 1.0, (2, 2600, 16), &dev)?.to_dtype(DType::F16)?;
+        let v = Tensor::randn(0f32, 1.0, (2, 2600, 16), &dev)?.to_dtype(DType::F16)?;
+        for (t, window) in [(1, None), (2, Some(1500)), (1, Some(300))] {
+            let q = Tensor::randn(0f32, 1.0, (4, t, 16), &dev)?;
+            let spec = AttendSpec {
+                query_start: 2600 - t,
+                key_start: 0,
+                window,
+                scale: 0.5,
             };
             let fast = try_attend(&q, &k, &v, &spec)?
                 .ok_or_else(|| crate::error::EngineError::invalid("no fast path"))?;

@@ -39,6 +39,10 @@ pub const SEGMENT_TOKENS: usize = 512;
 /// cut into blocks of query rows so the scores never grow with `t × context`.
 const SCORE_BUDGET: usize = 1 << 20;
 
+/// Fewest rows in a head's first append for their mean to become the head's offset
+/// (the centering in `kv::spec`); a smaller first append leaves the head uncentered.
+const MIN_CENTER_ROWS: usize = 16;
+
 /// Below this many (query, key) pairs a block is processed on the calling thread.
 const PARALLEL_MIN_PAIRS: usize = 1 << 14;
 
@@ -54,6 +58,10 @@ struct Side {
     codec: Option<Arc<Codec>>,
     dim: usize,
     heads: Vec<Vec<Seg>>,
+    /// Whether coded vectors are stored relative to a per-head offset.
+    center: bool,
+    /// Per head: the offset subtracted before encoding, fixed by the head's first append.
+    offsets: Vec<Option<Vec<f32>>>,
 }
 
 impl fmt::Debug for Side {
@@ -69,15 +77,18 @@ impl fmt::Debug for Side {
 }
 
 impl Side {
-    fn new(side: TqSide, n_heads: usize, dim: usize) -> Result<Self> {
+    fn new(side: TqSide, center: bool, n_heads: usize, dim: usize) -> Result<Self> {
         let codec = match side {
             TqSide::F16 => None,
             TqSide::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
         };
+        let center = center && codec.is_some();
         Ok(Self {
             codec,
             dim,
             heads: (0..n_heads).map(|_| Vec::new()).collect(),
+            center,
+            offsets: vec![None; n_heads],
         })
     }
 
@@ -107,7 +118,34 @@ impl Side {
     }
 
     /// Appends `rows` (`n × dim`) to head `h`, filling the last segment first.
-    fn append(&mut self, h: usize, mut rows: &[f32]) -> Result<()> {
+    fn append(&mut self, h: usize, rows: &[f32]) -> Result<()> {
+        if !self.center {
+            return self.append_rows(h, rows);
+        }
+        let d = self.dim;
+        let offset = self.offsets[h]
+            .get_or_insert_with(|| {
+                if rows.len() / d >= MIN_CENTER_ROWS {
+                    mean_row(rows, d)
+                } else {
+                    // Too few rows for a mean worth having: no offset for this head.
+                    vec![0.0; d]
+                }
+            })
+            .clone();
+        let centered: Vec<f32> = rows
+            .chunks_exact(d)
+            .flat_map(|r| r.iter().zip(&offset).map(|(x, m)| x - m))
+            .collect();
+        self.append_rows(h, &centered)
+    }
+
+    /// The offset of head `h`, if its vectors are stored relative to one.
+    fn offset(&self, h: usize) -> Option<&[f32]> {
+        self.offsets.get(h).and_then(|o| o.as_deref())
+    }
+
+    fn append_rows(&mut self, h: usize, mut rows: &[f32]) -> Result<()> {
         let d = self.dim;
         while !rows.is_empty() {
             let need_new = match self.heads[h].last() {
@@ -149,6 +187,9 @@ impl Side {
     /// Keeps the first `total` stored tokens of every head.
     fn truncate(&mut self, total: usize) {
         let d = self.dim;
+        if total == 0 {
+            self.offsets.iter_mut().for_each(|o| *o = None);
+        }
         let keep = total.div_ceil(SEGMENT_TOKENS);
         let in_last = total - keep.saturating_sub(1) * SEGMENT_TOKENS;
         for segs in &mut self.heads {
@@ -169,15 +210,22 @@ impl Side {
         }
     }
 
+    /// Bytes of the per-head offsets (f32, `dim` per centered head).
+    fn offset_bytes(&self) -> usize {
+        self.offsets.iter().flatten().count() * self.dim * std::mem::size_of::<f32>()
+    }
+
     fn bytes_allocated(&self) -> usize {
-        self.heads
-            .iter()
-            .flatten()
-            .map(|s| match s {
-                Seg::Codes(b) => b.bytes_allocated(),
-                Seg::Dense(v) => 2 * v.capacity(),
-            })
-            .sum()
+        self.offset_bytes()
+            + self
+                .heads
+                .iter()
+                .flatten()
+                .map(|s| match s {
+                    Seg::Codes(b) => b.bytes_allocated(),
+                    Seg::Dense(v) => 2 * v.capacity(),
+                })
+                .sum::<usize>()
     }
 
     /// Decodes stored tokens `from..from + out.len() / dim` of head `h` into `out`.
@@ -191,7 +239,12 @@ impl Side {
                 .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
             let i = j % SEGMENT_TOKENS;
             match (seg, &self.codec) {
-                (Seg::Codes(b), Some(c)) => c.decode(b, i, row, &mut scratch)?,
+                (Seg::Codes(b), Some(c)) => {
+                    c.decode(b, i, row, &mut scratch)?;
+                    if let Some(m) = self.offset(h) {
+                        row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
+                    }
+                }
                 (Seg::Dense(v), _) => {
                     let src = v
                         .get(i * d..(i + 1) * d)
@@ -277,6 +330,16 @@ impl Side {
     }
 }
 
+/// The mean of `n × d` row-major rows.
+fn mean_row(rows: &[f32], d: usize) -> Vec<f32> {
+    let n = rows.len() / d;
+    let mut m = vec![0f64; d];
+    for r in rows.chunks_exact(d) {
+        m.iter_mut().zip(r).for_each(|(a, &x)| *a += x as f64);
+    }
+    m.iter().map(|a| (*a / n.max(1) as f64) as f32).collect()
+}
+
 /// A layer's keys and values as TurboQuant codes (see the module doc).
 #[derive(Debug)]
 pub struct TurboQuantStorage {
@@ -294,8 +357,18 @@ impl TurboQuantStorage {
     /// An empty storage; builds the codecs (and validates the specs for `shape.head_dim`).
     pub fn new(precision: TqPrecision, shape: StorageShape) -> Result<Self> {
         Ok(Self {
-            key: Side::new(precision.key, shape.n_kv_heads, shape.head_dim)?,
-            value: Side::new(precision.value, shape.n_kv_heads, shape.head_dim)?,
+            key: Side::new(
+                precision.key,
+                precision.center,
+                shape.n_kv_heads,
+                shape.head_dim,
+            )?,
+            value: Side::new(
+                precision.value,
+                precision.center,
+                shape.n_kv_heads,
+                shape.head_dim,
+            )?,
             precision,
             shape,
             front: 0,
@@ -480,7 +553,7 @@ impl TurboQuantStorage {
             }
             Ok(a)
         };
-        if parallel {
+        let mut out = if parallel {
             segs.par_iter()
                 .zip(scores.par_iter())
                 .map_init(|| self.value.scratch(), acc_seg)
@@ -491,7 +564,16 @@ impl TurboQuantStorage {
                 .zip(scores.iter())
                 .map(|p| acc_seg(&mut sc, p))
                 .fold(Ok(vec![0f32; g * d]), add)
+        }?;
+        // Values were coded relative to an offset: every row's weights sum to one, so the
+        // offset comes back whole. (A key offset needs nothing: it shifts all of a query's
+        // scores by the same q·μ, which the softmax ignores.)
+        if let Some(m) = self.value.offset(hk) {
+            for row in out.chunks_exact_mut(d) {
+                row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
+            }
         }
+        Ok(out)
     }
 
     /// Decodes held tokens `from..from + len` of every head into `[n_kv, len, d]` f32.
@@ -615,7 +697,7 @@ impl KvStorage for TurboQuantStorage {
     }
 
     fn bytes_used(&self) -> usize {
-        self.len() * self.bytes_per_token()
+        self.len() * self.bytes_per_token() + self.key.offset_bytes() + self.value.offset_bytes()
     }
 
     fn bytes_allocated(&self) -> usize {

@@ -40,7 +40,7 @@ fn shape(n_kv: usize, d: usize) -> StorageShape {
 }
 
 fn tq(key: TqSide, value: TqSide) -> TqPrecision {
-    TqPrecision { key, value }
+    TqPrecision::new(key, value)
 }
 
 fn codes(bits: Bits) -> TqSide {
@@ -143,6 +143,7 @@ fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
     let haar = Spec {
         rotation: RotationKind::Haar,
         norm_correction: true,
+        unbiased: false,
         seed: 5,
         ..Spec::mse(Bits::B4)
     };
@@ -173,17 +174,23 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
             TqSide::Codes(spec) => bytes_per_vector(d, spec).unwrap_or(0),
         };
         let per_token = n_kv * (bpv(&precision.key) + bpv(&precision.value));
+        // Each coded side keeps one f32 offset vector per head (centering, the default).
+        let coded = [precision.key, precision.value]
+            .iter()
+            .filter(|s| s.spec().is_some())
+            .count();
+        let fixed = coded * n_kv * d * 4;
         let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
         assert_eq!(s.bytes_used(), 0);
         for (i, c) in [1usize, 700, 3].into_iter().enumerate() {
             s.append(&tensor(i as u64, n_kv, c, d)?, &tensor(9, n_kv, c, d)?)?;
         }
-        assert_eq!(s.bytes_used(), 704 * per_token, "{text}");
+        assert_eq!(s.bytes_used(), 704 * per_token + fixed, "{text}");
         assert!(s.bytes_allocated() >= s.bytes_used(), "{text}");
         s.drop_front(600)?;
-        assert_eq!(s.bytes_used(), 104 * per_token, "{text}");
+        assert_eq!(s.bytes_used(), 104 * per_token + fixed, "{text}");
         s.truncate(4)?;
-        assert_eq!(s.bytes_used(), 4 * per_token, "{text}");
+        assert_eq!(s.bytes_used(), 4 * per_token + fixed, "{text}");
         s.truncate(0)?;
         assert_eq!((s.bytes_used(), s.bytes_allocated()), (0, 0), "{text}");
     }
@@ -260,5 +267,73 @@ fn rejects_mismatched_shapes_and_empty_attends() -> Result<()> {
     s.append(&tensor(1, 2, 1, 16)?, &tensor(1, 2, 1, 16)?)?;
     // 3 query heads cannot share 2 kv heads.
     assert!(s.attend(&tensor(1, 3, 1, 16)?, &spec).is_err());
+    Ok(())
+}
+
+/// Keys like Gemma's: a large mean shared by every token plus per-token detail.
+fn offset_rows(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
+    let detail = data(seed, h * t * d);
+    let mean = data(seed ^ 0xABCD, d);
+    let rows: Vec<f32> = detail
+        .chunks_exact(d)
+        .flat_map(|r| {
+            r.iter()
+                .zip(&mean)
+                .map(|(x, m)| x + 3.0 * m)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Ok(Tensor::from_vec(rows, (h, t, d), &Device::Cpu)?)
+}
+
+/// Squared error of the stored vectors relative to the inputs' energy.
+fn relative_error(p: TqPrecision, k: &Tensor) -> Result<f32> {
+    let mut s = TurboQuantStorage::new(p, shape(k.dim(0)?, k.dim(2)?))?;
+    s.append(k, k)?;
+    let (kd, _) = s.to_dense()?;
+    let err = (&kd - k)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    Ok(err / k.sqr()?.sum_all()?.to_scalar::<f32>()?)
+}
+
+#[test]
+fn centering_cuts_the_error_of_offset_vectors_and_stays_exact_in_attention() -> Result<()> {
+    let k = offset_rows(3, 2, 300, 64)?;
+    let centered = tq(codes(Bits::B3), codes(Bits::B3));
+    let raw = TqPrecision {
+        center: false,
+        ..centered
+    };
+    let (c, r) = (relative_error(centered, &k)?, relative_error(raw, &k)?);
+    // The mean holds ~90% of the energy: coding k − μ leaves about a tenth of the error.
+    assert!(c < 0.25 * r, "centered {c} vs raw {r}");
+    assert!(
+        (r - 0.0343).abs() < 0.006,
+        "raw error {r} is the codec's D_mse(3)"
+    );
+    // Scores and weighted sums on the centered codes still equal dense attention on the
+    // decoded (offset added back) K/V, across segments and GQA.
+    check_against_dense(centered, 4, 2, 64, None, &[300, 1, 250, 1])?;
+    Ok(())
+}
+
+#[test]
+fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
+    let k = offset_rows(5, 1, 40, 64)?;
+    let p = tq(codes(Bits::B3), codes(Bits::B3));
+    let mut short = TurboQuantStorage::new(p, shape(1, 64))?;
+    short.append(&k.narrow(1, 0, 4)?, &k.narrow(1, 0, 4)?)?;
+    short.append(&k.narrow(1, 4, 36)?, &k.narrow(1, 4, 36)?)?;
+    let mut long = TurboQuantStorage::new(p, shape(1, 64))?;
+    long.append(&k, &k)?;
+    let err = |s: &TurboQuantStorage| -> Result<f32> {
+        let (kd, _) = s.to_dense()?;
+        Ok((&kd - &k)?.sqr()?.sum_all()?.to_scalar::<f32>()?)
+    };
+    let (e_short, e_long) = (err(&short)?, err(&long)?);
+    assert!(e_long < 0.5 * e_short, "long {e_long} vs short {e_short}");
+    // A reset forgets the offset: the next first append decides again.
+    short.truncate(0)?;
+    short.append(&k, &k)?;
+    assert!((err(&short)? - e_long).abs() <= 1e-3 * e_long);
     Ok(())
 }
