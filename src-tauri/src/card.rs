@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file;
 use kvlab_engine::config::{self, AttentionKind, Family, KvSource, ModelConfig};
 use serde::Serialize;
 
-use crate::cachespec::{context_bytes, token_costs, TokenCost};
+use crate::cachespec::{policy_for, token_costs, TokenCost};
 use crate::error::CommandError;
 
 /// The model card.
@@ -173,25 +173,19 @@ pub struct MemoryEstimate {
     pub total_bytes: u64,
 }
 
-pub fn estimate(card: ModelCard, context: u64, spec: &str) -> Result<MemoryEstimate, CommandError> {
-    let unknown = || CommandError::new("bad_cache_spec", format!("unknown cache policy `{spec}`"));
-    let parsed = crate::cachespec::CacheSpec::parse(spec)?;
-    // The card lists every offered precision applied to all layers; a scoped SPEC
-    // (`tq3.5@full`) keeps the other kind of layer at f16.
-    let body = spec.trim().split_once('@').map_or(spec.trim(), |(b, _)| b);
-    let find = |name: &str| card.token_costs.iter().find(|c| c.spec == name);
-    let chosen = find(body).ok_or_else(unknown)?;
-    let f16 = find("f16").ok_or_else(unknown)?;
-    let mut scoped = chosen.clone();
-    match parsed.scope {
-        crate::cachespec::Scope::All => {}
-        crate::cachespec::Scope::Full => {
-            scoped.sliding_bytes_per_token = f16.sliding_bytes_per_token
-        }
-        crate::cachespec::Scope::Sliding => scoped.full_bytes_per_token = f16.full_bytes_per_token,
-    }
-    let cost = &scoped;
-    let kv = context_bytes(cost, context, card.sliding_window as u64);
+/// The estimate for `card` (of a model configured as `cfg`): a scoped SPEC (`tq3.5@full`)
+/// keeps the other kind of layer at f16, exactly as the engine would store it.
+pub fn estimate(
+    card: ModelCard,
+    cfg: &ModelConfig,
+    context: u64,
+    spec: &str,
+) -> Result<MemoryEstimate, CommandError> {
+    let policy = policy_for(spec)?;
+    let tokens = usize::try_from(context)
+        .map_err(|_| CommandError::new("bad_context", format!("{context} tokens")))?;
+    let kv = kvlab_engine::memory::estimate_kv_bytes(cfg, &policy, tokens)
+        .map_err(|e| CommandError::new("bad_cache_spec", e.to_string()))?;
     Ok(MemoryEstimate {
         weights_bytes: card.weights_bytes,
         kv_bytes: kv,
@@ -205,54 +199,53 @@ pub fn estimate(card: ModelCard, context: u64, spec: &str) -> Result<MemoryEstim
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cachespec::TokenCost;
 
-    fn card() -> ModelCard {
-        let cost = |spec: &str, full, sliding| TokenCost {
-            spec: spec.into(),
-            label: spec.into(),
-            full_bytes_per_token: full,
-            sliding_bytes_per_token: sliding,
-        };
-        ModelCard {
-            name: "m".into(),
-            path: "m.gguf".into(),
-            family: "gemma3".into(),
-            format: "gguf",
-            parameters: 1,
-            layers: 2,
-            full_layers: 1,
-            sliding_layers: 1,
-            shared_layers: 0,
-            hidden_size: 8,
-            vocab_size: 8,
-            max_context: 4096,
-            sliding_window: 512,
-            kv_heads: 1,
-            head_dim: 256,
-            weights_bytes: 1000,
-            supports_thinking: false,
-            token_costs: vec![cost("f16", 1024, 1024), cost("tq3.5", 228, 228)],
-            warnings: vec![],
-        }
+    fn tiny() -> (ModelCard, ModelConfig) {
+        let dir =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/engine/tests/fixtures/tiny_gemma3");
+        let (cfg, format) = read_config(&dir).expect("fixture");
+        (model_card(&dir, &cfg, format), cfg)
+    }
+
+    #[test]
+    fn the_card_reads_the_configuration_without_weights() {
+        let (card, _) = tiny();
+        assert_eq!(card.format, "safetensors");
+        assert_eq!(
+            (
+                card.layers,
+                card.sliding_layers,
+                card.full_layers,
+                card.sliding_window
+            ),
+            (6, 4, 2, 8)
+        );
+        assert_eq!(
+            (card.kv_heads, card.head_dim, card.max_context),
+            (2, 16, 256)
+        );
+        assert!(card.weights_bytes > 0);
     }
 
     #[test]
     fn scoped_specs_keep_the_other_layer_kind_at_f16() {
-        // 2048 tokens: full layers hold all of them, sliding layers their 512-token window.
-        let all = estimate(card(), 2048, "tq3.5@all").unwrap();
-        assert_eq!(all.kv_bytes, 2048 * 228 + 512 * 228);
-        let full = estimate(card(), 2048, "tq3.5@full").unwrap();
-        assert_eq!(full.kv_bytes, 2048 * 228 + 512 * 1024);
+        // 100 tokens: full layers hold all of them, sliding layers their last 7 (window 8).
+        // f16 costs 128 B per layer-token; TQ 3.5 on 16 dims 2 × 2 × 9 = 36 B, plus per TQ
+        // layer the centering offsets: 2 sides × 2 heads × 16 f32 = 256 B.
+        let (card, cfg) = tiny();
+        let f16 = estimate(card.clone(), &cfg, 100, "f16").unwrap();
+        assert_eq!(f16.kv_bytes, 2 * 128 * 100 + 4 * 128 * 7);
+        let full = estimate(card.clone(), &cfg, 100, "tq3.5@full").unwrap();
+        assert_eq!(full.kv_bytes, 2 * 36 * 100 + 2 * 256 + 4 * 128 * 7);
         assert_eq!(
-            estimate(card(), 2048, "tq3.5").unwrap().kv_bytes,
+            estimate(card.clone(), &cfg, 100, "tq3.5").unwrap().kv_bytes,
             full.kv_bytes
         );
-        let sliding = estimate(card(), 2048, "tq3.5@sliding").unwrap();
-        assert_eq!(sliding.kv_bytes, 2048 * 1024 + 512 * 228);
-        assert_eq!(sliding.total_bytes, sliding.kv_bytes + 1000);
+        let sliding = estimate(card.clone(), &cfg, 100, "tq3.5@sliding").unwrap();
+        assert_eq!(sliding.kv_bytes, 2 * 128 * 100 + 4 * 36 * 7 + 4 * 256);
+        assert_eq!(sliding.total_bytes, sliding.kv_bytes + card.weights_bytes);
         assert_eq!(
-            estimate(card(), 2048, "q8").unwrap_err().code,
+            estimate(card, &cfg, 100, "q8").unwrap_err().code,
             "bad_cache_spec"
         );
     }

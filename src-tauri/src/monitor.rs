@@ -2,8 +2,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use std::sync::{Arc, Mutex};
-
 use serde::Serialize;
 use tauri::{AppHandle, Emitter, Runtime};
 
@@ -40,10 +38,11 @@ pub fn sample_process(sys: &mut sysinfo::System) -> Option<ProcessMemorySample> 
     })
 }
 
-/// Spawns a thread that emits a sample every `period` until the app exits.
+/// Spawns a thread that emits a sample every `period` until the app exits; `engine` reads
+/// the engine's snapshot (it must not wait for a generation).
 pub fn spawn_memory_sampler<R: Runtime>(
     app: AppHandle<R>,
-    engine: Arc<Mutex<EngineMemory>>,
+    engine: impl Fn() -> EngineMemory + Send + 'static,
     period: Duration,
 ) {
     std::thread::Builder::new()
@@ -52,9 +51,7 @@ pub fn spawn_memory_sampler<R: Runtime>(
             let mut sys = sysinfo::System::new();
             loop {
                 if let Some(mut sample) = sample_process(&mut sys) {
-                    if let Ok(m) = engine.lock() {
-                        sample.engine = m.clone();
-                    }
+                    sample.engine = engine();
                     if app.emit(MEMORY_EVENT, &sample).is_err() {
                         break;
                     }

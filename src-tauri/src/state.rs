@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::bridge::EngineBridge;
 use crate::events::EngineStatus;
-use crate::runner::EngineHandle;
 use crate::sessions::SessionStore;
 
 pub struct AppState {
-    pub engine: EngineHandle,
+    pub engine: EngineBridge,
     pub status: Arc<Mutex<EngineStatus>>,
     pub sessions: SessionStore,
     pub data_dir: PathBuf,

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::AttentionKind;
-use crate::error::Result;
-use crate::kv::{KvCache, KvMemoryReport, PrecisionPolicy};
+use crate::config::{AttentionKind, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::kv::{KvCache, KvMemoryReport, KvPrecision, PrecisionPolicy, TqSide};
 
 /// Bytes holding live tokens and bytes reserved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +104,91 @@ impl KvBytes {
     }
 }
 
+/// Bytes one token's key and value take in one layer of `n_kv_heads × head_dim` stored at
+/// `precision`: dense floats, or TurboQuant codes as the codec lays them out
+/// ([`kvlab_turboquant::bytes_per_vector`]). Equals what a storage reports per token.
+pub fn token_bytes(precision: KvPrecision, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
+    let side = |s: &TqSide| -> Result<usize> {
+        match s {
+            TqSide::F16 => Ok(head_dim * 2),
+            TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
+                .map_err(|e| EngineError::invalid(format!("{precision}: {e}"))),
+        }
+    };
+    let pair = match precision {
+        KvPrecision::F32 => head_dim * 8,
+        KvPrecision::F16 | KvPrecision::BF16 => head_dim * 4,
+        KvPrecision::TurboQuant(p) => side(&p.key)? + side(&p.value)?,
+    };
+    Ok(n_kv_heads * pair)
+}
+
+/// Bytes a layer holds besides its tokens once it holds any: the per-head offsets of its
+/// centered TurboQuant sides (`head_dim` f32 each; see `kv::spec`).
+pub fn layer_fixed_bytes(precision: KvPrecision, n_kv_heads: usize, head_dim: usize) -> usize {
+    let KvPrecision::TurboQuant(p) = precision else {
+        return 0;
+    };
+    if !p.center {
+        return 0;
+    }
+    let coded = [p.key, p.value]
+        .iter()
+        .filter(|s| s.spec().is_some())
+        .count();
+    coded * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+}
+
+/// KV bytes one token costs under `policy` over `config`'s cache-owning layers, per
+/// attention kind (sliding layers stop growing once their window is full).
+pub fn policy_token_bytes(
+    config: &ModelConfig,
+    policy: &PrecisionPolicy,
+) -> Result<KindTokenBytes> {
+    let mut out = KindTokenBytes::default();
+    for l in config.cache_owning_layers() {
+        let b = token_bytes(policy.for_layer(l.index, l.kind), l.n_kv_heads, l.head_dim)? as u64;
+        match l.kind {
+            AttentionKind::Sliding => out.sliding += b,
+            AttentionKind::Full => out.full += b,
+        }
+    }
+    Ok(out)
+}
+
+/// Per-token KV bytes split by attention kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindTokenBytes {
+    /// Over sliding-window layers.
+    pub sliding: u64,
+    /// Over full-attention layers.
+    pub full: u64,
+}
+
+/// The KV bytes a context of `tokens` holds under `policy`, before anything is loaded: full
+/// layers keep every token, sliding layers the last `window − 1` (what the cache keeps
+/// between steps, without a rewind margin).
+pub fn estimate_kv_bytes(
+    config: &ModelConfig,
+    policy: &PrecisionPolicy,
+    tokens: usize,
+) -> Result<u64> {
+    let mut total = 0u64;
+    for l in config.cache_owning_layers() {
+        let held = match l.sliding_window {
+            Some(w) => tokens.min(w.saturating_sub(1)),
+            None => tokens,
+        };
+        let precision = policy.for_layer(l.index, l.kind);
+        let b = token_bytes(precision, l.n_kv_heads, l.head_dim)?;
+        total += (b * held) as u64;
+        if held > 0 {
+            total += layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64;
+        }
+    }
+    Ok(total)
+}
+
 /// A precision switch, as a marker on the memory timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwitchEvent {
@@ -123,6 +208,33 @@ pub struct SwitchEvent {
     pub rss_after: u64,
     /// Wall time of the conversion.
     pub duration_ms: f64,
+}
+
+impl SwitchEvent {
+    /// The marker of a switch that took `duration_ms` and turned `before` into `after`
+    /// (`tokens` converted), with the resident set `(before, after)`.
+    pub fn between(
+        before: &KvMemoryReport,
+        after: &KvMemoryReport,
+        tokens: usize,
+        rss: (u64, u64),
+        duration_ms: f64,
+    ) -> Self {
+        let bytes = |r: &KvMemoryReport| ByteCount {
+            used: r.total.0 as u64,
+            allocated: r.total.1 as u64,
+        };
+        SwitchEvent {
+            from: precision_summary(before),
+            to: precision_summary(after),
+            tokens,
+            kv_before: bytes(before),
+            kv_after: bytes(after),
+            rss_before: rss.0,
+            rss_after: rss.1,
+            duration_ms,
+        }
+    }
 }
 
 /// One point of the memory timeline.
@@ -269,21 +381,97 @@ pub fn switch_precision(
     cache.convert(policy)?;
     let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
     release_free_memory();
-    let after = cache.memory();
-    Ok(SwitchEvent {
-        from: precision_summary(&before),
-        to: precision_summary(&after),
-        tokens: cache.seq_len(),
-        kv_before: ByteCount {
-            used: before.total.0 as u64,
-            allocated: before.total.1 as u64,
-        },
-        kv_after: ByteCount {
-            used: after.total.0 as u64,
-            allocated: after.total.1 as u64,
-        },
-        rss_before,
-        rss_after: probe.rss_bytes(),
+    Ok(SwitchEvent::between(
+        &before,
+        &cache.memory(),
+        cache.seq_len(),
+        (rss_before, probe.rss_bytes()),
         duration_ms,
-    })
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{new_storage, CacheSpec, StorageShape};
+    use candle_core::{Device, Tensor};
+
+    fn tiny_config() -> ModelConfig {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny_gemma3/config.json");
+        crate::config::hf::load_config(&path).expect("fixture config")
+    }
+
+    fn policy(spec: &str) -> PrecisionPolicy {
+        CacheSpec::parse(spec).expect("spec").to_policy()
+    }
+
+    #[test]
+    fn token_bytes_match_what_a_storage_holds() {
+        for spec in [
+            "f32",
+            "f16",
+            "bf16",
+            "tq4@all",
+            "tq3.5@all",
+            "tq2.5@all",
+            "k4v3@all",
+            "k4vf16@all",
+            "tq3+prod@all",
+        ] {
+            let p = policy(spec).full;
+            for (heads, dim) in [(1, 256), (2, 16), (4, 128)] {
+                let shape = StorageShape {
+                    n_kv_heads: heads,
+                    head_dim: dim,
+                    device: Device::Cpu,
+                };
+                let mut s = new_storage(p, shape).expect("storage");
+                let x = Tensor::ones((heads, 3, dim), candle_core::DType::F32, &Device::Cpu)
+                    .expect("x");
+                s.append(&x, &x).expect("append");
+                assert_eq!(
+                    token_bytes(p, heads, dim).expect("bytes") * 3
+                        + layer_fixed_bytes(p, heads, dim),
+                    s.bytes_used(),
+                    "{spec} {heads}x{dim}"
+                );
+            }
+        }
+        // 256 dims: f16 512 B per vector, 3.5 bits 112 B + a 2 B norm.
+        assert_eq!(token_bytes(KvPrecision::F16, 1, 256).expect("f16"), 1024);
+        assert_eq!(
+            token_bytes(policy("tq3.5@all").full, 1, 256).expect("tq"),
+            228
+        );
+    }
+
+    #[test]
+    fn estimate_equals_a_filled_cache_and_splits_by_kind() {
+        let cfg = tiny_config();
+        for spec in ["f32", "f16", "tq4", "tq3.5@all", "k4v3@sliding"] {
+            let p = policy(spec);
+            for tokens in [0, 5, 7, 8, 40] {
+                let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
+                cache.fill_synthetic(tokens, 1).expect("fill");
+                assert_eq!(
+                    estimate_kv_bytes(&cfg, &p, tokens).expect("estimate"),
+                    cache.memory().total.0 as u64,
+                    "{spec} at {tokens} tokens"
+                );
+            }
+        }
+        // 4 sliding and 2 full layers of 2 KV heads × 16 dims: 128 B per layer-token in f16.
+        let f16 = policy_token_bytes(&cfg, &policy("f16")).expect("f16");
+        assert_eq!(
+            f16,
+            KindTokenBytes {
+                sliding: 4 * 128,
+                full: 2 * 128
+            }
+        );
+        let tq = policy_token_bytes(&cfg, &policy("tq4")).expect("tq4");
+        assert_eq!(tq.sliding, f16.sliding);
+        assert!(tq.full < f16.full / 2, "{tq:?}");
+    }
 }

@@ -40,6 +40,13 @@ impl Session {
         })
     }
 
+    /// Lets sliding layers keep `margin` tokens beyond their window, so a turn can be
+    /// rewound that far (e.g. regenerating an answer of up to `margin` tokens) instead of
+    /// prefilling the conversation again. Costs `margin` tokens per sliding layer.
+    pub fn set_rewind_margin(&mut self, margin: usize) {
+        self.cache.set_rewind_margin(margin);
+    }
+
     /// The ids the cache holds.
     pub fn history(&self) -> &[u32] {
         &self.history

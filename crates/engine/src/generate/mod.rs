@@ -48,6 +48,17 @@ pub enum Prompt {
         #[serde(default)]
         thinking: bool,
     },
+    /// A conversation for whatever checkpoint is loaded: rendered like [`Prompt::Chat`]
+    /// when it ships a chat template, else as [`plain_transcript`] text to continue (base
+    /// models babble when wrapped in turn markers they were never trained on). The engine
+    /// thread decides per model ([`Prompt::for_model`]).
+    Conversation {
+        /// The turns so far (a system turn may lead).
+        messages: Vec<Message>,
+        /// Let the model think first (Gemma 4 only; ignored for plain text).
+        #[serde(default)]
+        thinking: bool,
+    },
     /// Plain text to continue (`<bos>` + text, no template).
     Text {
         /// The text.
@@ -58,6 +69,38 @@ pub enum Prompt {
         /// The ids.
         ids: Vec<u32>,
     },
+}
+
+impl Prompt {
+    /// The prompt as it applies to a model that does (`Some(true)`, or unknown: `None`) or
+    /// does not (`Some(false)`) ship a chat template: a [`Prompt::Conversation`] becomes a
+    /// chat or plain text; every other prompt is returned as it is.
+    pub fn for_model(self, has_chat_template: Option<bool>) -> Prompt {
+        match self {
+            Prompt::Conversation { messages, .. } if has_chat_template == Some(false) => {
+                Prompt::Text {
+                    text: plain_transcript(&messages),
+                }
+            }
+            Prompt::Conversation { messages, thinking } => Prompt::Chat {
+                system: None,
+                messages,
+                thinking,
+            },
+            other => other,
+        }
+    }
+}
+
+/// A conversation as plain text: each non-empty message trimmed, joined as paragraphs, with
+/// no role markers.
+pub fn plain_transcript(messages: &[Message]) -> String {
+    messages
+        .iter()
+        .map(|m| m.content.trim())
+        .filter(|c| !c.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// One generation request.
@@ -145,12 +188,20 @@ pub fn render_prompt(
             };
             ChatTemplate::new(tokenizer.family()).render_ids(tokenizer, &all, opts)?
         }
+        Prompt::Conversation { messages, thinking } => {
+            let opts = ChatOptions {
+                thinking: *thinking,
+                add_generation_prompt: true,
+            };
+            ChatTemplate::new(tokenizer.family()).render_ids(tokenizer, messages, opts)?
+        }
         Prompt::Text { text } => tokenizer.encode(text, true)?,
         Prompt::Ids { ids } => ids.clone(),
     })
 }
 
-fn per_second(tokens: usize, secs: f64) -> f64 {
+/// Tokens per second (0 when nothing ran or no time passed).
+pub(crate) fn per_second(tokens: usize, secs: f64) -> f64 {
     if tokens == 0 || secs <= 0.0 {
         0.0
     } else {
@@ -261,12 +312,17 @@ pub fn generate(
     })
 }
 
+/// A splitter delta as its event.
+pub(crate) fn delta_event(d: Delta) -> Event {
+    match d {
+        Delta::Answer(text) => Event::Token { text },
+        Delta::Thinking(text) => Event::Thinking { text },
+    }
+}
+
 fn emit_deltas(hooks: &mut dyn Hooks, deltas: Vec<Delta>) {
     for d in deltas {
-        hooks.emit(match d {
-            Delta::Answer(text) => Event::Token { text },
-            Delta::Thinking(text) => Event::Thinking { text },
-        });
+        hooks.emit(delta_event(d));
     }
 }
 
@@ -312,6 +368,42 @@ mod tests {
             "prompt": {"type": "text", "text": "x"}, "max_token": 3
         }))
         .is_err());
+    }
+
+    #[test]
+    fn conversations_follow_the_model_template_or_become_plain_text() {
+        let messages = vec![
+            Message::system("  Be brief. "),
+            Message::user("What is the capital of France?"),
+            Message::user("   "),
+        ];
+        let conv = Prompt::Conversation {
+            messages: messages.clone(),
+            thinking: true,
+        };
+        assert_eq!(
+            conv.clone().for_model(Some(false)),
+            Prompt::Text {
+                text: "Be brief.\n\nWhat is the capital of France?".into()
+            }
+        );
+        let chat = Prompt::Chat {
+            system: None,
+            messages,
+            thinking: true,
+        };
+        assert_eq!(conv.clone().for_model(Some(true)), chat);
+        assert_eq!(conv.for_model(None), chat);
+        let ids = Prompt::Ids { ids: vec![2, 7] };
+        assert_eq!(ids.clone().for_model(Some(false)), ids);
+        assert_eq!(
+            serde_json::to_value(Prompt::Conversation {
+                messages: vec![Message::user("hi")],
+                thinking: false
+            })
+            .unwrap(),
+            json!({"type": "conversation", "messages": [{"role": "user", "content": "hi"}], "thinking": false})
+        );
     }
 
     #[test]

@@ -5,13 +5,18 @@
 //!
 //! Between two generated tokens the thread looks at its queue: `Cancel` and `SwitchCache`
 //! take effect there; other jobs that need the model answer `busy`.
+//!
+//! Besides generation the thread runs side-by-side comparisons of two cache policies
+//! ([`crate::compare`]). Token counting never waits for it: the loaded tokenizer is shared
+//! ([`EngineHandle::tokenizer`]), and the status snapshot carries the exact KV bytes for
+//! memory timelines ([`EngineHandle::memory_sample`]).
 
 mod card;
 mod error;
 mod run;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -21,14 +26,21 @@ use serde::{Deserialize, Serialize};
 pub use card::{count_params, has_chat_template, model_card, CARD_PRECISIONS};
 pub use error::{JobError, LoadError};
 
+use crate::compare::{CompareEvent, CompareRequest};
 use crate::events::{Event, ModelCard};
 use crate::generate::GenerateRequest;
 use crate::kv::{KvMemoryReport, KvPrecision, PrecisionPolicy};
+use crate::memory::{KvBytes, MemorySample, RssProbe, SwitchEvent};
 use crate::model::LoadOptions;
+use crate::session::REWIND_MARGIN;
 use crate::source::ModelSource;
+use crate::tokenizer::GemmaTokenizer;
 
 /// Where a job's events go. Called on the engine thread; keep it quick (forward, don't work).
 pub type EventSink = Box<dyn FnMut(Event) + Send + 'static>;
+
+/// Where a comparison's events go (on the engine thread, like [`EventSink`]).
+pub type CompareSink = Box<dyn FnMut(CompareEvent) + Send + 'static>;
 
 /// A shared flag that stops a running job before its next token (or download chunk).
 #[derive(Debug, Clone, Default)]
@@ -101,6 +113,15 @@ pub enum Job {
         /// Checked before every token.
         cancel: CancelToken,
     },
+    /// Run one prompt through two cache policies side by side, then score their fidelity.
+    Compare {
+        /// The request.
+        request: CompareRequest,
+        /// Receives `pane` events, then `finished`; or one `error`.
+        sink: CompareSink,
+        /// Checked before every round.
+        cancel: CancelToken,
+    },
     /// Stop the running generation (also reachable directly through [`EngineHandle::cancel`]).
     Cancel,
     /// Forget the conversation held in the cache.
@@ -114,6 +135,14 @@ pub enum Job {
         policy: PrecisionPolicy,
         /// The cache bytes after the switch.
         reply: Sender<Result<KvMemoryReport, JobError>>,
+    },
+    /// As [`Job::SwitchCache`], answered with the timeline marker: precisions, bytes and
+    /// resident memory before and after, and the conversion's wall time.
+    SwitchCacheMarked {
+        /// The new precisions.
+        policy: PrecisionPolicy,
+        /// The switch marker.
+        reply: Sender<Result<SwitchEvent, JobError>>,
     },
     /// Drop the model.
     Unload {
@@ -137,12 +166,22 @@ pub struct EngineStatus {
     pub kv_bytes: usize,
     /// The cache precisions (of the loaded model, or for the next load).
     pub policy: PrecisionPolicy,
+    /// Bytes of the loaded model's weights as held (0 without a model).
+    #[serde(default)]
+    pub weights_bytes: u64,
+    /// The cache's bytes per layer, kind and precision (`kv.total_used == kv_bytes`).
+    #[serde(default)]
+    pub kv: KvBytes,
 }
 
 pub(crate) struct Shared {
     status: Mutex<EngineStatus>,
     /// Cancel token of the running job.
     active: Mutex<Option<CancelToken>>,
+    /// The loaded model's tokenizer, for callers that count tokens without the thread.
+    tokenizer: Mutex<Option<Arc<GemmaTokenizer>>>,
+    /// Tokens the next loaded session keeps beyond the sliding windows.
+    rewind_margin: AtomicUsize,
 }
 
 /// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
@@ -164,8 +203,12 @@ impl Engine {
                 context_tokens: 0,
                 kv_bytes: 0,
                 policy: PrecisionPolicy::uniform(KvPrecision::F16),
+                weights_bytes: 0,
+                kv: KvBytes::default(),
             }),
             active: Mutex::new(None),
+            tokenizer: Mutex::new(None),
+            rewind_margin: AtomicUsize::new(REWIND_MARGIN),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -250,6 +293,71 @@ impl EngineHandle {
         Ok((rx, cancel))
     }
 
+    /// Starts a side-by-side comparison; events go to `sink`. Returns its cancel token.
+    pub fn compare(
+        &self,
+        request: CompareRequest,
+        sink: CompareSink,
+    ) -> Result<CancelToken, JobError> {
+        let cancel = CancelToken::new();
+        self.send(Job::Compare {
+            request,
+            sink,
+            cancel: cancel.clone(),
+        })?;
+        Ok(cancel)
+    }
+
+    /// Starts a comparison whose events arrive on the returned receiver (ends after
+    /// `finished` or `error`).
+    pub fn compare_channel(
+        &self,
+        request: CompareRequest,
+    ) -> Result<(Receiver<CompareEvent>, CancelToken), JobError> {
+        let (tx, rx) = mpsc::channel();
+        let cancel = self.compare(
+            request,
+            Box::new(move |ev| {
+                let _ = tx.send(ev);
+            }),
+        )?;
+        Ok((rx, cancel))
+    }
+
+    /// The loaded model's tokenizer (shared; encoding with it never waits for the engine).
+    pub fn tokenizer(&self) -> Option<Arc<GemmaTokenizer>> {
+        lock(&self.shared.tokenizer).clone()
+    }
+
+    /// Tokens `text` takes on its own (no `<bos>`), counted on the calling thread.
+    pub fn count_tokens(&self, text: &str) -> Result<usize, JobError> {
+        let tokenizer = self.tokenizer().ok_or_else(JobError::no_model)?;
+        let ids = tokenizer
+            .encode(text, false)
+            .map_err(|e| JobError::new(crate::events::ErrorCode::BadTokenizer, e.to_string()))?;
+        Ok(ids.len())
+    }
+
+    /// Tokens sessions keep beyond their sliding windows so a turn can be rewound (and an
+    /// answer regenerated) without prefilling again; applies from the next load.
+    pub fn set_rewind_margin(&self, tokens: usize) {
+        self.shared.rewind_margin.store(tokens, Ordering::Relaxed);
+    }
+
+    /// A memory timeline point from the status snapshot (never waits for a generation):
+    /// the conversation's exact KV bytes, the weights, and the process's resident set.
+    pub fn memory_sample(&self, t_ms: u64, probe: &mut RssProbe) -> MemorySample {
+        let s = self.status();
+        MemorySample {
+            t_ms,
+            tokens_in_context: s.context_tokens,
+            kv: s.kv,
+            weights_bytes: s.weights_bytes,
+            rss_bytes: probe.rss_bytes(),
+            event: None,
+        }
+    }
+
     /// Cancels the running job, if any (takes effect before its next token).
     pub fn cancel(&self) {
         if let Some(t) = lock(&self.shared.active).as_ref() {
@@ -272,6 +380,14 @@ impl EngineHandle {
     pub fn switch_cache(&self, policy: PrecisionPolicy) -> Result<KvMemoryReport, JobError> {
         let (reply, rx) = mpsc::channel();
         self.send(Job::SwitchCache { policy, reply })?;
+        rx.recv().map_err(|_| JobError::stopped())?
+    }
+
+    /// As [`EngineHandle::switch_cache`], returning the switch marker (bytes before and
+    /// after, conversion time) for a memory timeline.
+    pub fn switch_cache_marked(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::SwitchCacheMarked { policy, reply })?;
         rx.recv().map_err(|_| JobError::stopped())?
     }
 

@@ -2,22 +2,26 @@
 //! status snapshot current.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::card::model_card;
 use super::error::{JobError, LoadError};
-use super::{lock, CancelToken, EventSink, Job, LoadRequest, Shared};
+use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
+use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
 use crate::events::{Event, LoadPhase, ModelCard};
 use crate::generate::{self, tokenizer_family, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
+use crate::memory::{release_free_memory, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
 use crate::session::Session;
 use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {
     model: Model,
-    tokenizer: GemmaTokenizer,
+    tokenizer: Arc<GemmaTokenizer>,
     session: Session,
     card: ModelCard,
 }
@@ -30,6 +34,8 @@ pub(super) struct Worker {
     policy: PrecisionPolicy,
     /// Jobs that arrived during a generation and run after it.
     deferred: VecDeque<Job>,
+    /// Resident-set readings for switch markers.
+    probe: RssProbe,
 }
 
 fn loading(phase: LoadPhase) -> Event {
@@ -49,6 +55,7 @@ impl Worker {
             loaded: None,
             policy,
             deferred: VecDeque::new(),
+            probe: RssProbe::new(),
         }
     }
 
@@ -101,6 +108,22 @@ impl Worker {
                     sink(ev);
                 }
             }
+            Job::Compare {
+                request,
+                mut sink,
+                cancel,
+            } => {
+                self.begin(&cancel);
+                let last = match self.compare(&request, &mut sink, &cancel) {
+                    Ok(fidelity) => CompareEvent::Finished { fidelity },
+                    Err(e) => CompareEvent::Error {
+                        code: e.code,
+                        message: e.message,
+                    },
+                };
+                self.end();
+                sink(last);
+            }
             // Nothing runs: nothing to cancel.
             Job::Cancel => {}
             Job::Reset { reply } => {
@@ -121,6 +144,18 @@ impl Worker {
                     }
                 };
                 // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Job::SwitchCacheMarked { policy, reply } => {
+                let r = match self.loaded.as_mut() {
+                    Some(l) => marked_switch(&l.model, &mut l.session, &policy, &mut self.probe),
+                    None => {
+                        self.policy = policy;
+                        let empty = empty_report();
+                        Ok(SwitchEvent::between(&empty, &empty, 0, (0, 0), 0.0))
+                    }
+                };
                 self.publish();
                 let _ = reply.send(r);
             }
@@ -152,18 +187,25 @@ impl Worker {
         s.busy = false;
         match &self.loaded {
             Some(l) => {
+                let memory = l.session.memory();
                 s.model = Some(l.card.clone());
                 s.context_tokens = l.session.len();
-                s.kv_bytes = l.session.memory().total.0;
+                s.kv_bytes = memory.total.0;
+                s.kv = KvBytes::from_report(&memory);
                 s.policy = l.session.policy().clone();
+                s.weights_bytes = l.model.weights_bytes() as u64;
             }
             None => {
                 s.model = None;
                 s.context_tokens = 0;
                 s.kv_bytes = 0;
+                s.kv = KvBytes::default();
                 s.policy = self.policy.clone();
+                s.weights_bytes = 0;
             }
         }
+        drop(s);
+        *lock(&self.shared.tokenizer) = self.loaded.as_ref().map(|l| Arc::clone(&l.tokenizer));
     }
 
     fn load(
@@ -183,7 +225,8 @@ impl Worker {
         sink(loading(LoadPhase::Tokenizer));
         let family = tokenizer_family(model.config().family);
         let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, family)?;
-        let session = Session::new(&model, &request.policy).map_err(LoadError::Cache)?;
+        let mut session = Session::new(&model, &request.policy).map_err(LoadError::Cache)?;
+        session.set_rewind_margin(self.shared.rewind_margin.load(Ordering::Relaxed));
         let card = model_card(
             &resolved.name,
             &model,
@@ -193,7 +236,7 @@ impl Worker {
         // Only now is the previous model dropped: a failed load loses nothing.
         self.loaded = Some(Loaded {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             session,
             card: card.clone(),
         });
@@ -207,24 +250,95 @@ impl Worker {
         cancel: &CancelToken,
     ) -> Result<Option<Event>, JobError> {
         let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
+        // Base checkpoints without a chat template get a conversation as plain text.
+        let request = GenerateRequest {
+            prompt: request
+                .prompt
+                .clone()
+                .for_model(loaded.card.has_chat_template),
+            ..request.clone()
+        };
         let mut hooks = GenHooks {
             sink,
-            rx: &self.rx,
-            shared: &self.shared,
-            cancel,
-            deferred: &mut self.deferred,
+            queue: Queue {
+                rx: &self.rx,
+                shared: &self.shared,
+                cancel,
+                deferred: &mut self.deferred,
+                probe: &mut self.probe,
+            },
             done: None,
         };
         generate::generate(
             &loaded.model,
             &loaded.tokenizer,
             &mut loaded.session,
-            request,
+            &request,
             cancel.flag(),
             &mut hooks,
         )?;
         Ok(hooks.done)
     }
+
+    fn compare(
+        &mut self,
+        request: &CompareRequest,
+        sink: &mut CompareSink,
+        cancel: &CancelToken,
+    ) -> Result<Option<compare::CompareFidelity>, JobError> {
+        let Loaded {
+            model,
+            tokenizer,
+            session,
+            card,
+        } = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
+        let request = CompareRequest {
+            prompt: request.prompt.clone().for_model(card.has_chat_template),
+            ..request.clone()
+        };
+        let mut hooks = CmpHooks {
+            sink,
+            model,
+            session,
+            queue: Queue {
+                rx: &self.rx,
+                shared: &self.shared,
+                cancel,
+                deferred: &mut self.deferred,
+                probe: &mut self.probe,
+            },
+        };
+        Ok(compare::run(
+            model,
+            tokenizer,
+            &request,
+            cancel.flag(),
+            &mut hooks,
+        )?)
+    }
+}
+
+/// Converts the session's cache to `policy` and returns the timeline marker.
+fn marked_switch(
+    model: &Model,
+    session: &mut Session,
+    policy: &PrecisionPolicy,
+    probe: &mut RssProbe,
+) -> Result<SwitchEvent, JobError> {
+    let before = session.memory();
+    let rss_before = probe.rss_bytes();
+    let t0 = Instant::now();
+    session.switch_policy(model, policy)?;
+    let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // A cache that shrank hands its pages back, so resident memory drops visibly.
+    release_free_memory();
+    Ok(SwitchEvent::between(
+        &before,
+        &session.memory(),
+        session.len(),
+        (rss_before, probe.rss_bytes()),
+        duration_ms,
+    ))
 }
 
 fn switch(l: &mut Loaded, policy: &PrecisionPolicy) -> Result<KvMemoryReport, JobError> {
@@ -241,14 +355,71 @@ fn empty_report() -> KvMemoryReport {
     }
 }
 
-/// A generation's view of the engine: forwards events to the job's sink (all but `done`) and, between
-/// tokens, drains the queue (cancel and cache switches apply; model jobs are refused).
-struct GenHooks<'a> {
-    sink: &'a mut EventSink,
+/// The engine's queue as a running job sees it: between steps it applies cancels and cache
+/// switches, defers a shutdown, and refuses jobs that need the model (`busy`).
+struct Queue<'a> {
     rx: &'a Receiver<Job>,
     shared: &'a Shared,
     cancel: &'a CancelToken,
     deferred: &'a mut VecDeque<Job>,
+    probe: &'a mut RssProbe,
+}
+
+impl Queue<'_> {
+    fn between_steps(&mut self, model: &Model, session: &mut Session) {
+        {
+            // Live context figures for status queries during a long generation.
+            let memory = session.memory();
+            let mut st = lock(&self.shared.status);
+            st.context_tokens = session.len();
+            st.kv_bytes = memory.total.0;
+            st.kv = KvBytes::from_report(&memory);
+            st.policy = session.policy().clone();
+        }
+        while let Ok(job) = self.rx.try_recv() {
+            match job {
+                Job::Cancel => self.cancel.cancel(),
+                Job::SwitchCache { policy, reply } => {
+                    let r = session
+                        .switch_policy(model, &policy)
+                        .map(|()| session.memory())
+                        .map_err(JobError::from);
+                    let _ = reply.send(r);
+                }
+                Job::SwitchCacheMarked { policy, reply } => {
+                    let _ = reply.send(marked_switch(model, session, &policy, self.probe));
+                }
+                Job::Shutdown => {
+                    self.cancel.cancel();
+                    self.deferred.push_back(Job::Shutdown);
+                }
+                Job::Load { mut sink, .. } => sink(JobError::busy("load a model").to_event()),
+                Job::Generate { mut sink, .. } => {
+                    sink(JobError::busy("start another generation").to_event())
+                }
+                Job::Compare { mut sink, .. } => {
+                    let e = JobError::busy("start a comparison");
+                    sink(CompareEvent::Error {
+                        code: e.code,
+                        message: e.message,
+                    })
+                }
+                Job::Reset { reply } => {
+                    let _ = reply.send(Err(JobError::busy("reset")));
+                }
+                Job::Unload { reply } => {
+                    let _ = reply.send(Err(JobError::busy("unload")));
+                }
+            }
+        }
+    }
+}
+
+/// A generation's view of the engine: forwards events to the job's sink (all but `done`)
+/// and drains the queue between tokens.
+struct GenHooks<'a> {
+    sink: &'a mut EventSink,
+    queue: Queue<'a>,
     /// The `done` event, held back until the status snapshot is current.
     done: Option<Event>,
 }
@@ -262,37 +433,25 @@ impl Hooks for GenHooks<'_> {
     }
 
     fn between_steps(&mut self, model: &Model, session: &mut Session) {
-        {
-            // Live context figures for status queries during a long generation.
-            let mut st = lock(&self.shared.status);
-            st.context_tokens = session.len();
-            st.kv_bytes = session.memory().total.0;
-        }
-        while let Ok(job) = self.rx.try_recv() {
-            match job {
-                Job::Cancel => self.cancel.cancel(),
-                Job::SwitchCache { policy, reply } => {
-                    let r = session
-                        .switch_policy(model, &policy)
-                        .map(|()| session.memory())
-                        .map_err(JobError::from);
-                    let _ = reply.send(r);
-                }
-                Job::Shutdown => {
-                    self.cancel.cancel();
-                    self.deferred.push_back(Job::Shutdown);
-                }
-                Job::Load { mut sink, .. } => sink(JobError::busy("load a model").to_event()),
-                Job::Generate { mut sink, .. } => {
-                    sink(JobError::busy("start another generation").to_event())
-                }
-                Job::Reset { reply } => {
-                    let _ = reply.send(Err(JobError::busy("reset")));
-                }
-                Job::Unload { reply } => {
-                    let _ = reply.send(Err(JobError::busy("unload")));
-                }
-            }
-        }
+        self.queue.between_steps(model, session);
+    }
+}
+
+/// A comparison's view of the engine: forwards its events and drains the queue between
+/// rounds (cache switches apply to the chat session, which the comparison leaves alone).
+struct CmpHooks<'a> {
+    sink: &'a mut CompareSink,
+    model: &'a Model,
+    session: &'a mut Session,
+    queue: Queue<'a>,
+}
+
+impl CompareHooks for CmpHooks<'_> {
+    fn emit(&mut self, event: CompareEvent) {
+        (self.sink)(event)
+    }
+
+    fn between_steps(&mut self) {
+        self.queue.between_steps(self.model, self.session);
     }
 }

@@ -1,0 +1,308 @@
+//! Side-by-side generation: one prompt through two cache policies of the same model in
+//! lockstep (each round advances both streams by one token, so both stream at once), then the
+//! test policy's fidelity against the reference, teacher-forced on the reference's tokens
+//! ([`crate::fidelity::compare_caches`]). Both caches are fresh: a chat session is untouched.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{DoneReason, ErrorCode, Event, GenStats};
+use crate::fidelity::compare_caches;
+use crate::generate::{delta_event, per_second, render_prompt, GenerateError, Prompt};
+use crate::kv::{KvCache, PrecisionPolicy};
+use crate::model::{Logits, Model};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stream::StreamSplitter;
+use crate::tokenizer::GemmaTokenizer;
+
+/// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).
+pub const FIDELITY_CHUNK: usize = 64;
+
+fn default_max_tokens() -> usize {
+    256
+}
+
+fn default_chunk() -> usize {
+    crate::generate::PREFILL_CHUNK
+}
+
+/// One comparison: a prompt, and the reference and test cache policies it runs under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompareRequest {
+    /// What both panes continue from.
+    pub prompt: Prompt,
+    /// Sampling settings, the same for both (greedy makes the panes comparable).
+    #[serde(default)]
+    pub sampling: SamplingParams,
+    /// Most tokens each pane generates (the stop token included).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// The reference policy (pane 0) and the tested one (pane 1).
+    pub policies: [PrecisionPolicy; 2],
+    /// Prefill chunk size.
+    #[serde(default = "default_chunk")]
+    pub prefill_chunk: usize,
+}
+
+/// Fidelity of the tested cache against the reference, and both caches' bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareFidelity {
+    /// Mean KL(reference ‖ test) per position, nats.
+    pub mean_kld: f64,
+    /// Largest per-position KL.
+    pub max_kld: f64,
+    /// Fraction of positions whose top token agrees.
+    pub top1_agreement: f64,
+    /// Positions scored.
+    pub tokens_scored: usize,
+    /// Perplexity of the reference's tokens under the test cache.
+    pub ppl: f64,
+    /// Perplexity under the reference cache.
+    pub ppl_reference: f64,
+    /// KV bytes each pane's cache held at its end.
+    pub kv_bytes: [u64; 2],
+}
+
+/// One thing a comparison reports. Every comparison ends with exactly one `finished` or
+/// `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CompareEvent {
+    /// An event of pane 0 (reference) or 1 (test): `token`, `thinking`, `stats`, `done`.
+    Pane {
+        /// Which pane.
+        pane: usize,
+        /// Its event.
+        event: Event,
+    },
+    /// Both panes are done; fidelity is absent when cancelled or nothing was generated.
+    Finished {
+        /// The scores.
+        fidelity: Option<CompareFidelity>,
+    },
+    /// The comparison failed; the engine is still usable.
+    Error {
+        /// Machine-readable code.
+        code: ErrorCode,
+        /// Human-readable message.
+        message: String,
+    },
+}
+
+/// Receives a comparison's events and gets a say between rounds.
+pub trait CompareHooks {
+    /// An event for the caller.
+    fn emit(&mut self, event: CompareEvent);
+    /// Called before each round: the place to apply control jobs or set the cancel flag.
+    fn between_steps(&mut self) {}
+}
+
+impl<F: FnMut(CompareEvent)> CompareHooks for F {
+    fn emit(&mut self, event: CompareEvent) {
+        self(event)
+    }
+}
+
+struct Pane {
+    cache: KvCache,
+    sampler: Sampler,
+    splitter: StreamSplitter,
+    ids: Vec<u32>,
+    logits: Option<candle_core::Tensor>,
+    done: Option<DoneReason>,
+    t0: Instant,
+    prefill_secs: f64,
+    t_first: Option<Instant>,
+}
+
+/// Runs `req`: streams both panes (`pane` events ending in `stats` and `done` each), then
+/// scores the test cache on the reference's tokens. Returns the fidelity it reported.
+/// Does not emit `finished`: the caller does, so it can publish its state first.
+pub fn run(
+    model: &Model,
+    tokenizer: &GemmaTokenizer,
+    req: &CompareRequest,
+    cancel: &AtomicBool,
+    hooks: &mut dyn CompareHooks,
+) -> Result<Option<CompareFidelity>, GenerateError> {
+    let prompt = render_prompt(tokenizer, &req.prompt)?;
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let max_ctx = model.config().max_position_embeddings;
+    if prompt.len() > max_ctx {
+        return Err(GenerateError::ContextOverflow {
+            prompt: prompt.len(),
+            max: max_ctx,
+        });
+    }
+    let family = tokenizer.family();
+    let stops = family.stop_ids();
+    let mut panes = Vec::with_capacity(2);
+    for policy in &req.policies {
+        let t0 = Instant::now();
+        let mut cache = model.new_cache(policy)?;
+        let mut logits = None;
+        for chunk in prompt.chunks(req.prefill_chunk.max(1)) {
+            hooks.between_steps();
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            logits = Some(model.forward(chunk, &mut cache, Logits::Last)?);
+        }
+        panes.push(Pane {
+            cache,
+            sampler: Sampler::new(req.sampling)?,
+            splitter: StreamSplitter::new(family),
+            ids: Vec::new(),
+            logits,
+            done: None,
+            t0,
+            prefill_secs: t0.elapsed().as_secs_f64(),
+            t_first: None,
+        });
+    }
+
+    while panes.iter().any(|p| p.done.is_none()) {
+        hooks.between_steps();
+        let cancelled = cancel.load(Ordering::Relaxed);
+        for (i, p) in panes.iter_mut().enumerate() {
+            if p.done.is_some() {
+                continue;
+            }
+            // No logits only when the prefill was cancelled.
+            let current = match p.logits.take() {
+                Some(l) if !cancelled => l,
+                _ => {
+                    p.done = Some(DoneReason::Cancelled);
+                    continue;
+                }
+            };
+            if p.ids.len() >= req.max_tokens {
+                p.done = Some(DoneReason::Length);
+                continue;
+            }
+            let id = p.sampler.sample(&current.to_vec1::<f32>()?)?;
+            p.t_first.get_or_insert_with(Instant::now);
+            p.ids.push(id);
+            let step = p.splitter.push(tokenizer, id)?;
+            for d in step.deltas {
+                hooks.emit(CompareEvent::Pane {
+                    pane: i,
+                    event: delta_event(d),
+                });
+            }
+            if step.stop || stops.contains(&id) {
+                p.done = Some(DoneReason::Stop);
+            } else if p.ids.len() >= req.max_tokens || p.cache.seq_len() >= max_ctx {
+                p.done = Some(DoneReason::Length);
+            } else {
+                p.logits = Some(model.forward(&[id], &mut p.cache, Logits::Last)?);
+            }
+        }
+    }
+
+    let mut kv_bytes = [0u64; 2];
+    for (i, p) in panes.iter_mut().enumerate() {
+        for d in p.splitter.finish(tokenizer)? {
+            hooks.emit(CompareEvent::Pane {
+                pane: i,
+                event: delta_event(d),
+            });
+        }
+        let memory = p.cache.memory();
+        kv_bytes[i] = memory.total.0 as u64;
+        let decode_secs = p.t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let stats = GenStats {
+            prompt_tokens: prompt.len(),
+            reused_tokens: 0,
+            prefill_tokens: prompt.len(),
+            generated_tokens: p.ids.len(),
+            time_to_first_token_s: p.t_first.map_or(0.0, |t| (t - p.t0).as_secs_f64()),
+            prefill_tok_per_s: per_second(prompt.len(), p.prefill_secs),
+            decode_tok_per_s: per_second(p.ids.len().saturating_sub(1), decode_secs),
+            context_tokens: p.cache.seq_len(),
+            max_context: max_ctx,
+            kv_bytes: memory.total.0,
+            kv_bytes_allocated: memory.total.1,
+        };
+        hooks.emit(CompareEvent::Pane {
+            pane: i,
+            event: Event::Stats(stats),
+        });
+        hooks.emit(CompareEvent::Pane {
+            pane: i,
+            event: Event::Done {
+                reason: p.done.unwrap_or(DoneReason::Cancelled),
+                token_ids: p.ids.clone(),
+            },
+        });
+    }
+
+    let reference: Vec<u32> = prompt.iter().chain(&panes[0].ids).copied().collect();
+    // The panes' caches are no longer needed; free them before scoring builds two more.
+    drop(panes);
+    if cancel.load(Ordering::Relaxed) || reference.len() < 2 {
+        return Ok(None);
+    }
+    let report = compare_caches(
+        model,
+        &reference,
+        &req.policies[0],
+        &req.policies[1],
+        FIDELITY_CHUNK,
+        &mut |_, _| {},
+    )?;
+    Ok(Some(CompareFidelity {
+        mean_kld: report.mean_kld,
+        max_kld: report.max_kld,
+        top1_agreement: report.top1_agreement,
+        tokens_scored: report.tokens_scored,
+        ppl: report.ppl,
+        ppl_reference: report.ppl_reference,
+        kv_bytes,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvPrecision;
+    use serde_json::json;
+
+    #[test]
+    fn compare_json_is_pinned() {
+        let policies =
+            ["f16", "tq3.5@all"].map(|s| crate::kv::CacheSpec::parse(s).unwrap().to_policy());
+        let req: CompareRequest = serde_json::from_value(json!({
+            "prompt": {"type": "ids", "ids": [2, 5]},
+            "policies": policies,
+        }))
+        .unwrap();
+        assert_eq!((req.max_tokens, req.prefill_chunk), (256, 512));
+        assert_eq!(req.policies[0], PrecisionPolicy::uniform(KvPrecision::F16));
+        assert_eq!(
+            serde_json::to_value(CompareEvent::Pane {
+                pane: 1,
+                event: Event::Token { text: "hi".into() }
+            })
+            .unwrap(),
+            json!({"type": "pane", "pane": 1, "event": {"type": "token", "text": "hi"}})
+        );
+        assert_eq!(
+            serde_json::to_value(CompareEvent::Finished { fidelity: None }).unwrap(),
+            json!({"type": "finished", "fidelity": null})
+        );
+        assert_eq!(
+            serde_json::to_value(CompareEvent::Error {
+                code: ErrorCode::Busy,
+                message: "m".into()
+            })
+            .unwrap(),
+            json!({"type": "error", "code": "busy", "message": "m"})
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! The engine thread's services for the desktop app, on the tiny golden fixtures: side-by-side
+//! comparison of two cache policies (both panes stream the reference ids, fidelity is exact
+//! for equal policies and the chat session is untouched), token counting on the shared
+//! tokenizer, memory snapshots, marked cache switches, conversations as plain text for
+//! checkpoints without a chat template, and the rewind margin that lets an answer be
+//! regenerated without prefilling again.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use kvlab_engine::chat::Message;
+use kvlab_engine::compare::{CompareEvent, CompareFidelity, CompareRequest};
+use kvlab_engine::events::{DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
+use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::memory::RssProbe;
+use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+
+fn policy(spec: &str) -> PrecisionPolicy {
+    CacheSpec::parse(spec).expect("spec").to_policy()
+}
+
+fn load(engine: &EngineHandle, model: &Path, tokenizer: &Path) {
+    let request = LoadRequest {
+        tokenizer: Some(tokenizer.to_path_buf()),
+        policy: PrecisionPolicy::uniform(KvPrecision::F32),
+        ..LoadRequest::new(ModelSource::Local {
+            path: model.to_path_buf(),
+        })
+    };
+    engine.load_blocking(request, |_| {}).expect("load fixture");
+}
+
+struct Setup {
+    engine: EngineHandle,
+    tokenizer: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokenizer = common::write_tokenizer(dir.path(), 512);
+    let engine = Engine::spawn().expect("spawn");
+    load(
+        &engine,
+        &common::fixture("tiny_gemma3").join("model.safetensors"),
+        &tokenizer,
+    );
+    Setup {
+        engine,
+        tokenizer,
+        _dir: dir,
+    }
+}
+
+fn golden_ids() -> Vec<u32> {
+    common::ids(&common::golden("tiny_gemma3")["greedy_ids"])
+}
+
+/// Everything one comparison sent, until `finished` or `error`.
+fn compare(
+    engine: &EngineHandle,
+    policies: [PrecisionPolicy; 2],
+    ids: &[u32],
+) -> Vec<CompareEvent> {
+    let request = CompareRequest {
+        prompt: Prompt::Ids { ids: ids.to_vec() },
+        sampling: SamplingParams::greedy(),
+        max_tokens: 20,
+        policies,
+        prefill_chunk: 5,
+    };
+    let (rx, _cancel) = engine.compare_channel(request).expect("send");
+    let mut events = Vec::new();
+    for ev in rx {
+        let end = matches!(
+            ev,
+            CompareEvent::Finished { .. } | CompareEvent::Error { .. }
+        );
+        events.push(ev);
+        if end {
+            break;
+        }
+    }
+    events
+}
+
+fn pane_done(events: &[CompareEvent], pane: usize) -> (DoneReason, Vec<u32>) {
+    events
+        .iter()
+        .find_map(|e| match e {
+            CompareEvent::Pane {
+                pane: p,
+                event: Event::Done { reason, token_ids },
+            } if *p == pane => Some((*reason, token_ids.clone())),
+            _ => None,
+        })
+        .expect("pane done")
+}
+
+fn pane_stats(events: &[CompareEvent], pane: usize) -> GenStats {
+    events
+        .iter()
+        .find_map(|e| match e {
+            CompareEvent::Pane {
+                pane: p,
+                event: Event::Stats(s),
+            } if *p == pane => Some(s.clone()),
+            _ => None,
+        })
+        .expect("pane stats")
+}
+
+fn fidelity(events: &[CompareEvent]) -> CompareFidelity {
+    match events.last() {
+        Some(CompareEvent::Finished { fidelity: Some(f) }) => f.clone(),
+        other => panic!("comparison did not finish with fidelity: {other:?}"),
+    }
+}
+
+#[test]
+fn both_panes_stream_in_lockstep_and_equal_policies_score_exactly() {
+    let s = setup();
+    let expect = golden_ids();
+    let events = compare(&s.engine, [policy("f32"), policy("f32")], &expect[..12]);
+    for pane in 0..2 {
+        assert_eq!(
+            pane_done(&events, pane),
+            (DoneReason::Length, expect[12..32].to_vec()),
+            "pane {pane}"
+        );
+        let st = pane_stats(&events, pane);
+        assert_eq!((st.prompt_tokens, st.generated_tokens), (12, 20));
+        assert_eq!(st.context_tokens, 31);
+    }
+    // Lockstep: the first text of pane 1 comes before the last text of pane 0.
+    let text_at = |pane: usize| {
+        events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, CompareEvent::Pane { pane: p, event: Event::Token { .. } } if *p == pane))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (text_at(0), text_at(1));
+    assert!(b[0] < *a.last().expect("pane 0 text"), "{a:?} {b:?}");
+    let f = fidelity(&events);
+    // The reference's own tokens, prompt included: 12 + 20 ids score 31 positions.
+    assert_eq!(f.tokens_scored, 31);
+    assert!(f.mean_kld < 1e-6 && f.max_kld < 1e-6, "{f:?}");
+    assert_eq!(f.top1_agreement, 1.0);
+    assert!((f.ppl - f.ppl_reference).abs() < 1e-6 * f.ppl);
+    assert_eq!(f.kv_bytes[0], f.kv_bytes[1]);
+    // The chat session was not touched.
+    assert_eq!(s.engine.status().context_tokens, 0);
+    s.engine.shutdown();
+}
+
+#[test]
+fn a_quantized_pane_holds_fewer_bytes_and_scores_a_real_divergence() {
+    let s = setup();
+    let expect = golden_ids();
+    let events = compare(&s.engine, [policy("f32"), policy("tq2@all")], &expect[..12]);
+    assert_eq!(pane_done(&events, 0).1, expect[12..32]);
+    let f = fidelity(&events);
+    assert!(f.mean_kld > 0.0 && f.max_kld >= f.mean_kld, "{f:?}");
+    assert!((0.0..=1.0).contains(&f.top1_agreement));
+    // f32 holds 4 B per coordinate, 2-bit codes a little over 2 bits; on a context this
+    // short each head's f32 centering offsets still weigh (see kv::spec).
+    assert!(f.kv_bytes[1] * 6 < f.kv_bytes[0], "{:?}", f.kv_bytes);
+    assert_eq!(f.kv_bytes[0] as usize, pane_stats(&events, 0).kv_bytes);
+    s.engine.shutdown();
+}
+
+#[test]
+fn compare_without_a_model_is_a_coded_error() {
+    let engine = Engine::spawn().expect("spawn");
+    let events = compare(&engine, [policy("f16"), policy("tq4")], &[2, 5, 6]);
+    assert!(
+        matches!(
+            events.as_slice(),
+            [CompareEvent::Error {
+                code: ErrorCode::NoModel,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    assert_eq!(
+        engine.count_tokens("abc").map_err(|e| e.code),
+        Err(ErrorCode::NoModel)
+    );
+    engine.shutdown();
+}
+
+#[test]
+fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
+    let s = setup();
+    let tok = GemmaTokenizer::from_file(&s.tokenizer, Family::Gemma3).expect("tokenizer");
+    let text = "hello world, again";
+    assert_eq!(
+        s.engine.count_tokens(text).expect("count"),
+        tok.encode(text, false).expect("encode").len()
+    );
+    assert!(s.engine.tokenizer().is_some());
+
+    let expect = golden_ids();
+    let (rx, _c) = s
+        .engine
+        .generate_channel(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 6,
+            ..GenerateRequest::new(Prompt::Ids {
+                ids: expect[..12].to_vec(),
+            })
+        })
+        .expect("send");
+    for ev in rx {
+        if matches!(ev, Event::Done { .. } | Event::Error { .. }) {
+            break;
+        }
+    }
+    let status = s.engine.status();
+    let sample = s.engine.memory_sample(7, &mut RssProbe::new());
+    assert_eq!((sample.t_ms, sample.tokens_in_context), (7, 17));
+    assert_eq!(sample.kv.total_used, status.kv_bytes as u64);
+    assert_eq!(
+        sample.kv.by_kind.sliding.used + sample.kv.by_kind.full.used,
+        sample.kv.total_used
+    );
+    assert_eq!(sample.kv.by_precision.keys().collect::<Vec<_>>(), ["f32"]);
+    assert!(sample.weights_bytes > 0 && sample.rss_bytes > 0);
+
+    // A marked switch: f32 → f16 halves the bytes, and the marker says so.
+    let marker = s.engine.switch_cache_marked(policy("f16")).expect("switch");
+    assert_eq!(marker.tokens, 17);
+    assert_eq!(marker.kv_after.used * 2, marker.kv_before.used);
+    assert_eq!(
+        (marker.from.as_str(), marker.to.as_str()),
+        ("full=f32 sliding=f32", "full=f16 sliding=f16")
+    );
+    assert_eq!(s.engine.status().kv.total_used, marker.kv_after.used);
+    assert_eq!(s.engine.status().policy, policy("f16"));
+    s.engine.shutdown();
+}
+
+fn turn(engine: &EngineHandle, prompt: Prompt, max_tokens: usize) -> GenStats {
+    let (rx, _c) = engine
+        .generate_channel(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            ..GenerateRequest::new(prompt)
+        })
+        .expect("send");
+    let mut stats = None;
+    for ev in rx {
+        match ev {
+            Event::Stats(s) => stats = Some(s),
+            Event::Done { .. } => break,
+            Event::Error { code, message } => panic!("{code}: {message}"),
+            _ => {}
+        }
+    }
+    stats.expect("stats")
+}
+
+#[test]
+fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
+    let s = setup();
+    let messages = vec![Message::system("be brief"), Message::user("hello there")];
+    let conversation = || Prompt::Conversation {
+        messages: messages.clone(),
+        thinking: false,
+    };
+    // No tokenizer_config.json beside the fixture: unknown, so the chat template applies.
+    let chat = turn(&s.engine, conversation(), 1);
+    s.engine.reset().expect("reset");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(common::fixture("tiny_gemma3").join(f), dir.path().join(f)).expect("copy");
+    }
+    std::fs::write(dir.path().join("tokenizer_config.json"), "{}").expect("write");
+    load(
+        &s.engine,
+        &dir.path().join("model.safetensors"),
+        &s.tokenizer,
+    );
+    assert_eq!(
+        s.engine.status().model.and_then(|c| c.has_chat_template),
+        Some(false)
+    );
+    let plain = turn(&s.engine, conversation(), 1);
+    let tok = GemmaTokenizer::from_file(&s.tokenizer, Family::Gemma3).expect("tokenizer");
+    let text = plain_transcript(&messages);
+    assert_eq!(text, "be brief\n\nhello there");
+    assert_eq!(
+        plain.prompt_tokens,
+        tok.encode(&text, true).expect("encode").len()
+    );
+    assert!(
+        chat.prompt_tokens > plain.prompt_tokens,
+        "{chat:?} {plain:?}"
+    );
+    s.engine.shutdown();
+}
+
+#[test]
+fn a_rewind_margin_lets_an_answer_be_regenerated_without_prefilling_again() {
+    let expect = golden_ids();
+    let regenerate = |margin: Option<usize>| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tokenizer = common::write_tokenizer(dir.path(), 512);
+        let engine = Engine::spawn().expect("spawn");
+        if let Some(m) = margin {
+            engine.set_rewind_margin(m);
+        }
+        load(
+            &engine,
+            &common::fixture("tiny_gemma3").join("model.safetensors"),
+            &tokenizer,
+        );
+        let ids = || Prompt::Ids {
+            ids: expect[..12].to_vec(),
+        };
+        // 12 + 20 tokens: far past the fixture's 8-token sliding window.
+        turn(&engine, ids(), 20);
+        let again = turn(&engine, ids(), 20);
+        engine.shutdown();
+        again.reused_tokens
+    };
+    // The default margin (16) cannot reach back 20 answer tokens past the window.
+    assert_eq!(regenerate(None), 0);
+    assert_eq!(regenerate(Some(64)), 11);
+}
