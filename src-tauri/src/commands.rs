@@ -1,6 +1,7 @@
-//! Tauri commands: each one validates its input, hands work to the engine thread or the OS,
-//! and returns plain serde data or a coded error. Long work never runs on the async workers:
-//! the engine has its own thread and file reads go through `spawn_blocking`.
+//! Tauri commands: each one validates its input, hands work to the engine thread (through
+//! [`crate::bridge`]) or the OS, and returns plain serde data or a coded error. Long work
+//! never runs on the async workers: the engine has its own thread, and waiting for it, token
+//! counting and file reads go through `spawn_blocking`.
 
 use std::path::PathBuf;
 
@@ -10,11 +11,11 @@ use tauri::ipc::Channel;
 use tauri::{AppHandle, Emitter, Runtime, State};
 use tauri_plugin_dialog::DialogExt;
 
+use crate::bridge::{CompareRequest, GenerateRequest};
 use crate::card::{estimate, model_card, read_config, MemoryEstimate, ModelCard};
 use crate::documents::{self, Document};
 use crate::error::CommandError;
 use crate::events::{ChatEvent, CompareEvent, SwitchReport};
-use crate::runner::{CompareRequest, GenerateRequest, Job};
 use crate::sessions::SessionSummary;
 use crate::state::AppState;
 
@@ -78,21 +79,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Res<T> + Send + 'static
         .map_err(|e| CommandError::new("internal", e.to_string()))?
 }
 
-/// Sends a job built around a reply sender and awaits the engine thread's answer.
-async fn ask<T>(
-    state: &AppState,
-    make: impl FnOnce(tauri::async_runtime::Sender<Res<T>>) -> Job,
-) -> Res<T> {
-    let (tx, mut rx) = tauri::async_runtime::channel(1);
-    state.engine.send(make(tx))?;
-    rx.recv().await.unwrap_or_else(|| {
-        Err(CommandError::new(
-            "engine_stopped",
-            "the engine thread stopped",
-        ))
-    })
-}
-
 /// The offline default model (Gemma 3 270M), if its files are present.
 #[derive(Debug, Clone, Serialize)]
 pub struct DefaultModel {
@@ -116,18 +102,21 @@ pub async fn inspect_model(path: String, context: u64, spec: String) -> Res<Memo
     blocking(move || {
         let path = PathBuf::from(path);
         let (cfg, format) = read_config(&path)?;
-        estimate(model_card(&path, &cfg, format), context, &spec)
+        estimate(model_card(&path, &cfg, format), &cfg, context, &spec)
     })
     .await
 }
 
+/// Loads a model on the engine thread; returns the card read from its configuration.
 #[tauri::command]
 pub async fn load_model(state: State<'_, AppState>, path: String, spec: String) -> Res<ModelCard> {
-    ask(&state, |reply| Job::Load {
-        path: PathBuf::from(path),
-        tokenizer: None,
-        spec,
-        reply,
+    let engine = state.engine.clone();
+    blocking(move || {
+        let path = PathBuf::from(path);
+        let (cfg, format) = read_config(&path).inspect_err(|e| engine.load_failed(e))?;
+        let card = model_card(&path, &cfg, format);
+        engine.load(path, card.name.clone(), &spec)?;
+        Ok(card)
     })
     .await
 }
@@ -157,13 +146,8 @@ pub async fn generate(
     request: GenerateRequest,
     on_event: Channel<ChatEvent>,
 ) -> Res<()> {
-    let sink = Box::new(move |ev: ChatEvent| on_event.send(ev).is_ok());
-    ask(&state, |reply| Job::Generate {
-        req: request,
-        sink,
-        reply,
-    })
-    .await
+    let engine = state.engine.clone();
+    blocking(move || engine.generate(request, move |ev| on_event.send(ev).is_ok())).await
 }
 
 /// Runs one conversation through two cache policies side by side, with fidelity.
@@ -173,13 +157,8 @@ pub async fn compare(
     request: CompareRequest,
     on_event: Channel<CompareEvent>,
 ) -> Res<()> {
-    let sink = Box::new(move |ev: CompareEvent| on_event.send(ev).is_ok());
-    ask(&state, |reply| Job::Compare {
-        req: request,
-        sink,
-        reply,
-    })
-    .await
+    let engine = state.engine.clone();
+    blocking(move || engine.compare(request, move |ev| on_event.send(ev).is_ok())).await
 }
 
 #[tauri::command]
@@ -189,7 +168,8 @@ pub fn stop_generation(state: State<'_, AppState>) {
 
 #[tauri::command]
 pub async fn reset_conversation(state: State<'_, AppState>) -> Res<()> {
-    ask(&state, |reply| Job::Reset { reply }).await
+    let engine = state.engine.clone();
+    blocking(move || engine.reset()).await
 }
 
 pub const SWITCH_EVENT: &str = "cache-switched";
@@ -200,14 +180,16 @@ pub async fn switch_cache<R: Runtime>(
     state: State<'_, AppState>,
     spec: String,
 ) -> Res<SwitchReport> {
-    let report = ask(&state, |reply| Job::SwitchCache { spec, reply }).await?;
+    let engine = state.engine.clone();
+    let report = blocking(move || engine.switch_cache(&spec)).await?;
     let _ = app.emit(SWITCH_EVENT, &report);
     Ok(report)
 }
 
 #[tauri::command]
 pub async fn count_tokens(state: State<'_, AppState>, text: String) -> Res<usize> {
-    ask(&state, |reply| Job::CountTokens { text, reply }).await
+    let engine = state.engine.clone();
+    blocking(move || engine.count_tokens(&text)).await
 }
 
 /// A document with its token count (what the prompt will cost).
@@ -219,8 +201,8 @@ pub struct InspectedDocument {
 }
 
 async fn with_tokens(state: &AppState, doc: Document) -> Res<InspectedDocument> {
-    let text = doc.text.clone();
-    let tokens = ask(state, |reply| Job::CountTokens { text, reply }).await?;
+    let (engine, text) = (state.engine.clone(), doc.text.clone());
+    let tokens = blocking(move || engine.count_tokens(&text)).await?;
     Ok(InspectedDocument { doc, tokens })
 }
 
@@ -262,7 +244,8 @@ pub async fn inspect_document_bytes(
     name: String,
     bytes: Vec<u8>,
 ) -> Res<InspectedDocument> {
-    let doc = documents::inspect(&name, &bytes)?;
+    // PDF extraction can take a while: keep it off the async runtime.
+    let doc = blocking(move || documents::inspect(&name, &bytes)).await?;
     with_tokens(&state, doc).await
 }
 

@@ -1,21 +1,27 @@
 //! Files the user attaches to a prompt: decides whether a file is readable text (plain,
-//! markdown, code) and returns its text, or refuses it with a reason. The chat is never
-//! touched here; token costs are counted by the engine thread afterwards.
+//! markdown, code) or a PDF with a text layer and returns its text, or refuses it with a
+//! reason. The chat is never touched here; token costs are counted by the engine thread
+//! afterwards.
+
+mod pdf;
 
 use serde::Serialize;
 
 use crate::error::CommandError;
 
-/// Largest file accepted, in bytes.
+/// Largest file accepted, in bytes; also the most text a PDF may yield.
 pub const MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// A file accepted as text.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Document {
     pub name: String,
-    /// `text`, `markdown` or `code`.
+    /// `text`, `markdown`, `code` or `pdf`.
     pub kind: &'static str,
     pub bytes: usize,
+    /// Page count, for PDFs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages: Option<usize>,
     pub text: String,
 }
 
@@ -61,9 +67,30 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
             MAX_BYTES / (1024 * 1024)
         )));
     }
-    if ext == "pdf" || bytes.starts_with(b"%PDF") {
-        return Err(refuse(
-            "PDF text extraction is not in this build yet".into(),
+    if pdf::is_pdf(bytes) {
+        let got = pdf::extract(name, bytes)?;
+        if got.text.len() > MAX_BYTES {
+            return Err(refuse(format!(
+                "the extracted text ({}) is over the {} MiB limit",
+                human(got.text.len()),
+                MAX_BYTES / (1024 * 1024)
+            )));
+        }
+        return Ok(Document {
+            name: name.to_owned(),
+            kind: "pdf",
+            bytes: bytes.len(),
+            pages: Some(got.pages),
+            text: got.text,
+        });
+    }
+    if ext == "pdf" {
+        return Err(CommandError::new(
+            "pdf_unreadable",
+            format!(
+                "{name}: not a PDF (it does not start with {})",
+                String::from_utf8_lossy(pdf::MAGIC)
+            ),
         ));
     }
     if REFUSED_EXT.contains(&ext.as_str()) {
@@ -92,6 +119,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         name: name.to_owned(),
         kind,
         bytes: bytes.len(),
+        pages: None,
         text: text.strip_prefix('\u{feff}').unwrap_or(text).to_owned(),
     })
 }
@@ -136,5 +164,48 @@ mod tests {
             .unwrap_err()
             .message
             .contains("empty"));
+    }
+
+    #[test]
+    fn a_pdf_is_told_by_its_header_and_gives_its_text() {
+        let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
+        // Named like anything: the %PDF- header decides.
+        let d = inspect("upload.bin", report).unwrap();
+        assert_eq!((d.kind, d.bytes, d.pages), ("pdf", report.len(), Some(2)));
+        assert!(d
+            .text
+            .starts_with("KV Lab test document\n\nThe secret word is pineapple."));
+        assert!(d
+            .text
+            .ends_with("Second page: a quantized cache costs fewer bytes."));
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            (json["kind"].as_str(), json["pages"].as_u64()),
+            (Some("pdf"), Some(2))
+        );
+        assert!(serde_json::to_value(inspect("a.txt", b"x").unwrap()).unwrap()["pages"].is_null());
+    }
+
+    #[test]
+    fn refuses_broken_and_textless_pdfs_with_their_codes() {
+        let e = inspect("fake.pdf", b"just some text").unwrap_err();
+        assert_eq!(e.code, "pdf_unreadable");
+        assert!(
+            e.message.contains("does not start with %PDF-"),
+            "{}",
+            e.message
+        );
+        let scan = include_bytes!("../../tests/fixtures/documents/scan.pdf");
+        assert_eq!(inspect("scan.pdf", scan).unwrap_err().code, "pdf_no_text");
+        let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
+        let e = inspect("cut.pdf", &report[..report.len() / 2]).unwrap_err();
+        assert_eq!(e.code, "pdf_unreadable");
+        // The size limit applies to PDFs as to any file.
+        let mut big = report.to_vec();
+        big.resize(MAX_BYTES + 1, b' ');
+        assert!(inspect("big.pdf", &big)
+            .unwrap_err()
+            .message
+            .contains("4 MiB limit"));
     }
 }

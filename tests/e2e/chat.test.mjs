@@ -1,16 +1,19 @@
 // The real app on the real offline model (Gemma 3 270M): loads on start, streams two chat
 // turns, stops mid-answer, shows per-answer stats, switches the cache precision mid-chat
 // (timeline marker, KV bytes drop), attaches a dropped text file and refuses a binary one,
-// and restores the conversation after a relaunch. Screenshots go to the artifacts dir.
+// attaches a dropped PDF (its text extracted) and refuses locked or textless ones, and restores the
+// conversation after a relaunch. Screenshots go to the artifacts dir.
 
 import assert from "node:assert/strict";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, readFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
-import { ARTIFACTS, launchApp } from "./driver.mjs";
+import { fileURLToPath } from "node:url";
+import { ARTIFACTS, invokeInPage, launchApp } from "./driver.mjs";
 
 const DATA_DIR = mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-chat-"));
+const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "fixtures", "documents");
 let app;
 
 const $ = (sel) => app.browser.$(sel);
@@ -35,6 +38,19 @@ async function setNumber(testid, value) {
     },
     testid,
     value,
+  );
+}
+
+/** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
+function drop(name, bytes) {
+  return app.browser.execute(
+    (n, b) => {
+      const dt = new DataTransfer();
+      dt.items.add(new File([new Uint8Array(b)], n));
+      document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+    },
+    name,
+    Array.from(bytes),
   );
 }
 
@@ -156,16 +172,6 @@ test("switching the cache precision mid-conversation marks the timeline and shri
 
 test("a dropped text file shows its cost and goes into the prompt; a binary file is refused", async () => {
   const userCount = (await $$('[data-testid="message"][data-role="user"]')).length;
-  const drop = (name, bytes) =>
-    app.browser.execute(
-      (n, b) => {
-        const dt = new DataTransfer();
-        dt.items.add(new File([new Uint8Array(b)], n));
-        document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
-      },
-      name,
-      Array.from(bytes),
-    );
   await drop("blob.bin", [0x7f, 0x45, 0x4c, 0x46, 0, 0, 1, 2]);
   const notice = await $('[data-testid="doc-notice"]');
   await notice.waitForDisplayed({ timeout: 10_000 });
@@ -189,6 +195,69 @@ test("a dropped text file shows its cost and goes into the prompt; a binary file
   const users = await $$('[data-testid="message"][data-role="user"]');
   assert.match(await users[users.length - 1].getText(), /notes\.txt/);
   assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+});
+
+test("a dropped PDF shows its text's token and KV costs and goes into the prompt; locked or textless PDFs are refused", async () => {
+  const userCount = (await $$('[data-testid="message"][data-role="user"]')).length;
+  // The paperclip's picker offers PDFs and goes through the same reading as a drop: give it a
+  // file as the native dialog would (the dialog itself is outside the page).
+  const picker = await $('[data-testid="doc-picker"]');
+  assert.match(await picker.getAttribute("accept"), /(^|,)\.pdf(,|$)/);
+  assert.equal(await (await $('[data-testid="attach"]')).isEnabled(), true);
+  await app.browser.execute(
+    (n, b) => {
+      const dt = new DataTransfer();
+      dt.items.add(new File([new Uint8Array(b)], n, { type: "application/pdf" }));
+      const input = document.querySelector('[data-testid="doc-picker"]');
+      input.files = dt.files;
+      input.dispatchEvent(new Event("change", { bubbles: true }));
+    },
+    "locked.pdf",
+    Array.from(readFileSync(path.join(FIXTURES, "locked.pdf"))),
+  );
+  const notice = await $('[data-testid="doc-notice"]');
+  await notice.waitForDisplayed({ timeout: 10_000 });
+  assert.match(await notice.getText(), /locked\.pdf: the PDF is password-protected/);
+
+  await drop("scan.pdf", readFileSync(path.join(FIXTURES, "scan.pdf")));
+  await app.browser.waitUntil(async () => /scan\.pdf/.test(await notice.getText()), { timeout: 10_000 });
+  assert.match(await notice.getText(), /scan\.pdf: the PDF has no text layer/);
+  assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+
+  await drop("report.pdf", readFileSync(path.join(FIXTURES, "report.pdf")));
+  const att = await $('[data-testid="attachment"]');
+  await att.waitForDisplayed({ timeout: 20_000 });
+  assert.equal(await att.getAttribute("data-kind"), "pdf");
+  const tokens = Number(await att.getAttribute("data-tokens"));
+  // Three short sentences and a title: about thirty Gemma tokens.
+  assert.ok(tokens > 20 && tokens < 60, `${tokens} tokens`);
+  assert.equal(await (await att.$('[data-testid="doc-summary"]')).getText(), `PDF · 2 pages · ${tokens} tokens`);
+  assert.equal(await att.getAttribute("data-fits"), "true");
+  const costs = await (await att.$('[data-testid="doc-costs"]')).getText();
+  assert.match(costs, /FP16 \d/);
+  assert.match(costs, /TQ 3\.5 \d/);
+  assert.equal(await notice.isExisting(), false, "a good file clears the refusal");
+  await shot("document-pdf.png");
+  assert.equal((await $$('[data-testid="message"][data-role="user"]')).length, userCount, "the chat is untouched");
+
+  const i = await send("What is the secret word in the report?");
+  await waitForStats(i);
+  const users = await $$('[data-testid="message"][data-role="user"]');
+  assert.match(await users[users.length - 1].getText(), /report\.pdf/);
+  assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+  // The prompt the model got holds the extracted text (the saved turn is what was sent).
+  const id = await (await $('[data-testid="session"].active')).getAttribute("data-id");
+  let prompt = "";
+  await app.browser.waitUntil(
+    async () => {
+      const saved = await invokeInPage(app.browser, "load_session", { id });
+      prompt = saved.ok ? (saved.value.messages.filter((m) => m.role === "user").at(-1)?.content ?? "") : "";
+      return prompt.includes("report.pdf");
+    },
+    { timeout: 10_000, timeoutMsg: "the turn with the PDF was not saved" },
+  );
+  assert.match(prompt, /File `report\.pdf`:/);
+  assert.match(prompt, /The secret word is pineapple\. The cache keeps keys and values for every token\.\n\nSecond page:/);
 });
 
 test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD and top-1", async () => {

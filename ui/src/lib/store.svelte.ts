@@ -228,6 +228,13 @@ export class AppStore {
     }
   }
 
+  /** Attaches files the web view holds (a DOM drop or the picker), one after another. */
+  async attachFiles(files: File[]): Promise<void> {
+    for (const f of files) {
+      await this.attach(async () => api.inspectDocumentBytes(f.name, Array.from(new Uint8Array(await f.arrayBuffer()))));
+    }
+  }
+
   fitOf(doc: InspectedDocument) {
     if (!this.card) return null;
     const extra = this.attachments.filter((d) => d !== doc).reduce((a, d) => a + d.tokens, 0);
