@@ -20,7 +20,9 @@ step() {
 cd "$ROOT"
 # Assets were fetched by setup.sh: tests that need the real model must not skip silently.
 export KVLAB_REQUIRE_ASSETS=1
-FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol)
+# kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
+# (crates/engine/tests/hub_download.rs) are always compiled, linted and run.
+FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol,kvlab-engine/hub)
 
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check

@@ -1,17 +1,19 @@
 //! KV Lab's desktop shell: a thin Tauri layer that turns UI commands into engine jobs and
 //! engine output into channel messages and low-rate events. It holds handles, never the model.
 
+mod bridge;
 mod cachespec;
 mod card;
 mod commands;
 mod documents;
+mod download;
 mod error;
 mod events;
 mod monitor;
 pub mod platform;
-mod runner;
 mod sessions;
 mod state;
+mod translate;
 
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +40,7 @@ pub fn run() {
 pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
         .plugin(tauri_plugin_dialog::init())
+        .manage(download::Downloads::default())
         .invoke_handler(tauri::generate_handler![
             commands::system_info,
             commands::engine_status,
@@ -59,6 +62,9 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::rename_session,
             commands::delete_session,
             commands::export_file,
+            download::hub_models,
+            download::start_download,
+            download::cancel_download,
         ])
         .setup(|app| {
             let data_dir = state::data_dir_from(
@@ -68,17 +74,17 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             tracing::info!(dir = %data_dir.display(), "app data");
             let status = Arc::new(Mutex::new(EngineStatus::NoModel));
             let handle = app.handle().clone();
-            let shared = status.clone();
-            let engine = runner::spawn(Box::new(move |s: EngineStatus| {
-                if let Ok(mut cur) = shared.lock() {
-                    *cur = s.clone();
-                }
-                let label = s.label();
-                let _ = handle.emit(STATUS_EVENT, commands::StatusView { status: s, label });
-            }));
+            let engine = bridge::EngineBridge::spawn(
+                status.clone(),
+                Arc::new(move |s: EngineStatus| {
+                    let label = s.label();
+                    let _ = handle.emit(STATUS_EVENT, commands::StatusView { status: s, label });
+                }),
+            )?;
+            let sampled = engine.clone();
             monitor::spawn_memory_sampler(
                 app.handle().clone(),
-                engine.memory.clone(),
+                move || sampled.memory(),
                 monitor::SAMPLE_PERIOD,
             );
             app.manage(state::AppState {

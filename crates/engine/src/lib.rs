@@ -3,6 +3,7 @@
 
 pub mod assets;
 pub mod chat;
+pub mod compare;
 pub mod config;
 pub mod detok;
 pub mod device;

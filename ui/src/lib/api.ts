@@ -128,8 +128,10 @@ export interface SwitchReport {
 
 export interface InspectedDocument {
   name: string;
-  kind: "text" | "markdown" | "code";
+  kind: "text" | "markdown" | "code" | "pdf";
   bytes: number;
+  /** Page count, for PDFs only. */
+  pages?: number;
   text: string;
   tokens: number;
 }
@@ -210,4 +212,35 @@ export function onMemorySample(cb: (s: ProcessMemorySample) => void): Promise<Un
 
 export function onEngineStatus(cb: (s: EngineStatus) => void): Promise<UnlistenFn> {
   return listen<EngineStatus>("engine-status", (event) => cb(event.payload));
+}
+
+// Model downloads from the Hugging Face Hub (src-tauri/src/download).
+
+/** A model the download picker offers. */
+export interface HubModel {
+  repo: string;
+  label: string;
+  family: string;
+}
+
+/** One progress message of a download. */
+export interface DownloadUpdate {
+  repo: string;
+  file: string;
+  file_done: number;
+  file_total: number;
+  done: number;
+  total: number;
+  bytes_per_sec: number | null;
+  eta_secs: number | null;
+}
+
+export const hubModels = () => invoke<HubModel[]>("hub_models");
+export const cancelDownload = (repo: string) => invoke<boolean>("cancel_download", { repo });
+
+/** Downloads (or resumes) a Hub repository; resolves with the local folder to load. */
+export function startDownload(repo: string, onProgress: (u: DownloadUpdate) => void): Promise<{ repo: string; path: string }> {
+  const channel = new Channel<DownloadUpdate>();
+  channel.onmessage = onProgress;
+  return invoke<{ repo: string; path: string }>("start_download", { repo, onProgress: channel });
 }

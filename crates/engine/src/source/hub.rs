@@ -1,54 +1,64 @@
-//! Hugging Face Hub downloads (cargo feature `hub`): a repository snapshot of the files a
-//! text model needs, into the standard HF cache, with progress and cancellation. The async
-//! client runs on a private tokio runtime that never leaves this module; the calling thread
-//! only waits on a std channel, so the engine thread stays free of async code.
+//! Hugging Face Hub downloads (cargo feature `hub`): the files a text model needs, at one
+//! resolved commit, into `<dir>/<owner>--<name>/<commit>/`, with per-file and overall byte
+//! progress, cancellation, and resume of partial files. hf-hub 1.0 restarts interrupted files
+//! from byte 0, so each file is fetched here with its ranged stream API into `<file>.part`,
+//! continuing from the bytes already on disk. The async client runs on a private tokio
+//! runtime driven by the calling thread; no async code leaks out of this module.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
-use hf_hub::progress::{DownloadEvent, ProgressEvent, ProgressHandler};
+use futures::StreamExt;
+use hf_hub::repository::{HFRepository, RepoTreeEntry, RepoTypeModel};
 use hf_hub::{HFClient, HFError};
 
+use super::hub_fetch::{self, Fetch, FileJob};
 use super::SourceError;
-use crate::events::{Event, LoadPhase};
+use crate::assets;
 
 /// Files of a text model; everything else (images, ONNX, GGUF variants) is skipped.
-const PATTERNS: [&str; 4] = [
-    "*.json",
-    "*.safetensors",
-    "tokenizer.model",
-    "*.safetensors.index.json",
-];
+fn wanted(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".json") || name.ends_with(".safetensors") || name == "tokenizer.model"
+}
 
-/// How often the waiting thread looks at the cancel flag.
-const POLL: Duration = Duration::from_millis(100);
+/// Marker written into a snapshot directory once every file is complete and verified.
+const COMPLETE_MARKER: &str = ".kvlab-complete";
 
-struct Forward(mpsc::Sender<(u64, u64)>);
+/// Where and how to download.
+#[derive(Debug, Clone, Default)]
+pub struct HubOptions {
+    /// The Hub base URL; `None` reads `HF_ENDPOINT`, else `https://huggingface.co`.
+    pub endpoint: Option<String>,
+    /// Download root; `None` is `$KVLAB_CACHE/hub`.
+    pub dir: Option<PathBuf>,
+    /// Access token (gated repos such as Gemma); `None` reads `HF_TOKEN` or the HF token file.
+    pub token: Option<String>,
+}
 
-impl ProgressHandler for Forward {
-    fn on_progress(&self, event: &ProgressEvent) {
-        let figures = match event {
-            ProgressEvent::Download(DownloadEvent::Start { total_bytes, .. }) => (0, *total_bytes),
-            ProgressEvent::Download(DownloadEvent::AggregateProgress {
-                bytes_completed,
-                total_bytes,
-                ..
-            }) => (*bytes_completed, *total_bytes),
-            ProgressEvent::Download(DownloadEvent::Progress { files }) => {
-                files.iter().fold((0, 0), |(d, t), f| {
-                    (d + f.bytes_completed, t + f.total_bytes)
-                })
-            }
-            _ => return,
-        };
-        // The receiver is gone only after the download ended; nothing to report then.
-        let _ = self.0.send(figures);
+/// One progress report: the file being fetched and the whole download.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownloadProgress {
+    /// Repository path of the current file.
+    pub file: String,
+    /// Bytes of that file on disk.
+    pub file_done: u64,
+    /// Size of that file.
+    pub file_total: u64,
+    /// Bytes on disk over all files (including those kept from an earlier, partial run).
+    pub done: u64,
+    /// Size of all files.
+    pub total: u64,
+}
+
+fn net(repo: &str, reason: impl Into<String>) -> SourceError {
+    SourceError::Network {
+        repo: repo.to_owned(),
+        reason: reason.into(),
     }
 }
 
-fn classify(repo: &str, e: HFError) -> SourceError {
+pub(super) fn classify(repo: &str, e: HFError) -> SourceError {
     match e {
         HFError::RepoNotFound { .. }
         | HFError::RevisionNotFound { .. }
@@ -56,72 +66,205 @@ fn classify(repo: &str, e: HFError) -> SourceError {
             repo: repo.to_owned(),
             reason: e.to_string(),
         },
-        other => SourceError::Network {
-            repo: repo.to_owned(),
-            reason: other.to_string(),
-        },
+        HFError::AuthRequired { .. } | HFError::Forbidden { .. } => net(
+            repo,
+            format!("{e}: gated repositories need a Hugging Face token with access (set HF_TOKEN)"),
+        ),
+        other => net(repo, other.to_string()),
     }
 }
 
-/// Downloads `repo` at `revision` and returns its local snapshot directory.
-pub(super) fn download(
+/// `owner--name`, the folder of a repository under the download root.
+fn repo_folder(repo: &str) -> String {
+    repo.replace('/', "--")
+}
+
+/// A repository path as a safe relative path (the listing comes from a server).
+fn safe_relative(repo: &str, path: &str) -> Result<PathBuf, SourceError> {
+    let p = Path::new(path);
+    if path.is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(net(repo, format!("the Hub listed an unsafe path `{path}`")));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// A snapshot completed earlier for `revision` (used when the Hub cannot be reached).
+fn completed_snapshot(root: &Path, revision: &str) -> Option<PathBuf> {
+    let commit = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
+    let dir = root.join(commit.trim());
+    dir.join(COMPLETE_MARKER).exists().then_some(dir)
+}
+
+fn io(repo: &str, path: &Path, e: std::io::Error) -> SourceError {
+    net(repo, format!("cannot write {}: {e}", path.display()))
+}
+
+/// Downloads the model files of `repo` at `revision` (default `main`) and returns the local
+/// snapshot directory. Files already complete are kept; partial files are resumed. When the
+/// Hub cannot be reached, a snapshot completed earlier for the same revision is returned.
+pub fn download_repo(
     repo: &str,
     revision: Option<&str>,
-    emit: &mut dyn FnMut(Event),
+    options: &HubOptions,
+    on_progress: &mut dyn FnMut(&DownloadProgress),
     cancel: &AtomicBool,
 ) -> Result<PathBuf, SourceError> {
-    let net = |reason: String| SourceError::Network {
-        repo: repo.to_owned(),
-        reason,
-    };
     let (owner, name) = repo
         .split_once('/')
-        .ok_or_else(|| net(format!("`{repo}` is not owner/name")))?;
+        .ok_or_else(|| net(repo, format!("`{repo}` is not owner/name")))?;
+    let revision = revision.unwrap_or("main");
+    let base = match &options.dir {
+        Some(d) => d.clone(),
+        None => assets::cache_root()?.join("hub"),
+    };
+    let root = base.join(repo_folder(repo));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| net(format!("cannot start the download runtime: {e}")))?;
-    let client = HFClient::new().map_err(|e| classify(repo, e))?;
+        .map_err(|e| net(repo, format!("cannot start the download runtime: {e}")))?;
+    let mut builder = HFClient::builder().cache_enabled(false);
+    if let Some(e) = &options.endpoint {
+        builder = builder.endpoint(e.clone());
+    }
+    if let Some(t) = &options.token {
+        builder = builder.token(t.clone());
+    }
+    let client = builder.build().map_err(|e| classify(repo, e))?;
     let handle = client.model(owner, name);
-    let (tx, rx) = mpsc::channel();
-    let revision = revision.map(str::to_owned);
-    let task = runtime.spawn(async move {
-        handle
-            .snapshot_download()
-            .maybe_revision(revision)
-            .allow_patterns(PATTERNS.iter().map(|p| (*p).to_owned()).collect())
-            .progress(Forward(tx))
-            .send()
-            .await
-    });
-    emit(Event::Loading {
-        phase: LoadPhase::Downloading,
-        done: None,
-        total: None,
-    });
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            // Dropping the future stops the transfer; partial files stay in the HF cache's
-            // incomplete area, as hf-hub does for any interrupted download.
-            task.abort();
-            return Err(SourceError::Cancelled);
+    let listed = runtime.block_on(hub_fetch::cancellable(
+        list_files(&handle, revision),
+        cancel,
+    ))?;
+    let (commit, files) = match listed {
+        Ok(v) => v,
+        Err(e) => {
+            let err = classify(repo, e);
+            // Offline: a finished snapshot of the same revision is as good as a download.
+            if matches!(err, SourceError::Network { .. }) {
+                if let Some(dir) = completed_snapshot(&root, revision) {
+                    return Ok(dir);
+                }
+            }
+            return Err(err);
         }
-        match rx.recv_timeout(POLL) {
-            Ok((done, total)) => emit(Event::Loading {
-                phase: LoadPhase::Downloading,
-                done: Some(done),
-                total: Some(total),
-            }),
-            Err(mpsc::RecvTimeoutError::Timeout) if !task.is_finished() => {}
-            // Finished (or the handler was dropped with the finished future).
-            Err(_) if task.is_finished() => break,
-            Err(_) => std::thread::sleep(POLL),
+    };
+    if files.is_empty() {
+        return Err(SourceError::HubNotFound {
+            repo: repo.to_owned(),
+            reason: "the repository has no model files (*.safetensors, *.json)".into(),
+        });
+    }
+    let dir = root.join(&commit);
+    let mut jobs = Vec::with_capacity(files.len());
+    for (path, size, sha256) in files {
+        let dest = dir.join(safe_relative(repo, &path)?);
+        jobs.push(FileJob {
+            path,
+            dest,
+            size,
+            sha256,
+        });
+    }
+    let fetch = Fetch {
+        repo,
+        handle: &handle,
+        commit: &commit,
+        cancel,
+    };
+    runtime.block_on(fetch.all(&jobs, on_progress))?;
+    let marker = dir.join(COMPLETE_MARKER);
+    std::fs::write(&marker, commit.as_bytes()).map_err(|e| io(repo, &marker, e))?;
+    let refs = root.join("refs");
+    std::fs::create_dir_all(&refs).map_err(|e| io(repo, &refs, e))?;
+    // A revision containing `/` (branch `a/b`) gets no offline ref; the download still works.
+    if safe_relative(repo, revision).is_ok_and(|p| p.components().count() == 1) {
+        let r = refs.join(revision);
+        std::fs::write(&r, commit.as_bytes()).map_err(|e| io(repo, &r, e))?;
+    }
+    Ok(dir)
+}
+
+/// The commit `revision` points at and the wanted files there: (path, size, sha256).
+type Listing = (String, Vec<(String, u64, Option<String>)>);
+
+async fn list_files(
+    handle: &HFRepository<RepoTypeModel>,
+    revision: &str,
+) -> Result<Listing, HFError> {
+    let info = handle.info().revision(revision.to_owned()).send().await?;
+    let commit = info.sha.ok_or_else(|| {
+        HFError::InvalidParameter(format!("the Hub gave no commit for revision {revision}"))
+    })?;
+    let stream = handle
+        .list_tree()
+        .revision(commit.clone())
+        .recursive(true)
+        .send()?;
+    futures::pin_mut!(stream);
+    let mut files = Vec::new();
+    while let Some(entry) = stream.next().await {
+        if let RepoTreeEntry::File {
+            path, size, lfs, ..
+        } = entry?
+        {
+            if wanted(&path) {
+                files.push((path, size, lfs.and_then(|l| l.sha256)));
+            }
         }
     }
-    match runtime.block_on(task) {
-        Ok(Ok(dir)) => Ok(dir),
-        Ok(Err(e)) => Err(classify(repo, e)),
-        Err(e) => Err(net(format!("download task failed: {e}"))),
+    Ok((commit, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_text_model_files_are_wanted() {
+        for p in [
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.model",
+            "sub/tokenizer.json",
+        ] {
+            assert!(wanted(p), "{p}");
+        }
+        for p in [
+            "README.md",
+            "model.gguf",
+            "onnx/model.onnx",
+            "tokenizer.model.bak",
+        ] {
+            assert!(!wanted(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn server_paths_cannot_escape_the_snapshot() {
+        assert_eq!(
+            safe_relative("a/b", "sub/x.json").unwrap(),
+            PathBuf::from("sub/x.json")
+        );
+        for bad in ["../x.json", "/etc/passwd", "", "a/../../x"] {
+            assert!(safe_relative("a/b", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_finished_snapshot_is_found_by_its_ref() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(completed_snapshot(d.path(), "main"), None);
+        std::fs::create_dir_all(d.path().join("refs")).unwrap();
+        std::fs::create_dir_all(d.path().join("abc")).unwrap();
+        std::fs::write(d.path().join("refs/main"), "abc\n").unwrap();
+        // Not complete yet.
+        assert_eq!(completed_snapshot(d.path(), "main"), None);
+        std::fs::write(d.path().join("abc").join(COMPLETE_MARKER), "abc").unwrap();
+        assert_eq!(
+            completed_snapshot(d.path(), "main"),
+            Some(d.path().join("abc"))
+        );
     }
 }

@@ -3,7 +3,9 @@
 //! `tokenizer.json`). Resolution never panics: every failure is a [`SourceError`] with a code.
 
 #[cfg(feature = "hub")]
-mod hub;
+pub mod hub;
+#[cfg(feature = "hub")]
+mod hub_fetch;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -229,7 +231,20 @@ fn hub_download(
     emit: &mut dyn FnMut(Event),
     cancel: &AtomicBool,
 ) -> Result<PathBuf, SourceError> {
-    hub::download(repo, revision, emit, cancel)
+    let mut forward = |p: &hub::DownloadProgress| {
+        emit(Event::Loading {
+            phase: crate::events::LoadPhase::Downloading,
+            done: Some(p.done),
+            total: Some(p.total),
+        })
+    };
+    hub::download_repo(
+        repo,
+        revision,
+        &hub::HubOptions::default(),
+        &mut forward,
+        cancel,
+    )
 }
 
 #[cfg(not(feature = "hub"))]
