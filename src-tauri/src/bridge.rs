@@ -111,6 +111,16 @@ impl EngineBridge {
         self.model.lock().ok().and_then(|m| m.clone())
     }
 
+    /// Waits for a streaming job's end (or its refusal), then settles the status bar.
+    fn finish<T>(&self, sent: Result<T, JobError>, end: mpsc::Receiver<Res<()>>) -> Res<()> {
+        let r = match sent {
+            Ok(_) => end.recv().unwrap_or_else(|_| Err(stopped())),
+            Err(e) => Err(e.into()),
+        };
+        self.settle();
+        r
+    }
+
     /// Back to `ready` (or `no_model`) once a job ends.
     fn settle(&self) {
         match self.model_name() {
@@ -208,12 +218,7 @@ impl EngineBridge {
                 }
             }),
         );
-        let r = match sent {
-            Ok(_) => end_rx.recv().unwrap_or_else(|_| Err(stopped())),
-            Err(e) => Err(e.into()),
-        };
-        self.settle();
-        r
+        self.finish(sent, end_rx)
     }
 
     /// Runs one conversation through two cache policies side by side, then fidelity.
@@ -254,12 +259,7 @@ impl EngineBridge {
                 }
             }),
         );
-        let r = match sent {
-            Ok(_) => end_rx.recv().unwrap_or_else(|_| Err(stopped())),
-            Err(e) => Err(e.into()),
-        };
-        self.settle();
-        r
+        self.finish(sent, end_rx)
     }
 
     /// Stops the running generation or comparison before its next token.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::{DoneReason, ErrorCode, Event, GenStats};
 use crate::fidelity::compare_caches;
-use crate::generate::{delta_event, per_second, render_prompt, GenerateError, Prompt};
+use crate::generate::{delta_event, per_second, render_checked_prompt, GenerateError, Prompt};
 use crate::kv::{KvCache, PrecisionPolicy};
 use crate::model::{Logits, Model};
 use crate::sampling::{Sampler, SamplingParams};
@@ -128,17 +128,8 @@ pub fn run(
     cancel: &AtomicBool,
     hooks: &mut dyn CompareHooks,
 ) -> Result<Option<CompareFidelity>, GenerateError> {
-    let prompt = render_prompt(tokenizer, &req.prompt)?;
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
+    let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
     let max_ctx = model.config().max_position_embeddings;
-    if prompt.len() > max_ctx {
-        return Err(GenerateError::ContextOverflow {
-            prompt: prompt.len(),
-            max: max_ctx,
-        });
-    }
     let family = tokenizer.family();
     let stops = family.stop_ids();
     let mut panes = Vec::with_capacity(2);

@@ -166,6 +166,26 @@ pub fn tokenizer_family(family: config::Family) -> Family {
     }
 }
 
+/// The prompt's token ids, refused when empty or longer than the model's context.
+pub fn render_checked_prompt(
+    model: &Model,
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+) -> Result<Vec<u32>, GenerateError> {
+    let ids = render_prompt(tokenizer, prompt)?;
+    if ids.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let max = model.config().max_position_embeddings;
+    if ids.len() > max {
+        return Err(GenerateError::ContextOverflow {
+            prompt: ids.len(),
+            max,
+        });
+    }
+    Ok(ids)
+}
+
 /// The prompt's token ids.
 pub fn render_prompt(
     tokenizer: &GemmaTokenizer,
@@ -222,17 +242,8 @@ pub fn generate(
 ) -> Result<Outcome, GenerateError> {
     let t0 = Instant::now();
     let mut sampler = Sampler::new(req.sampling)?;
-    let prompt = render_prompt(tokenizer, &req.prompt)?;
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
+    let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
     let max_ctx = model.config().max_position_embeddings;
-    if prompt.len() > max_ctx {
-        return Err(GenerateError::ContextOverflow {
-            prompt: prompt.len(),
-            max: max_ctx,
-        });
-    }
     let prepared = session.prepare(&prompt)?;
     let chunk = req.prefill_chunk.max(1);
 

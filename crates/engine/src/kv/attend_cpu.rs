@@ -258,6 +258,14 @@ mod tests {
     use super::*;
     use crate::kv::attend::attend_dense;
 
+    /// Largest |fast − general| over the output (the general path on f32 copies of K/V).
+    fn fast_minus_general(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Result<f32> {
+        let fast = try_attend(q, k, v, spec)?
+            .ok_or_else(|| crate::error::EngineError::invalid("no fast path"))?;
+        let general = attend_dense(q, &k.to_dtype(DType::F32)?, &v.to_dtype(DType::F32)?, spec)?;
+        Ok((fast - general)?.abs()?.max_all()?.to_scalar::<f32>()?)
+    }
+
     #[test]
     fn fast_path_matches_the_general_path() -> Result<()> {
         let dev = Device::Cpu;
@@ -274,15 +282,7 @@ mod tests {
                 window,
                 scale: 0.3,
             };
-            let fast = try_attend(&q, &k, &v, &spec)?
-                .ok_or_else(|| crate::error::EngineError::invalid("no fast path"))?;
-            let general = attend_dense(
-                &q,
-                &k.to_dtype(DType::F32)?,
-                &v.to_dtype(DType::F32)?,
-                &spec,
-            )?;
-            let d = (fast - general)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let d = fast_minus_general(&q, &k, &v, &spec)?;
             assert!(d < 1e-5, "t {t} window {window:?}: {d}");
         }
         Ok(())
@@ -302,15 +302,7 @@ mod tests {
                 window,
                 scale: 0.5,
             };
-            let fast = try_attend(&q, &k, &v, &spec)?
-                .ok_or_else(|| crate::error::EngineError::invalid("no fast path"))?;
-            let general = attend_dense(
-                &q,
-                &k.to_dtype(DType::F32)?,
-                &v.to_dtype(DType::F32)?,
-                &spec,
-            )?;
-            let d = (fast - general)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let d = fast_minus_general(&q, &k, &v, &spec)?;
             assert!(d < 1e-5, "t {t} window {window:?}: {d}");
         }
         Ok(())

@@ -123,19 +123,17 @@ impl Side {
             return self.append_rows(h, rows);
         }
         let d = self.dim;
-        let offset = self.offsets[h]
-            .get_or_insert_with(|| {
-                if rows.len() / d >= MIN_CENTER_ROWS {
-                    mean_row(rows, d)
-                } else {
-                    // Too few rows for a mean worth having: no offset for this head.
-                    vec![0.0; d]
-                }
-            })
-            .clone();
+        let offset = self.offsets[h].get_or_insert_with(|| {
+            if rows.len() / d >= MIN_CENTER_ROWS {
+                mean_row(rows, d)
+            } else {
+                // Too few rows for a mean worth having: no offset for this head.
+                vec![0.0; d]
+            }
+        });
         let centered: Vec<f32> = rows
             .chunks_exact(d)
-            .flat_map(|r| r.iter().zip(&offset).map(|(x, m)| x - m))
+            .flat_map(|r| r.iter().zip(offset.iter()).map(|(x, m)| x - m))
             .collect();
         self.append_rows(h, &centered)
     }
