@@ -7,16 +7,24 @@ source "$(dirname "$0")/common.sh"
 LOGS="$(mktemp -d)"
 trap 'rm -rf "$LOGS"' EXIT
 failed_steps=()
+step_times=()
+RUN_START=$SECONDS
 
-# step NAME CMD...: runs CMD, keeps its output for the summary, records a failure.
+# step NAME CMD...: runs CMD, keeps its output for the summary, records its time and any
+# failure.
 step() {
-  local name="$1"
+  local name="$1" start=$SECONDS status=ok
   shift
   say "$name"
-  if ! "$@" 2>&1 | tee "$LOGS/$name.log"; then failed_steps+=("$name"); fi
+  if ! "$@" 2>&1 | tee "$LOGS/$name.log"; then
+    failed_steps+=("$name")
+    status=FAILED
+  fi
+  step_times+=("$(printf '%-12s %5ds  %s' "$name" $((SECONDS - start)) "$status")")
 }
 
-"$ROOT/scripts/setup.sh" test || { echo "summary: 0 passed, 1 failed"; exit 1; }
+step setup "$ROOT/scripts/setup.sh" test
+if [ ${#failed_steps[@]} -gt 0 ]; then echo "summary: 0 passed, 1 failed"; exit 1; fi
 cd "$ROOT"
 # Assets were fetched by setup.sh: tests that need the real model must not skip silently.
 export KVLAB_REQUIRE_ASSETS=1
@@ -30,7 +38,9 @@ step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
 step cargo-test cargo test "${FEATURES[@]}"
 step ui-check npm --prefix ui run --silent check
 step ui-test npm --prefix ui test
-step app-build cargo build -p kvlab --features custom-protocol
+# The same packages, features and targets as the test step, so nothing is compiled twice:
+# `--all-targets` unifies the dev-dependencies' features exactly as `cargo test` does.
+step app-build cargo build --all-targets "${FEATURES[@]}"
 export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
 export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
 step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test
@@ -49,6 +59,9 @@ e2e_pass=$(grep -oE '^ℹ pass [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[
 e2e_fail=$(grep -oE '^ℹ fail [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[0-9]+' || true)
 add "${e2e_pass:-0}" "${e2e_fail:-0}"
 
+say "step times"
+printf '  %s\n' "${step_times[@]}"
+printf '  %-12s %5ds\n' total $((SECONDS - RUN_START))
 if [ ${#failed_steps[@]} -gt 0 ]; then
   say "failed steps: ${failed_steps[*]}"
   [ "$failed" -eq 0 ] && failed=${#failed_steps[@]}

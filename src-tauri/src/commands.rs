@@ -1,37 +1,43 @@
-//! Tauri commands: each one validates its input, hands work to the engine thread (through
-//! [`crate::bridge`]) or the OS, and returns plain serde data or a coded error. Long work
-//! never runs on the async workers: the engine has its own thread, and waiting for it, token
-//! counting and file reads go through `spawn_blocking`.
+//! Tauri commands: each one validates its input, hands work to the engine (through
+//! [`crate::bridge`]) or the OS, and returns the engine's own values or a coded error. Long
+//! work never runs on the async workers: the engine has its own thread, and waiting for it,
+//! header reads, token counting and file reads go through `spawn_blocking`.
 
 use std::path::PathBuf;
 
+use kvlab_engine::compare::CompareEvent;
+use kvlab_engine::events::{Activity, Event};
+use kvlab_engine::generate::GenerateRequest;
+use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
+use kvlab_engine::memory::{ContextCost, DocumentFit, SwitchEvent};
+use kvlab_engine::{MemoryEstimate, ModelCard};
 use serde::Serialize;
 use serde_json::Value;
 use tauri::ipc::Channel;
 use tauri::{AppHandle, Emitter, Runtime, State};
 use tauri_plugin_dialog::DialogExt;
+use ts_rs::TS;
 
-use crate::bridge::{CompareRequest, GenerateRequest};
-use crate::card::{estimate, model_card, read_config, MemoryEstimate, ModelCard};
+use crate::bridge::CompareRequest;
 use crate::documents::{self, Document};
-use crate::error::CommandError;
-use crate::events::{ChatEvent, CompareEvent, SwitchReport};
+use crate::error::{CommandError, ErrorCode};
 use crate::sessions::SessionSummary;
 use crate::state::AppState;
 
 type Res<T> = Result<T, CommandError>;
 
 /// Facts about the machine the app runs on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, TS)]
 pub struct SystemInfo {
     pub total_memory_bytes: u64,
     pub cpu_cores: usize,
     pub os: String,
-    pub engine_version: &'static str,
+    pub engine_version: String,
     pub data_dir: String,
 }
 
-pub fn read_system_info() -> SystemInfo {
+#[tauri::command]
+pub fn system_info(state: State<'_, AppState>) -> SystemInfo {
     let mut sys = sysinfo::System::new();
     sys.refresh_memory();
     SystemInfo {
@@ -40,85 +46,57 @@ pub fn read_system_info() -> SystemInfo {
             .map(|n| n.get())
             .unwrap_or(1),
         os: sysinfo::System::long_os_version().unwrap_or_else(|| std::env::consts::OS.to_string()),
-        engine_version: env!("CARGO_PKG_VERSION"),
-        data_dir: String::new(),
-    }
-}
-
-#[tauri::command]
-pub fn system_info(state: State<'_, AppState>) -> SystemInfo {
-    SystemInfo {
+        engine_version: env!("CARGO_PKG_VERSION").to_string(),
         data_dir: state.data_dir.display().to_string(),
-        ..read_system_info()
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct StatusView {
-    #[serde(flatten)]
-    pub status: crate::events::EngineStatus,
-    pub label: String,
-}
-
+/// What the engine is doing now (the `engine-status` event carries every change).
 #[tauri::command]
-pub fn engine_status(state: State<'_, AppState>) -> Res<StatusView> {
-    let status = state
-        .status
-        .lock()
-        .map_err(|_| CommandError::new("internal", "engine status lock poisoned"))?
-        .clone();
-    Ok(StatusView {
-        label: status.label(),
-        status,
-    })
+pub fn engine_status(state: State<'_, AppState>) -> Activity {
+    state.engine.activity()
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Res<T> + Send + 'static) -> Res<T> {
     tauri::async_runtime::spawn_blocking(f)
         .await
-        .map_err(|e| CommandError::new("internal", e.to_string()))?
+        .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?
 }
 
-/// The offline default model (Gemma 3 270M), if its files are present.
-#[derive(Debug, Clone, Serialize)]
+/// The model the app opens when nothing else is chosen.
+#[derive(Debug, Clone, Serialize, TS)]
 pub struct DefaultModel {
     pub path: String,
-    pub name: &'static str,
+    pub name: String,
 }
 
+/// The offline default model (Gemma 3 270M): `$KVLAB_DEFAULT_MODEL`, set by `scripts/run.sh`.
 #[tauri::command]
 pub fn default_model() -> Res<DefaultModel> {
-    kvlab_engine::assets::resolve("gemma3-270m")
-        .map(|p| DefaultModel {
-            path: p.display().to_string(),
-            name: "Gemma 3 270M (offline)",
-        })
-        .map_err(|e| CommandError::new("asset_missing", format!("{e} — run `kvlab assets fetch`")))
+    crate::state::default_model(std::env::var_os("KVLAB_DEFAULT_MODEL"))
 }
 
-/// The model card and the memory `context` tokens would take under `spec`, before loading.
+/// The card and the memory `context` tokens would take under `cache`, before loading.
 #[tauri::command]
-pub async fn inspect_model(path: String, context: u64, spec: String) -> Res<MemoryEstimate> {
-    blocking(move || {
-        let path = PathBuf::from(path);
-        let (cfg, format) = read_config(&path)?;
-        estimate(model_card(&path, &cfg, format), &cfg, context, &spec)
-    })
-    .await
-}
-
-/// Loads a model on the engine thread; returns the card read from its configuration.
-#[tauri::command]
-pub async fn load_model(state: State<'_, AppState>, path: String, spec: String) -> Res<ModelCard> {
+pub async fn inspect_model(
+    state: State<'_, AppState>,
+    path: String,
+    context: usize,
+    cache: CacheSelection,
+) -> Res<MemoryEstimate> {
     let engine = state.engine.clone();
-    blocking(move || {
-        let path = PathBuf::from(path);
-        let (cfg, format) = read_config(&path).inspect_err(|e| engine.load_failed(e))?;
-        let card = model_card(&path, &cfg, format);
-        engine.load(path, card.name.clone(), &spec)?;
-        Ok(card)
-    })
-    .await
+    blocking(move || engine.estimate(&PathBuf::from(path), context, &cache)).await
+}
+
+/// Loads a model on the engine thread; returns its card.
+#[tauri::command]
+pub async fn load_model(
+    state: State<'_, AppState>,
+    path: String,
+    cache: CacheSelection,
+) -> Res<ModelCard> {
+    let engine = state.engine.clone();
+    blocking(move || engine.load(&PathBuf::from(path), &cache)).await
 }
 
 /// Opens the system file dialog for a GGUF file or a model folder.
@@ -140,17 +118,18 @@ pub async fn pick_model<R: Runtime>(app: AppHandle<R>, folder: bool) -> Res<Opti
     .await
 }
 
+/// Runs one chat turn; the engine's events stream over `on_event`.
 #[tauri::command]
 pub async fn generate(
     state: State<'_, AppState>,
     request: GenerateRequest,
-    on_event: Channel<ChatEvent>,
+    on_event: Channel<Event>,
 ) -> Res<()> {
     let engine = state.engine.clone();
     blocking(move || engine.generate(request, move |ev| on_event.send(ev).is_ok())).await
 }
 
-/// Runs one conversation through two cache policies side by side, with fidelity.
+/// Runs one prompt through two caches side by side, with fidelity.
 #[tauri::command]
 pub async fn compare(
     state: State<'_, AppState>,
@@ -172,28 +151,52 @@ pub async fn reset_conversation(state: State<'_, AppState>) -> Res<()> {
     blocking(move || engine.reset()).await
 }
 
+/// The `cache-switched` event: every switch's marker, for other windows and the timeline.
 pub const SWITCH_EVENT: &str = "cache-switched";
 
+/// Re-encodes the conversation's cache; returns the timeline marker.
 #[tauri::command]
 pub async fn switch_cache<R: Runtime>(
     app: AppHandle<R>,
     state: State<'_, AppState>,
-    spec: String,
-) -> Res<SwitchReport> {
+    cache: CacheSelection,
+) -> Res<SwitchEvent> {
     let engine = state.engine.clone();
-    let report = blocking(move || engine.switch_cache(&spec)).await?;
-    let _ = app.emit(SWITCH_EVENT, &report);
-    Ok(report)
+    let marker = blocking(move || engine.switch_cache(&cache)).await?;
+    let _ = app.emit(SWITCH_EVENT, &marker);
+    Ok(marker)
+}
+
+/// The cache menu: presets and formats, each with its canonical SPEC.
+#[tauri::command]
+pub fn cache_options() -> CacheOptions {
+    engine_cache_options()
+}
+
+/// KV bytes of a context of `tokens` under every preset, on the loaded model.
+#[tauri::command]
+pub fn context_costs(state: State<'_, AppState>, tokens: usize) -> Res<Vec<ContextCost>> {
+    state.engine.handle().context_costs(tokens)
+}
+
+/// What each attached document (token counts, in order) adds to the conversation.
+#[tauri::command]
+pub fn document_fits(
+    state: State<'_, AppState>,
+    documents: Vec<usize>,
+    reserve: usize,
+) -> Res<Vec<DocumentFit>> {
+    state.engine.handle().document_fits(&documents, reserve)
 }
 
 #[tauri::command]
 pub async fn count_tokens(state: State<'_, AppState>, text: String) -> Res<usize> {
     let engine = state.engine.clone();
-    blocking(move || engine.count_tokens(&text)).await
+    blocking(move || engine.handle().count_tokens(&text)).await
 }
 
 /// A document with its token count (what the prompt will cost).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, TS)]
 pub struct InspectedDocument {
     #[serde(flatten)]
     pub doc: Document,
@@ -202,7 +205,7 @@ pub struct InspectedDocument {
 
 async fn with_tokens(state: &AppState, doc: Document) -> Res<InspectedDocument> {
     let (engine, text) = (state.engine.clone(), doc.text.clone());
-    let tokens = blocking(move || engine.count_tokens(&text)).await?;
+    let tokens = blocking(move || engine.handle().count_tokens(&text)).await?;
     Ok(InspectedDocument { doc, tokens })
 }
 
@@ -218,19 +221,15 @@ pub async fn inspect_document_path(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or(path.clone());
-        let meta = std::fs::metadata(&p)
-            .map_err(|e| CommandError::new("document_refused", format!("{name}: {e}")))?;
+        let refused = |why: String| CommandError::new(ErrorCode::DocumentRefused, why);
+        let meta = std::fs::metadata(&p).map_err(|e| refused(format!("{name}: {e}")))?;
         if !meta.is_file() {
-            return Err(CommandError::new(
-                "document_refused",
-                format!("{name}: not a file"),
-            ));
+            return Err(refused(format!("{name}: not a file")));
         }
         if meta.len() as usize > documents::MAX_BYTES {
             return documents::inspect(&name, &vec![0; documents::MAX_BYTES + 1]);
         }
-        let bytes = std::fs::read(&p)
-            .map_err(|e| CommandError::new("document_refused", format!("{name}: {e}")))?;
+        let bytes = std::fs::read(&p).map_err(|e| refused(format!("{name}: {e}")))?;
         documents::inspect(&name, &bytes)
     })
     .await?;
@@ -283,7 +282,7 @@ pub fn delete_session(state: State<'_, AppState>, id: String) -> Res<()> {
 pub async fn export_file<R: Runtime>(
     app: AppHandle<R>,
     file_name: String,
-    contents: String,
+    contents: Vec<u8>,
 ) -> Res<Option<String>> {
     blocking(move || {
         let Some(path) = app
@@ -296,25 +295,10 @@ pub async fn export_file<R: Runtime>(
         };
         let path = path
             .into_path()
-            .map_err(|e| CommandError::new("io", e.to_string()))?;
+            .map_err(|e| CommandError::new(ErrorCode::Io, e.to_string()))?;
         std::fs::write(&path, contents)
-            .map_err(|e| CommandError::new("io", format!("{}: {e}", path.display())))?;
+            .map_err(|e| CommandError::new(ErrorCode::Io, format!("{}: {e}", path.display())))?;
         Ok(Some(path.display().to_string()))
     })
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn system_info_reports_real_memory_and_cores() {
-        let info = read_system_info();
-        assert!(info.total_memory_bytes > 64 * 1024 * 1024);
-        assert_eq!(
-            info.cpu_cores,
-            std::thread::available_parallelism().unwrap().get()
-        );
-    }
 }

@@ -6,21 +6,32 @@
 mod pdf;
 
 use serde::Serialize;
+use ts_rs::TS;
 
-use crate::error::CommandError;
+use crate::error::{CommandError, ErrorCode};
 
 /// Largest file accepted, in bytes; also the most text a PDF may yield.
 pub const MAX_BYTES: usize = 4 * 1024 * 1024;
 
+/// What kind of text a document holds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum DocumentKind {
+    Text,
+    Markdown,
+    Code,
+    Pdf,
+}
+
 /// A file accepted as text.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, TS)]
 pub struct Document {
     pub name: String,
-    /// `text`, `markdown`, `code` or `pdf`.
-    pub kind: &'static str,
+    pub kind: DocumentKind,
     pub bytes: usize,
     /// Page count, for PDFs.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub pages: Option<usize>,
     pub text: String,
 }
@@ -58,7 +69,8 @@ fn extension(name: &str) -> String {
 
 /// Accepts `bytes` named `name` as a text document, or says why not (`document_refused`).
 pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
-    let refuse = |why: String| CommandError::new("document_refused", format!("{name}: {why}"));
+    let refuse =
+        |why: String| CommandError::new(ErrorCode::DocumentRefused, format!("{name}: {why}"));
     let ext = extension(name);
     if bytes.len() > MAX_BYTES {
         return Err(refuse(format!(
@@ -78,7 +90,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         }
         return Ok(Document {
             name: name.to_owned(),
-            kind: "pdf",
+            kind: DocumentKind::Pdf,
             bytes: bytes.len(),
             pages: Some(got.pages),
             text: got.text,
@@ -86,7 +98,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
     }
     if ext == "pdf" {
         return Err(CommandError::new(
-            "pdf_unreadable",
+            ErrorCode::PdfUnreadable,
             format!(
                 "{name}: not a PDF (it does not start with {})",
                 String::from_utf8_lossy(pdf::MAGIC)
@@ -109,11 +121,11 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         ))
     })?;
     let kind = if MARKDOWN.contains(&ext.as_str()) {
-        "markdown"
+        DocumentKind::Markdown
     } else if CODE.contains(&ext.as_str()) {
-        "code"
+        DocumentKind::Code
     } else {
-        "text"
+        DocumentKind::Text
     };
     Ok(Document {
         name: name.to_owned(),
@@ -137,10 +149,16 @@ mod tests {
         let d = inspect("notes.md", "# Title\nbody".as_bytes()).unwrap();
         assert_eq!(
             (d.kind, d.bytes, d.text.as_str()),
-            ("markdown", 12, "# Title\nbody")
+            (DocumentKind::Markdown, 12, "# Title\nbody")
         );
-        assert_eq!(inspect("main.RS", b"fn main() {}").unwrap().kind, "code");
-        assert_eq!(inspect("README", b"hello").unwrap().kind, "text");
+        assert_eq!(
+            inspect("main.RS", b"fn main() {}").unwrap().kind,
+            DocumentKind::Code
+        );
+        assert_eq!(
+            inspect("README", b"hello").unwrap().kind,
+            DocumentKind::Text
+        );
         assert_eq!(
             inspect("bom.txt", "\u{feff}hi".as_bytes()).unwrap().text,
             "hi"
@@ -150,7 +168,7 @@ mod tests {
     #[test]
     fn refuses_binary_unreadable_and_oversized_with_a_reason() {
         let e = inspect("blob.dat", &[1, 2, 0, 3]).unwrap_err();
-        assert_eq!(e.code, "document_refused");
+        assert_eq!(e.code, ErrorCode::DocumentRefused);
         assert!(e.message.contains("NUL"), "{}", e.message);
         let e = inspect("latin1.txt", &[b'c', b'a', 0xE9]).unwrap_err();
         assert!(e.message.contains("offset 2"), "{}", e.message);
@@ -171,7 +189,10 @@ mod tests {
         let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
         // Named like anything: the %PDF- header decides.
         let d = inspect("upload.bin", report).unwrap();
-        assert_eq!((d.kind, d.bytes, d.pages), ("pdf", report.len(), Some(2)));
+        assert_eq!(
+            (d.kind, d.bytes, d.pages),
+            (DocumentKind::Pdf, report.len(), Some(2))
+        );
         assert!(d
             .text
             .starts_with("KV Lab test document\n\nThe secret word is pineapple."));
@@ -189,17 +210,20 @@ mod tests {
     #[test]
     fn refuses_broken_and_textless_pdfs_with_their_codes() {
         let e = inspect("fake.pdf", b"just some text").unwrap_err();
-        assert_eq!(e.code, "pdf_unreadable");
+        assert_eq!(e.code, ErrorCode::PdfUnreadable);
         assert!(
             e.message.contains("does not start with %PDF-"),
             "{}",
             e.message
         );
         let scan = include_bytes!("../../tests/fixtures/documents/scan.pdf");
-        assert_eq!(inspect("scan.pdf", scan).unwrap_err().code, "pdf_no_text");
+        assert_eq!(
+            inspect("scan.pdf", scan).unwrap_err().code,
+            ErrorCode::PdfNoText
+        );
         let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
         let e = inspect("cut.pdf", &report[..report.len() / 2]).unwrap_err();
-        assert_eq!(e.code, "pdf_unreadable");
+        assert_eq!(e.code, ErrorCode::PdfUnreadable);
         // The size limit applies to PDFs as to any file.
         let mut big = report.to_vec();
         big.resize(MAX_BYTES + 1, b' ');

@@ -1,27 +1,22 @@
 //! KV Lab's desktop shell: a thin Tauri layer that turns UI commands into engine jobs and
 //! engine output into channel messages and low-rate events. It holds handles, never the model.
 
+#[cfg(test)]
+mod bindings;
 mod bridge;
-mod cachespec;
-mod card;
 mod commands;
 mod documents;
 mod download;
 mod error;
-mod events;
 mod monitor;
 pub mod platform;
 mod sessions;
 mod state;
-mod translate;
 
-use std::sync::{Arc, Mutex};
-
+use kvlab_engine::events::Activity;
 use tauri::{Emitter, Manager, Runtime};
 
-use events::EngineStatus;
-
-/// The `engine-status` event: the status bar's state, emitted on every change.
+/// The `engine-status` event: the engine's [`Activity`], emitted on every change.
 pub const STATUS_EVENT: &str = "engine-status";
 
 /// Starts the desktop app.
@@ -53,6 +48,9 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::stop_generation,
             commands::reset_conversation,
             commands::switch_cache,
+            commands::cache_options,
+            commands::context_costs,
+            commands::document_fits,
             commands::count_tokens,
             commands::inspect_document_path,
             commands::inspect_document_bytes,
@@ -72,24 +70,18 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
                 app.path().app_data_dir().ok(),
             );
             tracing::info!(dir = %data_dir.display(), "app data");
-            let status = Arc::new(Mutex::new(EngineStatus::NoModel));
             let handle = app.handle().clone();
-            let engine = bridge::EngineBridge::spawn(
-                status.clone(),
-                Arc::new(move |s: EngineStatus| {
-                    let label = s.label();
-                    let _ = handle.emit(STATUS_EVENT, commands::StatusView { status: s, label });
-                }),
-            )?;
+            let engine = bridge::EngineBridge::spawn(Box::new(move |a: &Activity| {
+                let _ = handle.emit(STATUS_EVENT, a);
+            }))?;
             let sampled = engine.clone();
             monitor::spawn_memory_sampler(
                 app.handle().clone(),
-                move || sampled.memory(),
+                move |t_ms, probe| sampled.memory_sample(t_ms, probe),
                 monitor::SAMPLE_PERIOD,
             );
             app.manage(state::AppState {
                 engine,
-                status,
                 sessions: sessions::SessionStore::new(data_dir.join("sessions")),
                 data_dir,
             });

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::Value;
+use ts_rs::TS;
 
-use crate::error::CommandError;
+use crate::error::{CommandError, ErrorCode};
 
 /// One line of the session list.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, TS)]
 pub struct SessionSummary {
     pub id: String,
     pub title: String,
@@ -22,7 +23,7 @@ pub struct SessionStore {
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> CommandError {
-    CommandError::new("io", format!("{}: {e}", path.display()))
+    CommandError::new(ErrorCode::Io, format!("{}: {e}", path.display()))
 }
 
 /// Ids become file names: only letters, digits, `-` and `_`, at most 64.
@@ -36,7 +37,7 @@ fn check_id(id: &str) -> Result<(), CommandError> {
         Ok(())
     } else {
         Err(CommandError::new(
-            "bad_session",
+            ErrorCode::BadSession,
             format!("invalid session id `{id}`"),
         ))
     }
@@ -55,12 +56,15 @@ impl SessionStore {
     /// Writes `session` (which must carry a valid string `id` and `title`) atomically.
     pub fn save(&self, session: &Value) -> Result<SessionSummary, CommandError> {
         let summary = summary_of(session).ok_or_else(|| {
-            CommandError::new("bad_session", "a session needs a string id and title")
+            CommandError::new(
+                ErrorCode::BadSession,
+                "a session needs a string id and title",
+            )
         })?;
         let path = self.path(&summary.id)?;
         std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let bytes = serde_json::to_vec_pretty(session)
-            .map_err(|e| CommandError::new("bad_session", e.to_string()))?;
+            .map_err(|e| CommandError::new(ErrorCode::BadSession, e.to_string()))?;
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).map_err(|e| io(&self.dir, e))?;
         std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| io(tmp.path(), e))?;
         tmp.as_file().sync_all().map_err(|e| io(tmp.path(), e))?;
@@ -72,12 +76,13 @@ impl SessionStore {
         let path = self.path(id)?;
         let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
-                CommandError::new("session_not_found", format!("no session `{id}`"))
+                CommandError::new(ErrorCode::SessionNotFound, format!("no session `{id}`"))
             }
             _ => io(&path, e),
         })?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| CommandError::new("bad_session", format!("{}: {e}", path.display())))
+        serde_json::from_slice(&bytes).map_err(|e| {
+            CommandError::new(ErrorCode::BadSession, format!("{}: {e}", path.display()))
+        })
     }
 
     /// Every readable session, newest first (unreadable files are skipped, not fatal).
@@ -143,7 +148,10 @@ mod tests {
         assert_eq!(store.rename("a1", " Renamed ").unwrap().title, "Renamed");
         assert_eq!(store.load("a1").unwrap()["messages"][0]["content"], "hi");
         store.delete("a1").unwrap();
-        assert_eq!(store.load("a1").unwrap_err().code, "session_not_found");
+        assert_eq!(
+            store.load("a1").unwrap_err().code,
+            ErrorCode::SessionNotFound
+        );
         // No temp files are left behind next to the sessions.
         let names: Vec<_> = std::fs::read_dir(dir.path().join("sessions"))
             .unwrap()
@@ -171,14 +179,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SessionStore::new(dir.path().to_path_buf());
         for bad in ["../x", "a/b", "", "a.json"] {
-            assert_eq!(store.load(bad).unwrap_err().code, "bad_session", "{bad}");
+            assert_eq!(
+                store.load(bad).unwrap_err().code,
+                ErrorCode::BadSession,
+                "{bad}"
+            );
         }
         assert_eq!(
             store
                 .save(&json!({"id": "../evil", "title": "t"}))
                 .unwrap_err()
                 .code,
-            "bad_session"
+            ErrorCode::BadSession
         );
         std::fs::write(dir.path().join("junk.json"), b"{not json").unwrap();
         assert!(store.list().is_empty());

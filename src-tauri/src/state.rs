@@ -1,25 +1,54 @@
-//! Managed app state: handles shared by commands (never the model itself).
+//! Managed app state: handles shared by commands (never the model itself), and where the app
+//! keeps its data and finds its default model.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use crate::bridge::EngineBridge;
-use crate::events::EngineStatus;
+use crate::commands::DefaultModel;
+use crate::error::{CommandError, ErrorCode};
 use crate::sessions::SessionStore;
 
 pub struct AppState {
     pub engine: EngineBridge,
-    pub status: Arc<Mutex<EngineStatus>>,
     pub sessions: SessionStore,
     pub data_dir: PathBuf,
 }
 
 /// The app data dir: `$KVLAB_DATA_DIR` when set (tests use a temp dir), else the platform's.
-pub fn data_dir_from(env: Option<std::ffi::OsString>, platform: Option<PathBuf>) -> PathBuf {
+pub fn data_dir_from(env: Option<OsString>, platform: Option<PathBuf>) -> PathBuf {
     env.filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or(platform)
         .unwrap_or_else(|| std::env::temp_dir().join("kvlab"))
+}
+
+/// The default model named by `$KVLAB_DEFAULT_MODEL` (the offline Gemma 3 270M, which
+/// `scripts/run.sh` fetches and names): an error when unset or missing, so the UI offers the
+/// picker and the Hub instead.
+pub fn default_model(env: Option<OsString>) -> Result<DefaultModel, CommandError> {
+    let path = env
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            CommandError::new(
+                ErrorCode::NoDefaultModel,
+                "no default model: open a GGUF file or a model folder, or download one",
+            )
+        })?;
+    if !path.exists() {
+        return Err(CommandError::new(
+            ErrorCode::NoDefaultModel,
+            format!(
+                "the default model {} is missing — run `kvlab assets fetch`",
+                path.display()
+            ),
+        ));
+    }
+    Ok(DefaultModel {
+        name: "Gemma 3 270M (offline)".into(),
+        path: path.display().to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -38,5 +67,23 @@ mod tests {
             PathBuf::from("/p")
         );
         assert_eq!(data_dir_from(None, p), PathBuf::from("/p"));
+    }
+
+    #[test]
+    fn the_default_model_must_be_named_and_present() {
+        assert_eq!(
+            default_model(None).unwrap_err().code,
+            ErrorCode::NoDefaultModel
+        );
+        let missing = default_model(Some("/nonexistent/model.gguf".into())).unwrap_err();
+        assert_eq!(missing.code, ErrorCode::NoDefaultModel);
+        assert!(
+            missing.message.contains("kvlab assets fetch"),
+            "{}",
+            missing.message
+        );
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let found = default_model(Some(file.path().into())).unwrap();
+        assert_eq!(found.path, file.path().display().to_string());
     }
 }

@@ -366,6 +366,7 @@ pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
     let switch = match &args.switch_to {
         Some(to) => Some(switch_precision(
             &mut cache,
+            &CacheSpec::parse(&args.kv)?.to_policy(),
             &CacheSpec::parse(to)?.to_policy(),
             &mut probe,
         )?),

@@ -150,6 +150,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         card.layers,
         card.params as f64 / 1e6
     );
+    for w in &card.warnings {
+        eprintln!("warning: {w}");
+    }
     let sampling = SamplingParams {
         temperature: args.temp,
         top_k: (args.top_k > 0).then_some(args.top_k),
@@ -197,14 +200,16 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             if let Some((at, to, p)) = &switch {
                 if streamed == *at {
                     // Applied by the engine thread between this token and the next.
-                    let t0 = std::time::Instant::now();
-                    let mem = engine
+                    let marker = engine
                         .switch_cache(p.clone())
                         .map_err(|e| anyhow::anyhow!("switching the cache to {to}: {e}"))?;
                     eprintln!(
-                        "\n[switched the cache to {to} after {at} tokens in {:.0} ms: KV now {:.2} MiB]",
-                        t0.elapsed().as_secs_f64() * 1e3,
-                        mem.total.0 as f64 / 1048576.0
+                        "\n[switched the cache {} → {} after {at} tokens in {:.0} ms: KV {:.2} → {:.2} MiB]",
+                        marker.from,
+                        marker.to,
+                        marker.duration_ms,
+                        marker.kv_before.used as f64 / 1048576.0,
+                        marker.kv_after.used as f64 / 1048576.0
                     );
                 }
             }

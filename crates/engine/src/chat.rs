@@ -10,6 +10,7 @@
 //! Message text is trimmed as the reference templates do.
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 use crate::tokenizer::{Control, Family, GemmaTokenizer, Segment, TokenizerError};
 
@@ -28,7 +29,7 @@ pub enum ChatError {
     Tokenizer(#[from] TokenizerError),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     System,
@@ -38,7 +39,7 @@ pub enum Role {
 
 /// One chat message. `thinking` holds a model turn's thought channel, kept for display and
 /// never rendered back into the prompt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: Role,

@@ -1,20 +1,21 @@
-//! Side-by-side generation: one prompt through two cache policies of the same model in
-//! lockstep (each round advances both streams by one token, so both stream at once), then the
-//! test policy's fidelity against the reference, teacher-forced on the reference's tokens
-//! ([`crate::fidelity::compare_caches`]). Both caches are fresh: a chat session is untouched.
+//! Side-by-side generation: one prompt through two cache policies of the same model as two
+//! [`Sequence`]s in lockstep (each round advances both streams by one token, so both stream
+//! at once), then the test policy's fidelity against the reference, teacher-forced on the
+//! reference's tokens ([`crate::fidelity::compare_caches`]). Both caches are fresh: a chat
+//! session is untouched.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
-use crate::events::{DoneReason, ErrorCode, Event, GenStats};
+use crate::events::{ErrorCode, Event};
 use crate::fidelity::compare_caches;
-use crate::generate::{delta_event, per_second, render_checked_prompt, GenerateError, Prompt};
-use crate::kv::{KvCache, PrecisionPolicy};
+use crate::generate::{render_checked_prompt, GenerateError, Prompt, Sequence};
+use crate::kv::PrecisionPolicy;
 use crate::model::{Logits, Model};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stream::StreamSplitter;
+use crate::sampling::SamplingParams;
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).
@@ -48,7 +49,7 @@ pub struct CompareRequest {
 }
 
 /// Fidelity of the tested cache against the reference, and both caches' bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct CompareFidelity {
     /// Mean KL(reference ‖ test) per position, nats.
     pub mean_kld: f64,
@@ -68,7 +69,7 @@ pub struct CompareFidelity {
 
 /// One thing a comparison reports. Every comparison ends with exactly one `finished` or
 /// `error`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CompareEvent {
     /// An event of pane 0 (reference) or 1 (test): `token`, `thinking`, `stats`, `done`.
@@ -106,18 +107,6 @@ impl<F: FnMut(CompareEvent)> CompareHooks for F {
     }
 }
 
-struct Pane {
-    cache: KvCache,
-    sampler: Sampler,
-    splitter: StreamSplitter,
-    ids: Vec<u32>,
-    logits: Option<candle_core::Tensor>,
-    done: Option<DoneReason>,
-    t0: Instant,
-    prefill_secs: f64,
-    t_first: Option<Instant>,
-}
-
 /// Runs `req`: streams both panes (`pane` events ending in `stats` and `done` each), then
 /// scores the test cache on the reference's tokens. Returns the fidelity it reported.
 /// Does not emit `finished`: the caller does, so it can publish its state first.
@@ -129,113 +118,56 @@ pub fn run(
     hooks: &mut dyn CompareHooks,
 ) -> Result<Option<CompareFidelity>, GenerateError> {
     let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
-    let max_ctx = model.config().max_position_embeddings;
-    let family = tokenizer.family();
-    let stops = family.stop_ids();
+    let max_context = model.config().max_position_embeddings;
     let mut panes = Vec::with_capacity(2);
-    for policy in &req.policies {
-        let t0 = Instant::now();
+    for (i, policy) in req.policies.iter().enumerate() {
+        let started = Instant::now();
         let mut cache = model.new_cache(policy)?;
-        let mut logits = None;
-        for chunk in prompt.chunks(req.prefill_chunk.max(1)) {
+        let mut seq = Sequence::new(
+            tokenizer,
+            prompt.clone(),
+            0,
+            req.sampling,
+            req.max_tokens,
+            max_context,
+            started,
+        )?;
+        while let Some(chunk) = seq.next_prefill(req.prefill_chunk) {
             hooks.between_steps();
             if cancel.load(Ordering::Relaxed) {
+                seq.cancel();
                 break;
             }
-            logits = Some(model.forward(chunk, &mut cache, Logits::Last)?);
+            let (t, n) = (Instant::now(), chunk.len());
+            let logits = model.forward(chunk, &mut cache, Logits::Last)?;
+            seq.prefilled(n, logits, t.elapsed().as_secs_f64());
         }
-        panes.push(Pane {
-            cache,
-            sampler: Sampler::new(req.sampling)?,
-            splitter: StreamSplitter::new(family),
-            ids: Vec::new(),
-            logits,
-            done: None,
-            t0,
-            prefill_secs: t0.elapsed().as_secs_f64(),
-            t_first: None,
-        });
+        panes.push((i, seq, cache));
     }
 
-    while panes.iter().any(|p| p.done.is_none()) {
+    // Lockstep: each round advances both streams by one token, so both stream at once.
+    while panes.iter().any(|(_, seq, _)| !seq.is_done()) {
         hooks.between_steps();
         let cancelled = cancel.load(Ordering::Relaxed);
-        for (i, p) in panes.iter_mut().enumerate() {
-            if p.done.is_some() {
-                continue;
-            }
-            // No logits only when the prefill was cancelled.
-            let current = match p.logits.take() {
-                Some(l) if !cancelled => l,
-                _ => {
-                    p.done = Some(DoneReason::Cancelled);
-                    continue;
-                }
-            };
-            if p.ids.len() >= req.max_tokens {
-                p.done = Some(DoneReason::Length);
-                continue;
-            }
-            let id = p.sampler.sample(&current.to_vec1::<f32>()?)?;
-            p.t_first.get_or_insert_with(Instant::now);
-            p.ids.push(id);
-            let step = p.splitter.push(tokenizer, id)?;
-            for d in step.deltas {
-                hooks.emit(CompareEvent::Pane {
-                    pane: i,
-                    event: delta_event(d),
-                });
-            }
-            if step.stop || stops.contains(&id) {
-                p.done = Some(DoneReason::Stop);
-            } else if p.ids.len() >= req.max_tokens || p.cache.seq_len() >= max_ctx {
-                p.done = Some(DoneReason::Length);
-            } else {
-                p.logits = Some(model.forward(&[id], &mut p.cache, Logits::Last)?);
+        for (i, seq, cache) in &mut panes {
+            let pane = *i;
+            let mut emit = |event| hooks.emit(CompareEvent::Pane { pane, event });
+            if let Some(id) = seq.sample(tokenizer, cancelled, cache.seq_len(), &mut emit)? {
+                seq.fed(model.forward(&[id], cache, Logits::Last)?);
             }
         }
     }
 
+    let reference = panes[0].1.all_ids();
     let mut kv_bytes = [0u64; 2];
-    for (i, p) in panes.iter_mut().enumerate() {
-        for d in p.splitter.finish(tokenizer)? {
-            hooks.emit(CompareEvent::Pane {
-                pane: i,
-                event: delta_event(d),
-            });
-        }
-        let memory = p.cache.memory();
-        kv_bytes[i] = memory.total.0 as u64;
-        let decode_secs = p.t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let stats = GenStats {
-            prompt_tokens: prompt.len(),
-            reused_tokens: 0,
-            prefill_tokens: prompt.len(),
-            generated_tokens: p.ids.len(),
-            time_to_first_token_s: p.t_first.map_or(0.0, |t| (t - p.t0).as_secs_f64()),
-            prefill_tok_per_s: per_second(prompt.len(), p.prefill_secs),
-            decode_tok_per_s: per_second(p.ids.len().saturating_sub(1), decode_secs),
-            context_tokens: p.cache.seq_len(),
-            max_context: max_ctx,
-            kv_bytes: memory.total.0,
-            kv_bytes_allocated: memory.total.1,
-        };
-        hooks.emit(CompareEvent::Pane {
-            pane: i,
-            event: Event::Stats(stats),
-        });
-        hooks.emit(CompareEvent::Pane {
-            pane: i,
-            event: Event::Done {
-                reason: p.done.unwrap_or(DoneReason::Cancelled),
-                token_ids: p.ids.clone(),
-            },
-        });
+    for ((pane, seq, cache), policy) in panes.into_iter().zip(&req.policies) {
+        let memory = cache.memory();
+        kv_bytes[pane] = memory.total.0 as u64;
+        let mut emit = |event| hooks.emit(CompareEvent::Pane { pane, event });
+        seq.finish(tokenizer, cache.seq_len(), &memory, policy, &mut emit)?;
+        // The pane's cache is no longer needed; free it before scoring builds two more.
+        drop(cache);
     }
-
-    let reference: Vec<u32> = prompt.iter().chain(&panes[0].ids).copied().collect();
-    // The panes' caches are no longer needed; free them before scoring builds two more.
-    drop(panes);
     if cancel.load(Ordering::Relaxed) || reference.len() < 2 {
         return Ok(None);
     }

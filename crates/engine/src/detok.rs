@@ -1,6 +1,11 @@
 //! Incremental detokenization: turns a stream of token ids into text deltas whose
 //! concatenation equals decoding all ids at once. A character split over several
 //! byte-fallback tokens is held back until it is complete, so no delta ends mid-character.
+//!
+//! Why not `tokenizers`' own `DecodeStream`: it streams the same deltas, but it has no end of
+//! stream, so the bytes of a character cut off by a stop or `max_tokens` are lost instead of
+//! shown (as U+FFFD), and it borrows the tokenizer for the whole generation. The test
+//! `decode_stream_agrees_but_loses_a_cut_character` keeps that comparison honest.
 
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 
@@ -141,5 +146,28 @@ mod tests {
         let text = "über straße 🙂 ".repeat(40);
         let ids = tok.encode(&text, false).unwrap();
         assert_eq!(stream(&tok, &ids).1, text);
+    }
+
+    #[test]
+    fn decode_stream_agrees_but_loses_a_cut_character() {
+        let tok = tiny(Family::Gemma3);
+        let text = "naïve café 東京 🙂 ok";
+        let ids = tok.encode(text, false).unwrap();
+        let theirs = |ids: &[u32]| -> String {
+            let mut stream = tok.inner().decode_stream(false);
+            ids.iter()
+                .filter_map(|&id| stream.step(id).unwrap())
+                .collect()
+        };
+        // Same text on complete input...
+        assert_eq!(theirs(&ids), stream(&tok, &ids).1);
+        // ...but a character cut short at the end vanishes from theirs.
+        let cut = tok.encode("a🙂", false).unwrap();
+        let cut = &cut[..cut.len() - 1];
+        assert_eq!(theirs(cut), "a");
+        assert_eq!(
+            stream(&tok, cut).1,
+            format!("a{REPLACEMENT}{REPLACEMENT}{REPLACEMENT}")
+        );
     }
 }

@@ -54,3 +54,14 @@ pub fn preferred_dtype(device: &Device) -> DType {
         Device::Metal(_) => DType::F16,
     }
 }
+
+impl crate::model::LoadOptions {
+    /// The device `choice` opens, with the dtype that suits it ([`preferred_dtype`]).
+    pub fn on(choice: DeviceChoice) -> Result<Self> {
+        let device = select_device(choice)?;
+        Ok(Self {
+            dtype: preferred_dtype(&device),
+            device,
+        })
+    }
+}

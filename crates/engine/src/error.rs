@@ -72,6 +72,25 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The stable code a caller sees for this error.
+    pub fn code(&self) -> crate::events::ErrorCode {
+        use crate::events::ErrorCode as C;
+        match self {
+            EngineError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                C::ModelNotFound
+            }
+            EngineError::Io { .. } => C::Io,
+            EngineError::UnsupportedArchitecture(_) => C::UnsupportedModel,
+            EngineError::ConfigParse { .. }
+            | EngineError::ConfigContradiction(_)
+            | EngineError::MissingTensor { .. }
+            | EngineError::ShapeMismatch { .. }
+            | EngineError::CorruptFile { .. } => C::BadModelFile,
+            EngineError::InvalidRequest(_) => C::InvalidRequest,
+            EngineError::Codec(_) | EngineError::Candle(_) => C::Internal,
+        }
+    }
+
     /// Shorthand for [`EngineError::InvalidRequest`].
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         Self::InvalidRequest(msg.into())

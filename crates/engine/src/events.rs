@@ -1,14 +1,17 @@
 //! What the engine tells its callers: one serde enum of events (loading progress, the loaded
-//! model's card, text deltas, stats, the end of a generation, errors with stable codes). The
-//! types are deliberately Tauri-free so the app, the CLI and the tests consume the same JSON;
-//! that JSON is a contract, pinned by the tests below.
+//! model's card, text deltas, stats, the end of a generation, errors with stable codes), the
+//! one [`ErrorCode`] vocabulary every front end shows, and the engine's [`Activity`] for
+//! status bars. The types are deliberately Tauri-free so the app, the CLI and the tests
+//! consume the same JSON; that JSON is a contract, pinned by the tests below, and the UI's
+//! TypeScript types are generated from these definitions.
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
-use crate::kv::KvPrecision;
+pub use crate::card::{HeadShape, LayerCounts, ModelCard};
 
 /// One thing that happened in the engine, sent to the sink of the job that caused it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// A model is being located, downloaded or read.
@@ -56,7 +59,7 @@ pub enum Event {
 }
 
 /// The phases of a load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum LoadPhase {
     /// Turning the user's model string into local files.
@@ -70,7 +73,7 @@ pub enum LoadPhase {
 }
 
 /// Why a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum DoneReason {
     /// The model ended its turn (`<eos>` or end-of-turn).
@@ -81,8 +84,9 @@ pub enum DoneReason {
     Cancelled,
 }
 
-/// Stable, machine-readable error codes (the UI switches on these, so never rename one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Stable, machine-readable error codes: the one vocabulary of the engine, the app and the UI
+/// (which switches on them, so never rename one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
@@ -108,8 +112,53 @@ pub enum ErrorCode {
     Network,
     /// The engine thread is gone.
     EngineStopped,
+    /// The model's architecture is not one the engine implements.
+    UnsupportedModel,
+    /// A file could not be read or written.
+    Io,
+    /// No default model is configured (`KVLAB_DEFAULT_MODEL`), or its file is missing.
+    NoDefaultModel,
+    /// A document cannot go into the prompt (binary, not UTF-8, too large, not a file).
+    DocumentRefused,
+    /// A PDF that cannot be parsed.
+    PdfUnreadable,
+    /// A password-protected PDF.
+    PdfEncrypted,
+    /// A PDF without a text layer (scans, images only).
+    PdfNoText,
+    /// No saved session has that id.
+    SessionNotFound,
+    /// A saved session that cannot be read or written as given.
+    BadSession,
     /// Anything else (a tensor operation failed).
     Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for exhaustive tests and documentation.
+    pub const ALL: [ErrorCode; 21] = [
+        ErrorCode::ModelNotFound,
+        ErrorCode::BadModelFile,
+        ErrorCode::TokenizerNotFound,
+        ErrorCode::BadTokenizer,
+        ErrorCode::NoModel,
+        ErrorCode::ContextOverflow,
+        ErrorCode::Busy,
+        ErrorCode::Cancelled,
+        ErrorCode::InvalidRequest,
+        ErrorCode::Network,
+        ErrorCode::EngineStopped,
+        ErrorCode::UnsupportedModel,
+        ErrorCode::Io,
+        ErrorCode::NoDefaultModel,
+        ErrorCode::DocumentRefused,
+        ErrorCode::PdfUnreadable,
+        ErrorCode::PdfEncrypted,
+        ErrorCode::PdfNoText,
+        ErrorCode::SessionNotFound,
+        ErrorCode::BadSession,
+        ErrorCode::Internal,
+    ];
 }
 
 impl ErrorCode {
@@ -127,6 +176,15 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Network => "network",
             ErrorCode::EngineStopped => "engine_stopped",
+            ErrorCode::UnsupportedModel => "unsupported_model",
+            ErrorCode::Io => "io",
+            ErrorCode::NoDefaultModel => "no_default_model",
+            ErrorCode::DocumentRefused => "document_refused",
+            ErrorCode::PdfUnreadable => "pdf_unreadable",
+            ErrorCode::PdfEncrypted => "pdf_encrypted",
+            ErrorCode::PdfNoText => "pdf_no_text",
+            ErrorCode::SessionNotFound => "session_not_found",
+            ErrorCode::BadSession => "bad_session",
             ErrorCode::Internal => "internal",
         }
     }
@@ -139,7 +197,7 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// Figures of one generation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct GenStats {
     /// Tokens in the rendered prompt.
     pub prompt_tokens: usize,
@@ -163,58 +221,36 @@ pub struct GenStats {
     pub kv_bytes: usize,
     /// Bytes the KV cache has reserved.
     pub kv_bytes_allocated: usize,
+    /// The cache it ran with at its end, as its canonical SPEC.
+    pub cache_spec: String,
 }
 
-/// How many layers of each attention kind a model has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayerCounts {
-    /// Sliding-window layers that own a cache.
-    pub sliding: usize,
-    /// Full-attention layers that own a cache.
-    pub full: usize,
-    /// Layers that read another layer's cache (Gemma 4 KV sharing).
-    pub shared: usize,
-}
-
-/// KV cache bytes one token costs in one precision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KvBytesPerToken {
-    /// The storage precision.
-    pub precision: KvPrecision,
-    /// Over sliding layers (these stop growing once the window is full).
-    pub sliding: usize,
-    /// Over full layers (these grow with every token).
-    pub full: usize,
-}
-
-/// What a loaded model is: shown by the UI and printed by the CLI.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelCard {
-    /// Display name (file or repository name).
-    pub name: String,
-    /// `gemma3` or `gemma4`.
-    pub architecture: String,
-    /// Number of parameters in the weight file(s).
-    pub params: u64,
-    /// Decoder layers.
-    pub layers: usize,
-    /// Layers by attention kind.
-    pub layer_counts: LayerCounts,
-    /// Sliding window (0 without sliding layers).
-    pub sliding_window: usize,
-    /// Maximum context in tokens.
-    pub max_context: usize,
-    /// Vocabulary size.
-    pub vocab_size: usize,
-    /// KV bytes per token for each dense precision.
-    pub kv_bytes_per_token: Vec<KvBytesPerToken>,
-    /// Whether the model has a thinking mode.
-    pub supports_thinking: bool,
-    /// Whether the checkpoint ships a chat template (false: a base model, best prompted
-    /// with plain text; `None`: unknown).
-    pub has_chat_template: Option<bool>,
-    /// Config fields that were ignored or defaulted.
-    pub warnings: Vec<String>,
+/// What the engine is doing, for a status bar (sent on every change, so low rate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Activity {
+    /// Nothing is loaded.
+    NoModel,
+    /// A model is being located, downloaded or read.
+    Loading {
+        /// What is loading (path or repository).
+        source: String,
+    },
+    /// A model is loaded and idle.
+    Ready {
+        /// Its name.
+        model: String,
+    },
+    /// A generation or comparison is running.
+    Generating {
+        /// The model's name.
+        model: String,
+    },
+    /// The last load failed and nothing is loaded.
+    Failed {
+        /// Why.
+        message: String,
+    },
 }
 
 #[cfg(test)]
@@ -274,23 +310,30 @@ mod tests {
 
     #[test]
     fn every_error_code_serializes_as_its_str() {
-        use ErrorCode::*;
-        for c in [
-            ModelNotFound,
-            BadModelFile,
-            TokenizerNotFound,
-            BadTokenizer,
-            NoModel,
-            ContextOverflow,
-            Busy,
-            Cancelled,
-            InvalidRequest,
-            Network,
-            EngineStopped,
-            Internal,
-        ] {
+        let mut seen = std::collections::HashSet::new();
+        for c in ErrorCode::ALL {
             assert_eq!(to_value(c).unwrap(), json!(c.as_str()));
+            assert_eq!(
+                serde_json::from_value::<ErrorCode>(json!(c.as_str())).unwrap(),
+                c
+            );
+            assert!(seen.insert(c.as_str()), "{c} twice");
         }
+    }
+
+    #[test]
+    fn activity_json_is_pinned() {
+        assert_eq!(
+            to_value(Activity::Loading {
+                source: "/m/x.gguf".into()
+            })
+            .unwrap(),
+            json!({"state": "loading", "source": "/m/x.gguf"})
+        );
+        assert_eq!(
+            to_value(Activity::NoModel).unwrap(),
+            json!({"state": "no_model"})
+        );
     }
 
     #[test]
@@ -307,6 +350,7 @@ mod tests {
             max_context: 256,
             kv_bytes: 1024,
             kv_bytes_allocated: 2048,
+            cache_spec: "tq3.5@all".into(),
         };
         let v = to_value(Event::Stats(stats.clone())).unwrap();
         assert_eq!(v["type"], "stats");
@@ -315,31 +359,15 @@ mod tests {
             serde_json::from_value::<Event>(v).unwrap(),
             Event::Stats(stats)
         );
-        let card = ModelCard {
-            name: "m".into(),
-            architecture: "gemma3".into(),
-            params: 7,
-            layers: 2,
-            layer_counts: LayerCounts {
-                sliding: 1,
-                full: 1,
-                shared: 0,
-            },
-            sliding_window: 8,
-            max_context: 256,
-            vocab_size: 512,
-            kv_bytes_per_token: vec![KvBytesPerToken {
-                precision: KvPrecision::F16,
-                sliding: 64,
-                full: 64,
-            }],
-            supports_thinking: false,
-            has_chat_template: Some(false),
-            warnings: vec![],
-        };
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_gemma3");
+        let card = crate::card::inspect(&path, &crate::model::LoadOptions::default())
+            .unwrap()
+            .card;
         let v = to_value(Event::Loaded { card: card.clone() }).unwrap();
         assert_eq!(v["type"], "loaded");
-        assert_eq!(v["card"]["kv_bytes_per_token"][0]["precision"], "f16");
+        assert_eq!(v["card"]["token_costs"][1]["spec"], "f16");
+        assert_eq!(v["card"]["architecture"], "gemma3");
         assert_eq!(
             serde_json::from_value::<Event>(v).unwrap(),
             Event::Loaded { card }

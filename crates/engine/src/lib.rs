@@ -2,6 +2,7 @@
 //! layout and precision are separate axes, and reports memory exactly. Knows nothing of Tauri.
 
 pub mod assets;
+pub mod card;
 pub mod chat;
 pub mod compare;
 pub mod config;
@@ -22,9 +23,11 @@ pub mod tokenizer;
 pub mod weights;
 pub mod worker;
 
+pub use card::{MemoryEstimate, ModelCard};
 pub use config::ModelConfig;
 pub use error::{EngineError, Result};
+pub use events::ErrorCode;
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
 pub use source::ModelSource;
-pub use worker::{Engine, EngineHandle};
+pub use worker::{Engine, EngineHandle, JobError};

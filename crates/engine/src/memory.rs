@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::kv::{KvCache, KvMemoryReport, KvPrecision, PrecisionPolicy, TqSide};
+use crate::kv::{presets, KvCache, KvMemoryReport, KvPrecision, PrecisionPolicy, TqSide};
 
 /// Bytes holding live tokens and bytes reserved.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct ByteCount {
     /// Bytes that hold live tokens.
     pub used: u64,
@@ -29,7 +30,7 @@ impl ByteCount {
 }
 
 /// KV bytes per attention kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct KindBytes {
     /// Sliding-window layers.
     pub sliding: ByteCount,
@@ -38,7 +39,7 @@ pub struct KindBytes {
 }
 
 /// One cache-owning layer's bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct LayerBytes {
     /// Layer index.
     pub layer: usize,
@@ -52,13 +53,27 @@ pub struct LayerBytes {
     pub bytes: ByteCount,
 }
 
-/// The whole cache's bytes, broken down three ways (each adds up to the totals).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The bytes of the layers of one attention kind stored in one precision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct KvPart {
+    /// Sliding or full.
+    pub kind: AttentionKind,
+    /// Precision in SPEC form.
+    pub precision: String,
+    /// Their bytes.
+    pub bytes: ByteCount,
+}
+
+/// The whole cache's bytes, broken down four ways (each adds up to the totals).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct KvBytes {
     /// Per attention kind.
     pub by_kind: KindBytes,
     /// Per precision, keyed by its SPEC form (`f16`, `tq4`, …).
     pub by_precision: BTreeMap<String, ByteCount>,
+    /// Per attention kind and precision together, in layer order of first appearance (the
+    /// memory timeline's stacked series).
+    pub parts: Vec<KvPart>,
     /// Every cache-owning layer (KV-sharing consumers own nothing and are left out).
     pub layers: Vec<LayerBytes>,
     /// Bytes holding live tokens, all layers.
@@ -82,6 +97,21 @@ impl KvBytes {
                 .entry(name.clone())
                 .or_default()
                 .add(l.bytes_used, l.bytes_allocated);
+            match out
+                .parts
+                .iter_mut()
+                .find(|p| p.kind == l.kind && p.precision == name)
+            {
+                Some(p) => p.bytes.add(l.bytes_used, l.bytes_allocated),
+                None => out.parts.push(KvPart {
+                    kind: l.kind,
+                    precision: name.clone(),
+                    bytes: ByteCount {
+                        used: l.bytes_used as u64,
+                        allocated: l.bytes_allocated as u64,
+                    },
+                }),
+            }
             out.total_used += l.bytes_used as u64;
             out.total_allocated += l.bytes_allocated as u64;
             out.layers.push(LayerBytes {
@@ -157,7 +187,7 @@ pub fn policy_token_bytes(
 }
 
 /// Per-token KV bytes split by attention kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct KindTokenBytes {
     /// Over sliding-window layers.
     pub sliding: u64,
@@ -165,18 +195,21 @@ pub struct KindTokenBytes {
     pub full: u64,
 }
 
-/// The KV bytes a context of `tokens` holds under `policy`, before anything is loaded: full
-/// layers keep every token, sliding layers the last `window − 1` (what the cache keeps
-/// between steps, without a rewind margin).
+/// The KV bytes a context of `tokens` holds under `policy`, before anything is loaded:
+/// full layers keep every token; sliding layers the last `window − 1` plus `rewind_margin`
+/// (what [`KvCache`] keeps between steps once [`KvCache::set_rewind_margin`] is set); a
+/// TurboQuant layer adds its per-head offsets once it holds a token. Equal to a filled
+/// cache's bytes (tested).
 pub fn estimate_kv_bytes(
     config: &ModelConfig,
     policy: &PrecisionPolicy,
     tokens: usize,
+    rewind_margin: usize,
 ) -> Result<u64> {
     let mut total = 0u64;
     for l in config.cache_owning_layers() {
         let held = match l.sliding_window {
-            Some(w) => tokens.min(w.saturating_sub(1)),
+            Some(w) => tokens.min(w.saturating_sub(1) + rewind_margin),
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
@@ -189,10 +222,118 @@ pub fn estimate_kv_bytes(
     Ok(total)
 }
 
+/// What one token costs under one preset (applied to all layers), per attention kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct TokenCost {
+    /// The preset's label (`TQ 3.5`).
+    pub label: String,
+    /// Its canonical SPEC on all layers.
+    pub spec: String,
+    /// Bytes per token over the full-attention layers (these grow with every token).
+    pub full_bytes_per_token: u64,
+    /// Bytes per token over the sliding layers (these stop growing at their window).
+    pub sliding_bytes_per_token: u64,
+}
+
+/// The per-token cost of every preset over `config`'s layers.
+pub fn token_costs(config: &ModelConfig) -> Vec<TokenCost> {
+    presets()
+        .into_iter()
+        .filter_map(|p| {
+            let policy = crate::kv::CacheSpec::parse(&p.specs.all).ok()?.to_policy();
+            let b = policy_token_bytes(config, &policy).ok()?;
+            Some(TokenCost {
+                label: p.label,
+                spec: p.specs.all,
+                full_bytes_per_token: b.full,
+                sliding_bytes_per_token: b.sliding,
+            })
+        })
+        .collect()
+}
+
+/// KV bytes under one preset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct ContextCost {
+    /// The preset's label.
+    pub label: String,
+    /// Its canonical SPEC on all layers.
+    pub spec: String,
+    /// The bytes.
+    pub bytes: u64,
+}
+
+/// The KV bytes of a context of `tokens` under every preset (all layers).
+pub fn context_costs(
+    config: &ModelConfig,
+    tokens: usize,
+    rewind_margin: usize,
+) -> Vec<ContextCost> {
+    costs_between(config, 0, tokens, rewind_margin)
+}
+
+/// Per preset: the bytes a context of `to` tokens holds minus those of `from` tokens.
+fn costs_between(config: &ModelConfig, from: usize, to: usize, margin: usize) -> Vec<ContextCost> {
+    presets()
+        .into_iter()
+        .filter_map(|p| {
+            let policy = crate::kv::CacheSpec::parse(&p.specs.all).ok()?.to_policy();
+            let at = |t| estimate_kv_bytes(config, &policy, t, margin).ok();
+            Some(ContextCost {
+                label: p.label,
+                spec: p.specs.all,
+                bytes: at(to)?.saturating_sub(at(from)?),
+            })
+        })
+        .collect()
+}
+
+/// What attaching a document costs before it is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct DocumentFit {
+    /// The document's tokens.
+    pub tokens: usize,
+    /// Extra KV bytes it adds to the context, under each preset.
+    pub costs: Vec<ContextCost>,
+    /// Context tokens after the documents up to this one and room for the answer.
+    pub context_after: usize,
+    /// Whether that still fits the model's context.
+    pub fits: bool,
+}
+
+/// The cost of each of `documents` (token counts, in attachment order) added to a context of
+/// `context_tokens`, each on top of the ones before it, leaving `reserve` tokens for the
+/// answer.
+pub fn document_fits(
+    config: &ModelConfig,
+    context_tokens: usize,
+    documents: &[usize],
+    reserve: usize,
+    rewind_margin: usize,
+) -> Vec<DocumentFit> {
+    let mut at = context_tokens;
+    documents
+        .iter()
+        .map(|&tokens| {
+            let after = at + tokens;
+            let fit = DocumentFit {
+                tokens,
+                costs: costs_between(config, at, after, rewind_margin),
+                context_after: after + reserve,
+                fits: after + reserve <= config.max_position_embeddings,
+            };
+            at = after;
+            fit
+        })
+        .collect()
+}
+
 /// A precision switch, as a marker on the memory timeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct SwitchEvent {
-    /// Owning layers' precisions before, in SPEC form per layer kind (`sliding=f16 full=f16`).
+    /// When it happened, in milliseconds since the Unix epoch.
+    pub t_ms: u64,
+    /// The policy before, as its canonical SPEC ([`PrecisionPolicy::spec_string`]).
     pub from: String,
     /// After.
     pub to: String,
@@ -211,11 +352,11 @@ pub struct SwitchEvent {
 }
 
 impl SwitchEvent {
-    /// The marker of a switch that took `duration_ms` and turned `before` into `after`
-    /// (`tokens` converted), with the resident set `(before, after)`.
+    /// The marker of a switch from policy `from` (whose cache was `before`) to `to` (now
+    /// `after`), `tokens` converted in `duration_ms`, with the resident set `(before, after)`.
     pub fn between(
-        before: &KvMemoryReport,
-        after: &KvMemoryReport,
+        (from, before): (&PrecisionPolicy, &KvMemoryReport),
+        (to, after): (&PrecisionPolicy, &KvMemoryReport),
         tokens: usize,
         rss: (u64, u64),
         duration_ms: f64,
@@ -225,8 +366,9 @@ impl SwitchEvent {
             allocated: r.total.1 as u64,
         };
         SwitchEvent {
-            from: precision_summary(before),
-            to: precision_summary(after),
+            t_ms: unix_ms(),
+            from: from.spec_string(),
+            to: to.spec_string(),
             tokens,
             kv_before: bytes(before),
             kv_after: bytes(after),
@@ -237,10 +379,18 @@ impl SwitchEvent {
     }
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// One point of the memory timeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct MemorySample {
-    /// Milliseconds since the timeline started.
+    /// When it was taken: milliseconds since the Unix epoch (the app), or since the
+    /// timeline started (benchmarks).
     pub t_ms: u64,
     /// Tokens processed so far (the next token's position).
     pub tokens_in_context: usize,
@@ -345,45 +495,24 @@ pub fn release_free_memory() {
     }
 }
 
-/// Summary of the owning layers' precisions (`sliding=f16 full=tq4`).
-fn precision_summary(r: &KvMemoryReport) -> String {
-    let mut kinds: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for l in &r.layers {
-        if let Some(p) = l.precision {
-            let k = match l.kind {
-                AttentionKind::Sliding => "sliding",
-                AttentionKind::Full => "full",
-            };
-            let v = kinds.entry(k).or_default();
-            let s = p.to_string();
-            if !v.contains(&s) {
-                v.push(s);
-            }
-        }
-    }
-    kinds
-        .into_iter()
-        .map(|(k, v)| format!("{k}={}", v.join(",")))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Converts `cache` to `policy` ([`KvCache::convert`]: layer by layer, a failed layer keeps
 /// its old storage) and returns the switch marker with bytes before and after.
 pub fn switch_precision(
     cache: &mut KvCache,
-    policy: &PrecisionPolicy,
+    from: &PrecisionPolicy,
+    to: &PrecisionPolicy,
     probe: &mut RssProbe,
 ) -> Result<SwitchEvent> {
     let before = cache.memory();
     let rss_before = probe.rss_bytes();
     let t0 = Instant::now();
-    cache.convert(policy)?;
+    cache.convert(to)?;
     let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // A cache that shrank hands its pages back, so resident memory drops visibly.
     release_free_memory();
     Ok(SwitchEvent::between(
-        &before,
-        &cache.memory(),
+        (from, &before),
+        (to, &cache.memory()),
         cache.seq_len(),
         (rss_before, probe.rss_bytes()),
         duration_ms,
@@ -455,9 +584,18 @@ mod tests {
                 let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
                 cache.fill_synthetic(tokens, 1).expect("fill");
                 assert_eq!(
-                    estimate_kv_bytes(&cfg, &p, tokens).expect("estimate"),
+                    estimate_kv_bytes(&cfg, &p, tokens, 0).expect("estimate"),
                     cache.memory().total.0 as u64,
                     "{spec} at {tokens} tokens"
+                );
+                // With a rewind margin sliding layers keep `window − 1 + margin` tokens.
+                let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
+                cache.set_rewind_margin(3);
+                cache.fill_synthetic(tokens, 1).expect("fill");
+                assert_eq!(
+                    estimate_kv_bytes(&cfg, &p, tokens, 3).expect("estimate"),
+                    cache.memory().total.0 as u64,
+                    "{spec} at {tokens} tokens, margin 3"
                 );
             }
         }
@@ -473,5 +611,79 @@ mod tests {
         let tq = policy_token_bytes(&cfg, &policy("tq4")).expect("tq4");
         assert_eq!(tq.sliding, f16.sliding);
         assert!(tq.full < f16.full / 2, "{tq:?}");
+    }
+
+    #[test]
+    fn preset_costs_follow_the_codec_layout() {
+        // 4 sliding and 2 full layers of 2 KV heads × 16 dims.
+        let costs = token_costs(&tiny_config());
+        assert_eq!(costs.len(), presets().len());
+        let by = |spec: &str| costs.iter().find(|c| c.spec == spec).expect(spec);
+        // f16: 2 heads × (16 + 16 values) × 2 B = 128 B per layer.
+        assert_eq!(
+            (
+                by("f16").sliding_bytes_per_token,
+                by("f16").full_bytes_per_token
+            ),
+            (4 * 128, 2 * 128)
+        );
+        assert_eq!(by("f32").full_bytes_per_token, 2 * 256);
+        // 3.5 bits × 16 dims = 7 B of codes + a 2 B norm per vector.
+        assert_eq!(by("tq3.5@all").full_bytes_per_token, 2 * 2 * 2 * 9);
+        // k4v3: 8 + 2 and 6 + 2 bytes.
+        assert_eq!(by("k4v3@all").sliding_bytes_per_token, 4 * 2 * (10 + 8));
+    }
+
+    #[test]
+    fn context_and_document_costs_are_differences_of_the_estimate() {
+        // Window 8: sliding layers hold the last 7 tokens (plus the rewind margin).
+        let cfg = tiny_config();
+        let f16 = |costs: &[ContextCost]| costs.iter().find(|c| c.spec == "f16").unwrap().bytes;
+        assert_eq!(
+            f16(&context_costs(&cfg, 100, 0)),
+            2 * 128 * 100 + 4 * 128 * 7
+        );
+        assert_eq!(
+            f16(&context_costs(&cfg, 100, 16)),
+            2 * 128 * 100 + 4 * 128 * (7 + 16)
+        );
+        let fits = document_fits(&cfg, 10, &[20, 300], 16, 0);
+        // At 10 tokens the sliding layers are full already: only the full layers grow.
+        assert_eq!(f16(&fits[0].costs), 2 * 128 * 20);
+        assert_eq!((fits[0].context_after, fits[0].fits), (46, true));
+        // The second document comes on top of the first, past the 256-token context.
+        assert_eq!(f16(&fits[1].costs), 2 * 128 * 300);
+        assert_eq!((fits[1].context_after, fits[1].fits), (346, false));
+        let tq = fits[0]
+            .costs
+            .iter()
+            .find(|c| c.spec == "tq3.5@all")
+            .unwrap();
+        assert_eq!(tq.bytes, 2 * 36 * 20);
+    }
+
+    #[test]
+    fn kv_parts_sum_layers_per_kind_and_precision() {
+        let cfg = tiny_config();
+        let mut cache = KvCache::new(&cfg, &policy("tq3.5"), &Device::Cpu).expect("cache");
+        cache.fill_synthetic(20, 1).expect("fill");
+        let kv = KvBytes::of(&cache);
+        let parts: Vec<(AttentionKind, &str, u64)> = kv
+            .parts
+            .iter()
+            .map(|p| (p.kind, p.precision.as_str(), p.bytes.used))
+            .collect();
+        // Four sliding f16 layers (7 tokens held), two full TQ 3.5 ones (20 + offsets).
+        assert_eq!(
+            parts,
+            [
+                (AttentionKind::Sliding, "f16", 4 * 128 * 7),
+                (AttentionKind::Full, "tq3.5", 2 * (36 * 20 + 256)),
+            ]
+        );
+        assert_eq!(
+            kv.parts.iter().map(|p| p.bytes.used).sum::<u64>(),
+            kv.total_used
+        );
     }
 }

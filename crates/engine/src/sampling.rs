@@ -2,6 +2,7 @@
 //! seeded SplitMix64 generator so a given seed always yields the same tokens on every platform.
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 /// Invalid sampling settings or logits.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -19,7 +20,7 @@ pub enum SamplingError {
 /// Sampling settings shared by the app, the CLI and the engine.
 ///
 /// `temperature == 0` means greedy (argmax). Defaults are Gemma's recommended settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {
     pub temperature: f32,

@@ -26,7 +26,10 @@ fn gemma3_270m_streams_a_greedy_continuation() {
         .load_blocking(LoadRequest::new(ModelSource::parse("gemma3-270m")), |_| {})
         .expect("load: the tokenizer must be found by itself");
     println!("{card:#?}");
-    assert_eq!((card.architecture.as_str(), card.layers), ("gemma3", 18));
+    assert_eq!(
+        (card.architecture.to_string().as_str(), card.layers),
+        ("gemma3", 18)
+    );
     assert_eq!((card.layer_counts.sliding, card.layer_counts.full), (15, 3));
     assert!(
         (260e6..280e6).contains(&(card.params as f64)),
@@ -35,12 +38,17 @@ fn gemma3_270m_streams_a_greedy_continuation() {
     );
     assert_eq!(card.has_chat_template, Some(false));
     let f16 = card
-        .kv_bytes_per_token
+        .token_costs
         .iter()
-        .find(|k| k.precision == KvPrecision::F16)
+        .find(|k| k.spec == "f16")
         .expect("f16 entry");
     // One KV head of 256 dims, K and V, 2 bytes each: 1 KiB per layer per token.
-    assert_eq!((f16.sliding, f16.full), (15 * 1024, 3 * 1024));
+    assert_eq!(
+        (f16.sliding_bytes_per_token, f16.full_bytes_per_token),
+        (15 * 1024, 3 * 1024)
+    );
+    // The weights as held: Q4_K_M blocks (Q5_0 repacked to Q8_0), the rest in f32.
+    assert!(card.weights_measured);
 
     let request = GenerateRequest {
         sampling: SamplingParams::greedy(),

@@ -2,9 +2,10 @@
 //! models the engine runs. Any other `owner/name` can still be typed in.
 
 use serde::Serialize;
+use ts_rs::TS;
 
 /// One entry of the picker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, TS)]
 pub struct HubModel {
     /// The Hub repository id.
     pub repo: &'static str,

@@ -18,11 +18,12 @@ use kvlab_engine::ModelSource;
 use serde::Serialize;
 use tauri::ipc::Channel;
 use tauri::State;
+use ts_rs::TS;
 
 pub use catalog::{hub_models as catalog, HubModel};
 use rate::Rate;
 
-use crate::error::CommandError;
+use crate::error::{CommandError, ErrorCode};
 
 /// Progress reaches the UI at most this often (plus the final figure).
 const EMIT_EVERY: Duration = Duration::from_millis(100);
@@ -42,7 +43,7 @@ impl Downloads {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Registry>, CommandError> {
         self.running
             .lock()
-            .map_err(|_| CommandError::new("internal", "download registry lock poisoned"))
+            .map_err(|_| CommandError::new(ErrorCode::Internal, "download registry lock poisoned"))
     }
 
     /// Registers `repo`; fails if it is already downloading.
@@ -50,7 +51,7 @@ impl Downloads {
         let mut running = self.lock()?;
         if running.contains_key(repo) {
             return Err(CommandError::new(
-                "busy",
+                ErrorCode::Busy,
                 format!("{repo} is already downloading"),
             ));
         }
@@ -92,7 +93,7 @@ impl Drop for Running {
 }
 
 /// One progress message.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, TS)]
 pub struct DownloadUpdate {
     pub repo: String,
     /// The file being fetched.
@@ -109,7 +110,7 @@ pub struct DownloadUpdate {
 }
 
 /// A finished download: what `load_model` takes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, TS)]
 pub struct Downloaded {
     pub repo: String,
     /// The snapshot directory.
@@ -163,7 +164,7 @@ fn parse_repo(s: &str) -> Result<(String, Option<String>), CommandError> {
     match ModelSource::parse(s.trim()) {
         ModelSource::Hub { repo, revision } => Ok((repo, revision)),
         _ => Err(CommandError::new(
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             format!("`{s}` is not a Hugging Face repository id (owner/name)"),
         )),
     }
@@ -172,7 +173,7 @@ fn parse_repo(s: &str) -> Result<(String, Option<String>), CommandError> {
 /// A download error as the UI sees it: `network` (offer the offline model),
 /// `model_not_found`, `cancelled`, ...
 fn command_error(e: SourceError) -> CommandError {
-    CommandError::new(e.code().as_str(), e.to_string())
+    CommandError::new(e.code(), e.to_string())
 }
 
 /// The curated models the picker offers.
@@ -210,7 +211,7 @@ pub async fn start_download(
         })
     })
     .await
-    .map_err(|e| CommandError::new("internal", e.to_string()))?
+    .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?
 }
 
 /// Stops the download of `repo`; its partial files stay for the next start.
@@ -269,22 +270,25 @@ mod tests {
         );
         assert_eq!(
             parse_repo("not a repo").unwrap_err().code,
-            "invalid_request"
+            ErrorCode::InvalidRequest
         );
         let e = command_error(SourceError::Network {
             repo: "a/b".into(),
             reason: "connection refused".into(),
         });
-        assert_eq!(e.code, "network");
+        assert_eq!(e.code, ErrorCode::Network);
         assert!(e.message.contains("connection refused"), "{}", e.message);
-        assert_eq!(command_error(SourceError::Cancelled).code, "cancelled");
+        assert_eq!(
+            command_error(SourceError::Cancelled).code,
+            ErrorCode::Cancelled
+        );
     }
 
     #[test]
     fn one_download_per_repo_and_cancel_reaches_it() {
         let d = Downloads::default();
         let running = d.begin("a/b").unwrap();
-        assert_eq!(d.begin("a/b").unwrap_err().code, "busy");
+        assert_eq!(d.begin("a/b").unwrap_err().code, ErrorCode::Busy);
         assert!(d.cancel("a/b").unwrap());
         assert!(running.cancel.load(Ordering::Relaxed));
         assert!(!d.cancel("c/d").unwrap());

@@ -1,27 +1,31 @@
 import { describe, expect, it } from "vitest";
-import type { ChatEvent, GenerationStats } from "./api";
+import type { Event, GenStats } from "./api";
 import { applyEvent, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 
-const stats: GenerationStats = {
-  ttft_ms: 120,
-  prefill_tokens: 10,
+const stats: GenStats = {
+  prompt_tokens: 10,
   reused_tokens: 0,
-  prefill_tok_s: 80,
-  decode_tokens: 3,
-  decode_tok_s: 20,
+  prefill_tokens: 10,
+  generated_tokens: 3,
+  time_to_first_token_s: 0.12,
+  prefill_tok_per_s: 80,
+  decode_tok_per_s: 20,
   context_tokens: 13,
+  max_context: 256,
   kv_bytes: 4096,
-  cache_policy: "f16",
+  kv_bytes_allocated: 8192,
+  cache_spec: "f16",
 };
 
 describe("applyEvent", () => {
   it("splits answer tokens and thinking into their own channels and ends on done", () => {
-    const events: ChatEvent[] = [
+    const events: Event[] = [
       { type: "thinking", text: "Let me " },
       { type: "thinking", text: "think." },
       { type: "token", text: "Hello" },
       { type: "token", text: ", world" },
-      { type: "done", reason: "end_of_turn", stats },
+      { type: "stats", ...stats },
+      { type: "done", reason: "stop", token_ids: [5, 6, 1] },
     ];
     let m = pendingAnswer();
     const seen: string[] = [];
@@ -31,17 +35,17 @@ describe("applyEvent", () => {
     }
     expect(m.thinking).toBe("Let me think.");
     expect(m.content).toBe("Hello, world");
-    expect(seen).toEqual(["", "", "Hello", "Hello, world", "Hello, world"]);
+    expect(seen).toEqual(["", "", "Hello", "Hello, world", "Hello, world", "Hello, world"]);
     expect(m.streaming).toBe(false);
-    expect(m.stopReason).toBe("end_of_turn");
-    expect(m.stats?.decode_tokens).toBe(3);
+    expect(m.stopReason).toBe("stop");
+    expect(m.stats).toEqual(stats);
   });
 
   it("keeps partial text when an error arrives", () => {
     let m = applyEvent(pendingAnswer(), { type: "token", text: "Par" });
-    m = applyEvent(m, { type: "error", code: "context_full", message: "too long" });
+    m = applyEvent(m, { type: "error", code: "context_overflow", message: "too long" });
     expect(m.content).toBe("Par");
-    expect(m.error).toEqual({ code: "context_full", message: "too long" });
+    expect(m.error).toEqual({ code: "context_overflow", message: "too long" });
     expect(m.streaming).toBe(false);
   });
 });

@@ -1,7 +1,7 @@
 // The conversation's message model and the reducer that folds a generation's stream events
 // into it. Pure: no Tauri, no DOM, so it is unit-tested directly.
 
-import type { ChatEvent, GenerationStats, StopReason, WireMessage } from "./api";
+import type { DoneReason, ErrorCode, Event, GenStats, Message } from "./api";
 
 export interface ChatMessage {
   id: string;
@@ -10,9 +10,9 @@ export interface ChatMessage {
   thinking: string;
   /** Set while tokens are still arriving. */
   streaming: boolean;
-  stats?: GenerationStats;
-  stopReason?: StopReason;
-  error?: { code: string; message: string };
+  stats?: GenStats;
+  stopReason?: DoneReason;
+  error?: { code: ErrorCode | string; message: string };
   /** Documents attached to a user message (names only; their text is in `content`). */
   attachments?: string[];
   /** What the user typed, when `content` also carries attached documents. */
@@ -33,17 +33,26 @@ export function pendingAnswer(): ChatMessage {
   return { id: newId(), role: "model", content: "", thinking: "", streaming: true };
 }
 
-/** Applies one stream event to the answer being written; returns the updated message. */
-export function applyEvent(msg: ChatMessage, ev: ChatEvent): ChatMessage {
+/**
+ * Applies one engine event to the answer being written; returns the updated message. The
+ * engine sends `stats` just before `done`; loading events never reach a generation.
+ */
+export function applyEvent(msg: ChatMessage, ev: Event): ChatMessage {
   switch (ev.type) {
     case "token":
       return { ...msg, content: msg.content + ev.text };
     case "thinking":
       return { ...msg, thinking: msg.thinking + ev.text };
+    case "stats": {
+      const { type: _type, ...stats } = ev;
+      return { ...msg, stats };
+    }
     case "done":
-      return { ...msg, streaming: false, stats: ev.stats, stopReason: ev.reason };
+      return { ...msg, streaming: false, stopReason: ev.reason };
     case "error":
       return { ...msg, streaming: false, error: { code: ev.code, message: ev.message } };
+    default:
+      return msg;
   }
 }
 
@@ -52,8 +61,8 @@ export function applyEvent(msg: ChatMessage, ev: ChatEvent): ChatMessage {
  * (exclusive). Failed or empty answers are left out together with the question before them,
  * so roles keep alternating as Gemma's template requires.
  */
-export function toWire(system: string, messages: ChatMessage[], upTo = messages.length): WireMessage[] {
-  const out: WireMessage[] = [];
+export function toWire(system: string, messages: ChatMessage[], upTo = messages.length): Message[] {
+  const out: Message[] = [];
   if (system.trim()) out.push({ role: "system", content: system });
   const turns = messages.slice(0, upTo);
   for (let i = 0; i < turns.length; i++) {
@@ -81,7 +90,7 @@ export function toMarkdown(title: string, system: string, messages: ChatMessage[
       parts.push(`## You${files}\n\n${m.display ?? m.content}`);
     } else {
       const stats = m.stats
-        ? `\n\n*${m.stats.decode_tokens} tokens · ${m.stats.decode_tok_s.toFixed(1)} tok/s · cache ${m.stats.cache_policy}*`
+        ? `\n\n*${m.stats.generated_tokens} tokens · ${m.stats.decode_tok_per_s.toFixed(1)} tok/s · cache ${m.stats.cache_spec}*`
         : "";
       parts.push(`## Model\n\n${m.content}${stats}`);
     }

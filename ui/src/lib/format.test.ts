@@ -23,7 +23,7 @@ describe("formatRate", () => {
   });
 });
 
-import { formatCount, formatMs, statsParts } from "./format";
+import { activityLabel, formatCount, formatMs, statsParts } from "./format";
 
 describe("formatMs / formatCount", () => {
   it("switches units at sensible points", () => {
@@ -39,12 +39,18 @@ describe("formatMs / formatCount", () => {
 describe("statsParts", () => {
   it("lists what each answer ran with", () => {
     const parts = statsParts({
-      ttft_ms: 312,
-      prefill_tok_s: 154.2,
-      decode_tok_s: 21.44,
-      decode_tokens: 48,
+      prompt_tokens: 20,
+      reused_tokens: 0,
+      prefill_tokens: 20,
+      generated_tokens: 48,
+      time_to_first_token_s: 0.312,
+      prefill_tok_per_s: 154.2,
+      decode_tok_per_s: 21.44,
+      context_tokens: 68,
+      max_context: 32768,
       kv_bytes: 3 * 1024 * 1024,
-      cache_policy: "f16",
+      kv_bytes_allocated: 4 * 1024 * 1024,
+      cache_spec: "f16",
     });
     expect(parts.map((p) => `${p.label} ${p.value}`)).toEqual([
       "first token 312 ms",
@@ -54,5 +60,14 @@ describe("statsParts", () => {
       "KV 3.00 MiB",
       "cache f16",
     ]);
+  });
+});
+
+describe("activityLabel", () => {
+  it("reads the engine's activity", () => {
+    expect(activityLabel({ state: "loading", source: "/a/b/model.gguf" })).toBe("loading model.gguf…");
+    expect(activityLabel({ state: "ready", model: "m" })).toBe("m · ready");
+    expect(activityLabel({ state: "no_model" })).toBe("no model loaded");
+    expect(activityLabel({ state: "failed", message: "bad file" })).toBe("error: bad file");
   });
 });

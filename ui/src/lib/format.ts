@@ -1,3 +1,5 @@
+import type { Activity, Family, GenStats } from "./api";
+
 // Human-readable numbers for the UI: bytes in binary units, rates, durations.
 
 const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -48,20 +50,35 @@ export function formatCount(n: number): string {
 }
 
 /** The facts under an answer, in display order. */
-export function statsParts(s: {
-  ttft_ms: number;
-  prefill_tok_s: number;
-  decode_tok_s: number;
-  decode_tokens: number;
-  kv_bytes: number;
-  cache_policy: string;
-}): { label: string; value: string }[] {
+export function statsParts(s: GenStats): { label: string; value: string }[] {
   return [
-    { label: "first token", value: formatMs(s.ttft_ms) },
-    { label: "prefill", value: formatRate(s.prefill_tok_s) },
-    { label: "decode", value: formatRate(s.decode_tok_s) },
-    { label: "tokens", value: String(s.decode_tokens) },
+    { label: "first token", value: formatMs(s.time_to_first_token_s * 1000) },
+    { label: "prefill", value: formatRate(s.prefill_tok_per_s) },
+    { label: "decode", value: formatRate(s.decode_tok_per_s) },
+    { label: "tokens", value: String(s.generated_tokens) },
     { label: "KV", value: formatBytes(s.kv_bytes) },
-    { label: "cache", value: s.cache_policy },
+    { label: "cache", value: s.cache_spec },
   ];
+}
+
+/** What the status bar says for the engine's activity. */
+export function activityLabel(a: Activity): string {
+  const short = (p: string) => p.split(/[\\/]/).pop() ?? p;
+  switch (a.state) {
+    case "no_model":
+      return "no model loaded";
+    case "loading":
+      return `loading ${short(a.source)}…`;
+    case "ready":
+      return `${a.model} · ready`;
+    case "generating":
+      return `${a.model} · generating`;
+    case "failed":
+      return `error: ${a.message}`;
+  }
+}
+
+/** A model family as people write it ("Gemma 3"). */
+export function familyName(f: Family): string {
+  return f === "gemma3" ? "Gemma 3" : "Gemma 4";
 }

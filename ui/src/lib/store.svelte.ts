@@ -2,9 +2,19 @@
 // every engine call goes through api.ts.
 
 import * as api from "./api";
-import type { EngineStatus, InspectedDocument, MemoryEstimate, ModelCard, ProcessMemorySample, SessionSummary } from "./api";
+import type {
+  Activity,
+  CacheOptions,
+  CacheSelection,
+  ContextCost,
+  DocumentFit,
+  InspectedDocument,
+  MemoryEstimate,
+  MemorySample,
+  ModelCard,
+  SessionSummary,
+} from "./api";
 import { applyEvent, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
-import { documentFit } from "./cost";
 import { MemoryTimeline, type XAxis } from "./timeline";
 
 export interface Settings {
@@ -31,7 +41,8 @@ export interface SavedSession {
 }
 
 export class AppStore {
-  status: EngineStatus = $state({ state: "starting", label: "starting…" });
+  /** What the engine is doing (null until its first report). */
+  status: Activity | null = $state(null);
   info: api.SystemInfo | undefined = $state();
   card: ModelCard | null = $state(null);
   modelPath = $state("");
@@ -39,31 +50,41 @@ export class AppStore {
   loadError = $state("");
   estimate: MemoryEstimate | null = $state(null);
   context = $state(8192);
+  /** The cache menu, from the engine. */
+  cacheOptions: CacheOptions | null = $state(null);
+  /** KV bytes at `context` tokens under each preset, for the loaded model. */
+  contextCosts: ContextCost[] = $state([]);
 
   system = $state(DEFAULT_SYSTEM);
   settings: Settings = $state({ temperature: 0.7, top_p: 0.95, max_tokens: 256, thinking: false });
   messages: ChatMessage[] = $state([]);
   generating = $state(false);
+  /** The cache as the engine names it (canonical SPEC). */
   cacheSpec = $state("f16");
   switchError = $state("");
 
   attachments: InspectedDocument[] = $state([]);
+  /** Each attachment's cost and fit, in attachment order (the engine's figures). */
+  fits: DocumentFit[] = $state([]);
   docNotice = $state("");
 
   timeline = new MemoryTimeline();
   timelineVersion = $state(0);
   xAxis: XAxis = $state("time");
-  lastSample: ProcessMemorySample | null = $state(null);
+  lastSample: MemorySample | null = $state(null);
 
   sessionId = $state(newId("s"));
   sessionTitle = $state("New chat");
   sessionCreated = Date.now();
   sessions: SessionSummary[] = $state([]);
+  /** Why the last session action (save, open, rename, delete, export) failed. */
+  sessionError = $state("");
 
   /** Start-up: system info, sessions (restoring the latest), then the default model. */
   async start(): Promise<void> {
     api.systemInfo().then((i) => (this.info = i)).catch(() => {});
     api.engineStatus().then((s) => (this.status = s)).catch(() => {});
+    api.cacheOptions().then((o) => (this.cacheOptions = o)).catch((e) => (this.switchError = api.errorText(e)));
     await this.refreshSessions();
     let restored: SavedSession | null = null;
     if (this.sessions.length) {
@@ -79,17 +100,22 @@ export class AppStore {
     if (path) await this.load(path);
   }
 
-  onSample(s: ProcessMemorySample): void {
+  onSample(s: MemorySample): void {
     this.lastSample = s;
     const values: Record<string, number> = { process: s.rss_bytes };
-    const e = s.engine;
-    if (e.weights_bytes) values.weights = e.weights_bytes;
-    if (e.kv.length) {
-      values["kv total"] = e.kv.reduce((a, k) => a + k.bytes, 0);
-      for (const k of e.kv) values[`kv ${k.kind} ${k.precision}`] = k.bytes;
+    if (s.weights_bytes) values.weights = s.weights_bytes;
+    if (s.kv.parts.length) {
+      values["kv total"] = s.kv.total_used;
+      for (const p of s.kv.parts) values[`kv ${p.kind} ${p.precision}`] = p.bytes.used;
     }
-    this.timeline.push({ tMs: s.t_ms, tokens: e.context_tokens, values });
+    this.timeline.push({ tMs: s.t_ms, tokens: s.tokens_in_context, values });
     this.timelineVersion += 1;
+  }
+
+  /** KV bytes at the chosen context under every preset (the card's table). */
+  async refreshContextCosts(): Promise<void> {
+    if (!this.card) return;
+    this.contextCosts = await api.contextCosts(this.context).catch(() => []);
   }
 
   async estimateFor(path: string): Promise<void> {
@@ -109,6 +135,7 @@ export class AppStore {
     try {
       this.card = await api.loadModel(path, this.cacheSpec);
       if (!this.card.supports_thinking) this.settings.thinking = false;
+      await this.refreshContextCosts();
     } catch (e) {
       // The engine keeps serving the previous model when a load fails before replacing it.
       const st = await api.engineStatus().catch(() => null);
@@ -129,10 +156,9 @@ export class AppStore {
 
   private request(upTo: number): api.GenerateRequest {
     return {
-      messages: toWire(this.system, this.messages, upTo),
+      prompt: { type: "conversation", messages: toWire(this.system, this.messages, upTo), thinking: this.settings.thinking },
       sampling: { temperature: this.settings.temperature, top_k: 64, top_p: this.settings.top_p, seed: Date.now() % 1_000_000 },
       max_tokens: this.settings.max_tokens,
-      thinking: this.settings.thinking,
     };
   }
 
@@ -140,13 +166,13 @@ export class AppStore {
   private async run(at: number): Promise<void> {
     this.generating = true;
     const req = this.request(at);
-    const update = (ev: api.ChatEvent) => {
+    const update = (ev: api.Event) => {
       this.messages[at] = applyEvent(this.messages[at], ev);
     };
     try {
       await api.generate(req, update);
     } catch (e) {
-      const err = api.isCommandError(e) ? e : { code: "internal", message: String(e) };
+      const err: api.JobError = api.isCommandError(e) ? e : { code: "internal", message: String(e) };
       if (!this.messages[at].error) update({ type: "error", code: err.code, message: err.message });
     } finally {
       if (this.messages[at]?.streaming) this.messages[at] = { ...this.messages[at], streaming: false };
@@ -165,6 +191,7 @@ export class AppStore {
     const content = body ? `${body}\n\n${text}`.trim() : text;
     this.messages.push(userMessage(content, docs.length ? docs.map((d) => d.name) : undefined, docs.length ? text : undefined));
     this.attachments = [];
+    this.fits = [];
     this.docNotice = "";
     this.messages.push(pendingAnswer());
     await this.run(this.messages.length - 1);
@@ -186,6 +213,7 @@ export class AppStore {
     await api.resetConversation().catch(() => {});
     this.messages = [];
     this.attachments = [];
+    this.fits = [];
     this.sessionId = newId("s");
     this.sessionTitle = "New chat";
     this.sessionCreated = Date.now();
@@ -193,22 +221,20 @@ export class AppStore {
     this.timelineVersion += 1;
   }
 
-  async switchCache(spec: string): Promise<void> {
+  /** Applies a cache (a preset's or saved SPEC, or a menu choice) to the conversation. */
+  async switchCache(cache: CacheSelection): Promise<void> {
     this.switchError = "";
-    if (!this.card) {
-      this.cacheSpec = spec;
-      return;
-    }
     try {
-      const r = await api.switchCache(spec);
-      this.cacheSpec = spec;
+      const r = await api.switchCache(cache);
+      this.cacheSpec = r.to;
+      if (!this.card) return;
       this.timeline.mark({
         tMs: r.t_ms,
-        tokens: this.lastSample?.engine.context_tokens ?? 0,
+        tokens: r.tokens,
         from: r.from,
         to: r.to,
-        beforeBytes: r.before_bytes,
-        afterBytes: r.after_bytes,
+        beforeBytes: r.kv_before.used,
+        afterBytes: r.kv_after.used,
       });
       this.timelineVersion += 1;
       await this.save();
@@ -223,6 +249,7 @@ export class AppStore {
       const doc = await read();
       this.attachments.push(doc);
       this.docNotice = "";
+      await this.refreshFits();
     } catch (e) {
       this.docNotice = api.errorText(e);
     }
@@ -235,10 +262,27 @@ export class AppStore {
     }
   }
 
-  fitOf(doc: InspectedDocument) {
-    if (!this.card) return null;
-    const extra = this.attachments.filter((d) => d !== doc).reduce((a, d) => a + d.tokens, 0);
-    return documentFit(this.card, (this.lastSample?.engine.context_tokens ?? 0) + extra, doc.tokens, this.settings.max_tokens);
+  /** Removes an attachment and recounts the others' costs. */
+  async detach(doc: InspectedDocument): Promise<void> {
+    this.attachments = this.attachments.filter((a) => a !== doc);
+    await this.refreshFits();
+  }
+
+  /** Asks the engine what each attachment costs on top of the conversation and those before it. */
+  async refreshFits(): Promise<void> {
+    if (!this.card || !this.attachments.length) {
+      this.fits = [];
+      return;
+    }
+    try {
+      this.fits = await api.documentFits(
+        this.attachments.map((d) => d.tokens),
+        this.settings.max_tokens,
+      );
+    } catch (e) {
+      this.fits = [];
+      this.docNotice = api.errorText(e);
+    }
   }
 
   snapshot(): SavedSession {
@@ -261,8 +305,9 @@ export class AppStore {
     try {
       await api.saveSession(this.snapshot());
       await this.refreshSessions();
+      this.sessionError = "";
     } catch (e) {
-      console.warn("session not saved", e);
+      this.sessionError = `Not saved: ${api.errorText(e)}`;
     }
   }
 
@@ -292,20 +337,32 @@ export class AppStore {
       }
       return s;
     } catch (e) {
-      console.warn("session not opened", e);
+      this.sessionError = `Not opened: ${api.errorText(e)}`;
       return null;
     }
   }
 
   async renameSession(id: string, title: string): Promise<void> {
     if (!title.trim()) return;
-    await api.renameSession(id, title).catch(() => {});
+    try {
+      await api.renameSession(id, title);
+      this.sessionError = "";
+    } catch (e) {
+      this.sessionError = `Not renamed: ${api.errorText(e)}`;
+      return;
+    }
     if (id === this.sessionId) this.sessionTitle = title.trim();
     await this.refreshSessions();
   }
 
   async deleteSession(id: string): Promise<void> {
-    await api.deleteSession(id).catch(() => {});
+    try {
+      await api.deleteSession(id);
+      this.sessionError = "";
+    } catch (e) {
+      this.sessionError = `Not deleted: ${api.errorText(e)}`;
+      return;
+    }
     if (id === this.sessionId) await this.reset();
     await this.refreshSessions();
   }

@@ -8,11 +8,12 @@ mod resolve;
 pub mod rope;
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 pub use rope::{RopeKind, RopeSpec};
 
 /// The model family; selects the few semantics that are not plain configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     /// Gemma 3 text decoder.
@@ -21,8 +22,17 @@ pub enum Family {
     Gemma4,
 }
 
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Gemma3 => "gemma3",
+            Family::Gemma4 => "gemma4",
+        })
+    }
+}
+
 /// Attention pattern of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionKind {
     /// Local attention over the last `sliding_window` tokens (query included).

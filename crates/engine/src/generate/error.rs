@@ -22,6 +22,9 @@ pub enum GenerateError {
     /// Nothing to run.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// A request for no tokens at all.
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
     /// The conversation cannot be rendered.
     #[error(transparent)]
     Chat(#[from] ChatError),
@@ -45,6 +48,7 @@ impl GenerateError {
         match self {
             GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
             GenerateError::EmptyPrompt
+            | GenerateError::NoTokens
             | GenerateError::Chat(_)
             | GenerateError::Sampling(_)
             | GenerateError::Engine(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,

@@ -5,21 +5,24 @@
 
 mod error;
 pub mod score;
+mod sequence;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 pub use error::GenerateError;
+pub use sequence::{Outcome, Sequence};
 
 use crate::chat::{ChatOptions, ChatTemplate, Message};
 use crate::config;
-use crate::events::{DoneReason, Event, GenStats};
+use crate::events::Event;
 use crate::model::{Logits, Model};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::session::Session;
-use crate::stream::{Delta, StreamSplitter};
+use crate::stream::Delta;
 use crate::tokenizer::{Family, GemmaTokenizer};
 
 /// Default prefill chunk: bounds activation memory on long prompts.
@@ -34,7 +37,7 @@ fn default_chunk() -> usize {
 }
 
 /// What to continue from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Prompt {
     /// A conversation rendered with the model family's chat template.
@@ -104,7 +107,7 @@ pub fn plain_transcript(messages: &[Message]) -> String {
 }
 
 /// One generation request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
     /// What to continue from.
@@ -117,6 +120,7 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// Prefill chunk size.
     #[serde(default = "default_chunk")]
+    #[ts(as = "Option<usize>", optional)]
     pub prefill_chunk: usize,
 }
 
@@ -130,17 +134,6 @@ impl GenerateRequest {
             prefill_chunk: PREFILL_CHUNK,
         }
     }
-}
-
-/// How a generation ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    /// Why it ended.
-    pub reason: DoneReason,
-    /// Generated ids (the stop token included).
-    pub token_ids: Vec<u32>,
-    /// Its figures.
-    pub stats: GenStats,
 }
 
 /// Receives a generation's events and gets a say between steps.
@@ -240,87 +233,50 @@ pub fn generate(
     cancel: &AtomicBool,
     hooks: &mut dyn Hooks,
 ) -> Result<Outcome, GenerateError> {
-    let t0 = Instant::now();
-    let mut sampler = Sampler::new(req.sampling)?;
+    let started = Instant::now();
+    if req.max_tokens == 0 {
+        return Err(GenerateError::NoTokens);
+    }
     let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
-    let max_ctx = model.config().max_position_embeddings;
+    let max_context = model.config().max_position_embeddings;
     let prepared = session.prepare(&prompt)?;
-    let chunk = req.prefill_chunk.max(1);
-
+    let mut seq = Sequence::new(
+        tokenizer,
+        prompt,
+        prepared.reused,
+        req.sampling,
+        req.max_tokens,
+        max_context,
+        started,
+    )?;
     // Prefill everything after the reused prefix; the last chunk's logits start decoding.
-    let t_prefill = Instant::now();
-    let mut logits = None;
-    let mut at = prepared.reused;
-    while at < prompt.len() {
+    while let Some(chunk) = seq.next_prefill(req.prefill_chunk) {
         hooks.between_steps(model, session);
         if cancel.load(Ordering::Relaxed) {
+            seq.cancel();
             break;
         }
-        let end = (at + chunk).min(prompt.len());
-        logits = Some(session.forward(model, &prompt[at..end], Logits::Last)?);
-        at = end;
+        let (t, n) = (Instant::now(), chunk.len());
+        let logits = session.forward(model, chunk, Logits::Last)?;
+        seq.prefilled(n, logits, t.elapsed().as_secs_f64());
     }
-    let prefill_tokens = at - prepared.reused;
-    let prefill_secs = t_prefill.elapsed().as_secs_f64();
-
-    let family = tokenizer.family();
-    let mut splitter = StreamSplitter::new(family);
-    let stops = family.stop_ids();
-    let mut token_ids = Vec::new();
-    let mut t_first = None;
-    let reason = loop {
+    loop {
         hooks.between_steps(model, session);
-        if cancel.load(Ordering::Relaxed) {
-            break DoneReason::Cancelled;
-        }
-        let Some(current) = logits.take() else {
-            // No logits only when the prefill stopped before its first chunk, which
-            // happens only on cancel (caught above); stop the same way regardless.
-            break DoneReason::Cancelled;
+        let cancelled = cancel.load(Ordering::Relaxed);
+        let Some(id) = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e))?
+        else {
+            break;
         };
-        if token_ids.len() >= req.max_tokens {
-            break DoneReason::Length;
-        }
-        let id = sampler.sample(&current.to_vec1::<f32>()?)?;
-        t_first.get_or_insert_with(Instant::now);
-        token_ids.push(id);
-        let step = splitter.push(tokenizer, id)?;
-        emit_deltas(hooks, step.deltas);
-        if step.stop || stops.contains(&id) {
-            break DoneReason::Stop;
-        }
-        if token_ids.len() >= req.max_tokens || session.len() >= max_ctx {
-            break DoneReason::Length;
-        }
-        logits = Some(session.forward(model, &[id], Logits::Last)?);
-    };
-    emit_deltas(hooks, splitter.finish(tokenizer)?);
-
+        seq.fed(session.forward(model, &[id], Logits::Last)?);
+    }
     let memory = session.memory();
-    let decode_secs = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    let stats = GenStats {
-        prompt_tokens: prompt.len(),
-        reused_tokens: prepared.reused,
-        prefill_tokens,
-        generated_tokens: token_ids.len(),
-        time_to_first_token_s: t_first.map_or(0.0, |t| (t - t0).as_secs_f64()),
-        prefill_tok_per_s: per_second(prefill_tokens, prefill_secs),
-        decode_tok_per_s: per_second(token_ids.len().saturating_sub(1), decode_secs),
-        context_tokens: session.len(),
-        max_context: max_ctx,
-        kv_bytes: memory.total.0,
-        kv_bytes_allocated: memory.total.1,
-    };
-    hooks.emit(Event::Stats(stats.clone()));
-    hooks.emit(Event::Done {
-        reason,
-        token_ids: token_ids.clone(),
-    });
-    Ok(Outcome {
-        reason,
-        token_ids,
-        stats,
-    })
+    seq.finish(
+        tokenizer,
+        session.len(),
+        &memory,
+        &session.policy().clone(),
+        &mut |e| hooks.emit(e),
+    )
 }
 
 /// A splitter delta as its event.
@@ -328,12 +284,6 @@ pub(crate) fn delta_event(d: Delta) -> Event {
     match d {
         Delta::Answer(text) => Event::Token { text },
         Delta::Thinking(text) => Event::Thinking { text },
-    }
-}
-
-fn emit_deltas(hooks: &mut dyn Hooks, deltas: Vec<Delta>) {
-    for d in deltas {
-        hooks.emit(delta_event(d));
     }
 }
 

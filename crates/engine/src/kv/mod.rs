@@ -5,6 +5,7 @@
 mod attend;
 mod attend_cpu;
 mod dense;
+pub mod presets;
 pub mod spec;
 mod storage;
 mod turboquant;
@@ -16,6 +17,10 @@ use serde::{Deserialize, Serialize};
 
 pub use attend::attend_dense;
 pub use dense::{DenseStorage, BLOCK_TOKENS};
+pub use presets::{
+    cache_options, canonical, presets, CacheChoice, CacheOptions, CachePreset, CacheSelection,
+    FormatOption, ScopedSpecs, SideFormat,
+};
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
 pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
 pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};

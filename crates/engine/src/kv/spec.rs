@@ -54,6 +54,7 @@ use std::str::FromStr;
 
 use kvlab_turboquant::{Bits, RotationKind, Spec, Variant};
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 use super::storage::KvPrecision;
 use super::PrecisionPolicy;
@@ -135,7 +136,7 @@ impl fmt::Display for TqPrecision {
 }
 
 /// Which cache-owning layers a TurboQuant SPEC quantizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerScope {
     /// Full-attention layers only (where long contexts put nearly all KV bytes).

@@ -24,7 +24,7 @@ mod mlp;
 mod ple;
 mod rope;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -33,7 +33,7 @@ pub use linear::{Linear, RmsNorm};
 use crate::config::{self, ModelConfig, RopeSpec};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, PrecisionPolicy};
-use crate::weights::{Table, WeightStore};
+use crate::weights::{checkpoint_dir, Table, WeightStore};
 use layer::DecoderLayer;
 use ple::{scale_in, PleInputs};
 use rope::RopeTables;
@@ -42,6 +42,22 @@ use rope::RopeTables;
 /// (`rope_freqs.weight`: 1 for rotated pairs, ~1e30 for the identity ones). Reads the rotated
 /// fraction from it instead of assuming 0.25; leaves the assumption (and its warning) if
 /// the factors are of another form.
+/// The resolved configuration of an open checkpoint, from its headers alone: GGUF metadata
+/// (plus the `rope_freqs` fix-up for Gemma 4), or the `config.json` beside safetensors.
+/// Loading and inspecting both read it here, so the two can never disagree.
+pub fn read_config(ws: &WeightStore) -> Result<ModelConfig> {
+    match ws.gguf_content() {
+        Some(content) => {
+            let mut cfg = config::gguf::config_from_gguf(content)?;
+            if cfg.family == config::Family::Gemma4 && ws.contains("rope_freqs.weight") {
+                proportional_from_freq_factors(&mut cfg, ws)?;
+            }
+            Ok(cfg)
+        }
+        None => config::hf::load_config(&checkpoint_dir(ws.path()).join("config.json")),
+    }
+}
+
 fn proportional_from_freq_factors(cfg: &mut ModelConfig, ws: &WeightStore) -> Result<()> {
     let Some(full) = cfg
         .layers
@@ -128,34 +144,16 @@ impl Model {
     /// Loads a model from a `.gguf` file, a `.safetensors` file (with `config.json` beside
     /// it), a `model.safetensors.index.json`, or a Hugging Face model directory.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self> {
-        if path.extension().and_then(|e| e.to_str()) == Some("gguf") {
-            return Self::from_gguf(path, opts);
-        }
-        let dir: PathBuf = if path.is_dir() {
-            path.to_path_buf()
-        } else {
-            path.parent().map(Path::to_path_buf).unwrap_or_default()
-        };
-        Self::from_hf(&dir.join("config.json"), path, opts)
-    }
-
-    /// Loads Hugging Face weights with an explicit `config.json`.
-    pub fn from_hf(config_path: &Path, weights: &Path, opts: &LoadOptions) -> Result<Self> {
-        let cfg = config::hf::load_config(config_path)?;
-        let ws = WeightStore::open_safetensors(weights, &opts.device, opts.dtype)?;
+        let ws = WeightStore::open(path, &opts.device, opts.dtype)?;
+        let cfg = read_config(&ws)?;
         Self::from_parts(cfg, &ws)
     }
 
-    /// Loads a GGUF file (config from its metadata).
-    pub fn from_gguf(path: &Path, opts: &LoadOptions) -> Result<Self> {
-        let ws = WeightStore::open_gguf(path, &opts.device, opts.dtype)?;
-        let content = ws
-            .gguf_content()
-            .ok_or_else(|| EngineError::invalid("GGUF store without header"))?;
-        let mut cfg = config::gguf::config_from_gguf(content)?;
-        if cfg.family == config::Family::Gemma4 && ws.contains("rope_freqs.weight") {
-            proportional_from_freq_factors(&mut cfg, &ws)?;
-        }
+    /// Loads Hugging Face weights with an explicit `config.json` (another spelling of the
+    /// checkpoint's own, in parity tests).
+    pub fn from_hf(config_path: &Path, weights: &Path, opts: &LoadOptions) -> Result<Self> {
+        let cfg = config::hf::load_config(config_path)?;
+        let ws = WeightStore::open_safetensors(weights, &opts.device, opts.dtype)?;
         Self::from_parts(cfg, &ws)
     }
 

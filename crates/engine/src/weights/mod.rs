@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
 use crate::error::{EngineError, Result};
 
 pub use gguf::gguf_name;
@@ -38,6 +41,15 @@ pub struct WeightStore {
     dtype: DType,
     /// Bytes of every tensor handed out so far (what the model holds once built).
     loaded_bytes: AtomicUsize,
+}
+
+/// One tensor as its file header describes it.
+struct HeaderTensor {
+    elements: u64,
+    /// Length of the innermost (row) dimension: quantized blocks run along it.
+    cols: usize,
+    /// The stored GGUF type (`None` for safetensors, which are always converted).
+    ggml: Option<candle_core::quantized::GgmlDType>,
 }
 
 /// Bytes a matrix occupies as held (quantized blocks or dense elements).
@@ -69,7 +81,112 @@ impl std::fmt::Debug for WeightStore {
     }
 }
 
+/// The two checkpoint formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightFormat {
+    /// One `.gguf` file (config, tokenizer and tensors in one).
+    Gguf,
+    /// A Hugging Face folder: `config.json` beside `.safetensors` shards.
+    Safetensors,
+}
+
+/// Whether `path` names a GGUF file (by extension, as llama.cpp and LM Studio do).
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The folder holding `config.json` for a safetensors checkpoint named by `path` (the folder
+/// itself, or the folder of a named shard or index).
+pub fn checkpoint_dir(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
+    }
+}
+
 impl WeightStore {
+    /// Opens any checkpoint: a `.gguf` file, or safetensors (a folder, a `.safetensors` file
+    /// or a `model.safetensors.index.json`). The one place that tells the formats apart.
+    pub fn open(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        if is_gguf_path(path) {
+            return Self::open_gguf(path, device, dtype);
+        }
+        // Without its config a safetensors folder is not a model: say that first.
+        let config = checkpoint_dir(path).join("config.json");
+        std::fs::metadata(&config).map_err(|source| EngineError::Io {
+            path: config,
+            source,
+        })?;
+        Self::open_safetensors(path, device, dtype)
+    }
+
+    /// The checkpoint's format.
+    pub fn format(&self) -> WeightFormat {
+        match self.backend {
+            Backend::Gguf { .. } => WeightFormat::Gguf,
+            Backend::Safetensors { .. } => WeightFormat::Safetensors,
+        }
+    }
+
+    /// Names, shapes and stored types of the language model's tensors, from the headers
+    /// alone (a multimodal checkpoint's vision and audio towers are left out).
+    fn header_tensors(&self) -> Vec<HeaderTensor> {
+        match &self.backend {
+            Backend::Gguf { content, .. } => content
+                .tensor_infos
+                .values()
+                .map(|t| HeaderTensor {
+                    elements: t.shape.elem_count() as u64,
+                    cols: t.shape.dims().last().copied().unwrap_or(0),
+                    ggml: Some(t.ggml_dtype),
+                })
+                .collect(),
+            Backend::Safetensors { st, prefix } => st
+                .tensors()
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(prefix.as_str()) || n == "lm_head.weight")
+                .map(|(_, v)| HeaderTensor {
+                    elements: v.shape().iter().product::<usize>() as u64,
+                    cols: v.shape().last().copied().unwrap_or(0),
+                    ggml: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Parameters in the language model's tensors, counted from the headers.
+    pub fn param_count(&self) -> u64 {
+        self.header_tensors().iter().map(|t| t.elements).sum()
+    }
+
+    /// The bytes the weights will take once loaded on this store's device and dtype, from the
+    /// headers alone: quantized GGUF matrices at their block size (Q5_0 repacked to Q8_0 on
+    /// CPU, as [`WeightStore::linear`] does), everything else dense in the load dtype. Equals
+    /// [`WeightStore::loaded_bytes`] after a full load up to the few small vectors the loader
+    /// keeps in f32 (tested within 1%).
+    pub fn held_bytes_estimate(&self) -> u64 {
+        use candle_core::quantized::GgmlDType as G;
+        let dense = self.dtype.size_in_bytes() as u64;
+        self.header_tensors()
+            .iter()
+            .map(|t| match t.ggml {
+                Some(q) if q.block_size() > 1 && t.cols % q.block_size() == 0 => {
+                    let q = if q == G::Q5_0 && self.device.is_cpu() {
+                        G::Q8_0
+                    } else {
+                        q
+                    };
+                    t.elements / q.block_size() as u64 * q.type_size() as u64
+                }
+                _ => t.elements * dense,
+            })
+            .sum()
+    }
+
     /// Opens safetensors weights: a `.safetensors` file, or a directory holding
     /// `model.safetensors` or a sharded `model.safetensors.index.json`.
     pub fn open_safetensors(path: &Path, device: &Device, dtype: DType) -> Result<Self> {

@@ -1,6 +1,9 @@
 //! Errors of engine jobs: typed where they arise (loading), and flattened to a stable code
 //! plus message ([`JobError`]) once they cross the engine thread's boundary.
 
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
 use crate::error::EngineError;
 use crate::events::{ErrorCode, Event};
 use crate::generate::GenerateError;
@@ -30,12 +33,11 @@ impl LoadError {
     pub fn code(&self) -> ErrorCode {
         match self {
             LoadError::Source(e) => e.code(),
-            LoadError::Model(EngineError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                ErrorCode::ModelNotFound
-            }
-            LoadError::Model(_) => ErrorCode::BadModelFile,
+            // A tensor operation failing while weights are read means a bad file.
+            LoadError::Model(e) => match e.code() {
+                ErrorCode::Internal => ErrorCode::BadModelFile,
+                c => c,
+            },
             LoadError::Tokenizer(_) => ErrorCode::BadTokenizer,
             LoadError::Cache(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
             LoadError::Cache(_) => ErrorCode::Internal,
@@ -43,8 +45,9 @@ impl LoadError {
     }
 }
 
-/// A failed job as the caller sees it: a stable code and a message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A failure as every caller sees it (a job, a command of the app, the CLI): a stable code
+/// and a message. Serialized as `{"code": "...", "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize, TS)]
 #[error("{message}")]
 pub struct JobError {
     /// Machine-readable code.
@@ -103,10 +106,37 @@ impl From<GenerateError> for JobError {
 
 impl From<EngineError> for JobError {
     fn from(e: EngineError) -> Self {
-        let code = match e {
-            EngineError::InvalidRequest(_) => ErrorCode::InvalidRequest,
-            _ => ErrorCode::Internal,
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_serialize_as_code_and_message() {
+        let e = JobError::new(ErrorCode::Busy, "a generation is running");
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"code": "busy", "message": "a generation is running"})
+        );
+    }
+
+    #[test]
+    fn engine_errors_get_stable_codes() {
+        let e: JobError = EngineError::UnsupportedArchitecture("llama".into()).into();
+        assert_eq!(e.code, ErrorCode::UnsupportedModel);
+        assert!(e.message.contains("llama"), "{}", e.message);
+        let missing = EngineError::Io {
+            path: "/nope".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
         };
-        Self::new(code, e.to_string())
+        assert_eq!(JobError::from(missing).code, ErrorCode::ModelNotFound);
+        let corrupt = EngineError::CorruptFile {
+            path: "/x".into(),
+            reason: "truncated".into(),
+        };
+        assert_eq!(LoadError::Model(corrupt).code(), ErrorCode::BadModelFile);
     }
 }

@@ -7,11 +7,12 @@
 //! take effect there; other jobs that need the model answer `busy`.
 //!
 //! Besides generation the thread runs side-by-side comparisons of two cache policies
-//! ([`crate::compare`]). Token counting never waits for it: the loaded tokenizer is shared
-//! ([`EngineHandle::tokenizer`]), and the status snapshot carries the exact KV bytes for
-//! memory timelines ([`EngineHandle::memory_sample`]).
+//! ([`crate::compare`]). Nothing that only reads waits for it: the loaded tokenizer and
+//! configuration are shared, so token counts ([`EngineHandle::count_tokens`]), context and
+//! document costs ([`EngineHandle::context_costs`], [`EngineHandle::document_fits`]) and memory
+//! timeline points ([`EngineHandle::memory_sample`]) are answered on the caller's thread. The
+//! engine's [`Activity`] goes to a listener on every change (a status bar).
 
-mod card;
 mod error;
 mod run;
 
@@ -23,14 +24,18 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-pub use card::{count_params, has_chat_template, model_card, CARD_PRECISIONS};
 pub use error::{JobError, LoadError};
 
+use crate::card::MemoryEstimate;
 use crate::compare::{CompareEvent, CompareRequest};
-use crate::events::{Event, ModelCard};
+use crate::config::ModelConfig;
+use crate::events::{Activity, ErrorCode, Event, ModelCard};
 use crate::generate::GenerateRequest;
-use crate::kv::{KvMemoryReport, KvPrecision, PrecisionPolicy};
-use crate::memory::{KvBytes, MemorySample, RssProbe, SwitchEvent};
+use crate::kv::{CacheSelection, KvPrecision, PrecisionPolicy};
+use crate::memory::{
+    context_costs, document_fits, ContextCost, DocumentFit, KvBytes, MemorySample, RssProbe,
+    SwitchEvent,
+};
 use crate::model::LoadOptions;
 use crate::session::REWIND_MARGIN;
 use crate::source::ModelSource;
@@ -129,16 +134,10 @@ pub enum Job {
         /// The outcome.
         reply: Sender<Result<(), JobError>>,
     },
-    /// Re-encode the cache in another precision (between two tokens when generating).
+    /// Re-encode the cache in another precision (between two tokens when generating),
+    /// answered with the timeline marker: policies, bytes and resident memory before and
+    /// after, and the conversion's wall time.
     SwitchCache {
-        /// The new precisions.
-        policy: PrecisionPolicy,
-        /// The cache bytes after the switch.
-        reply: Sender<Result<KvMemoryReport, JobError>>,
-    },
-    /// As [`Job::SwitchCache`], answered with the timeline marker: precisions, bytes and
-    /// resident memory before and after, and the conversion's wall time.
-    SwitchCacheMarked {
         /// The new precisions.
         policy: PrecisionPolicy,
         /// The switch marker.
@@ -172,7 +171,13 @@ pub struct EngineStatus {
     /// The cache's bytes per layer, kind and precision (`kv.total_used == kv_bytes`).
     #[serde(default)]
     pub kv: KvBytes,
+    /// What the engine is doing, for a status bar.
+    pub activity: Activity,
 }
+
+/// Called with the engine's activity whenever it changes (on the engine thread: keep it
+/// quick).
+pub type ActivityListener = Box<dyn Fn(&Activity) + Send + Sync + 'static>;
 
 pub(crate) struct Shared {
     status: Mutex<EngineStatus>,
@@ -180,6 +185,10 @@ pub(crate) struct Shared {
     active: Mutex<Option<CancelToken>>,
     /// The loaded model's tokenizer, for callers that count tokens without the thread.
     tokenizer: Mutex<Option<Arc<GemmaTokenizer>>>,
+    /// The loaded model's configuration, for cost queries without the thread.
+    config: Mutex<Option<Arc<ModelConfig>>>,
+    /// Told of every activity change.
+    listener: Mutex<Option<ActivityListener>>,
     /// Tokens the next loaded session keeps beyond the sliding windows.
     rewind_margin: AtomicUsize,
 }
@@ -205,16 +214,19 @@ impl Engine {
                 policy: PrecisionPolicy::uniform(KvPrecision::F16),
                 weights_bytes: 0,
                 kv: KvBytes::default(),
+                activity: Activity::NoModel,
             }),
             active: Mutex::new(None),
             tokenizer: Mutex::new(None),
+            config: Mutex::new(None),
+            listener: Mutex::new(None),
             rewind_margin: AtomicUsize::new(REWIND_MARGIN),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("kvlab-engine".into())
             .spawn(move || run::Worker::new(rx, worker_shared).run())
-            .map_err(|e| JobError::new(crate::events::ErrorCode::Internal, e.to_string()))?;
+            .map_err(|e| JobError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(EngineHandle {
             tx,
             shared,
@@ -334,7 +346,7 @@ impl EngineHandle {
         let tokenizer = self.tokenizer().ok_or_else(JobError::no_model)?;
         let ids = tokenizer
             .encode(text, false)
-            .map_err(|e| JobError::new(crate::events::ErrorCode::BadTokenizer, e.to_string()))?;
+            .map_err(|e| JobError::new(ErrorCode::BadTokenizer, e.to_string()))?;
         Ok(ids.len())
     }
 
@@ -376,19 +388,73 @@ impl EngineHandle {
     }
 
     /// Re-encodes the cache in `policy` (applied between two tokens if generating) and
-    /// returns its bytes afterwards. Without a model, sets the policy for the next load.
-    pub fn switch_cache(&self, policy: PrecisionPolicy) -> Result<KvMemoryReport, JobError> {
+    /// returns the switch marker (policies, bytes before and after, conversion time) for a
+    /// memory timeline. Without a model, sets the policy for the next load.
+    pub fn switch_cache(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
         let (reply, rx) = mpsc::channel();
         self.send(Job::SwitchCache { policy, reply })?;
         rx.recv().map_err(|_| JobError::stopped())?
     }
 
-    /// As [`EngineHandle::switch_cache`], returning the switch marker (bytes before and
-    /// after, conversion time) for a memory timeline.
-    pub fn switch_cache_marked(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::SwitchCacheMarked { policy, reply })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+    /// Calls `listener` with the engine's activity now and on every change.
+    pub fn on_activity(&self, listener: ActivityListener) {
+        listener(&self.status().activity);
+        *lock(&self.shared.listener) = Some(listener);
+    }
+
+    fn loaded_config(&self) -> Result<Arc<ModelConfig>, JobError> {
+        lock(&self.shared.config)
+            .clone()
+            .ok_or_else(JobError::no_model)
+    }
+
+    fn rewind_margin(&self) -> usize {
+        self.shared.rewind_margin.load(Ordering::Relaxed)
+    }
+
+    /// The KV bytes a context of `tokens` would hold under every preset, on the loaded
+    /// model (never waits for a generation).
+    pub fn context_costs(&self, tokens: usize) -> Result<Vec<ContextCost>, JobError> {
+        let config = self.loaded_config()?;
+        Ok(context_costs(&config, tokens, self.rewind_margin()))
+    }
+
+    /// What each of `documents` (token counts, in attachment order) adds to the current
+    /// conversation under every preset, and whether it still fits with `reserve` tokens
+    /// left for the answer (never waits for a generation).
+    pub fn document_fits(
+        &self,
+        documents: &[usize],
+        reserve: usize,
+    ) -> Result<Vec<DocumentFit>, JobError> {
+        let config = self.loaded_config()?;
+        let context = self.status().context_tokens;
+        Ok(document_fits(
+            &config,
+            context,
+            documents,
+            reserve,
+            self.rewind_margin(),
+        ))
+    }
+
+    /// The memory the model at `path`, loaded with `options`, would need for `context`
+    /// tokens in the cache `selection` picks, with this engine's rewind margin. Reads
+    /// headers only, on the calling thread.
+    pub fn estimate(
+        &self,
+        path: &std::path::Path,
+        options: &LoadOptions,
+        context: usize,
+        selection: &CacheSelection,
+    ) -> Result<MemoryEstimate, JobError> {
+        Ok(crate::card::estimate(
+            path,
+            options,
+            context,
+            selection,
+            self.rewind_margin(),
+        )?)
     }
 
     /// Drops the model.

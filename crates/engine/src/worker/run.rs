@@ -7,16 +7,17 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::card::model_card;
 use super::error::{JobError, LoadError};
 use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
+use crate::card::inspect;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
-use crate::events::{Event, LoadPhase, ModelCard};
+use crate::events::{Activity, Event, LoadPhase, ModelCard};
 use crate::generate::{self, tokenizer_family, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::memory::{release_free_memory, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
 use crate::session::Session;
+use crate::source::ModelSource;
 use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {
@@ -24,6 +25,7 @@ struct Loaded {
     tokenizer: Arc<GemmaTokenizer>,
     session: Session,
     card: ModelCard,
+    config: Arc<crate::config::ModelConfig>,
 }
 
 pub(super) struct Worker {
@@ -36,6 +38,8 @@ pub(super) struct Worker {
     deferred: VecDeque<Job>,
     /// Resident-set readings for switch markers.
     probe: RssProbe,
+    /// Why the last load failed, while nothing is loaded.
+    failure: Option<String>,
 }
 
 fn loading(phase: LoadPhase) -> Event {
@@ -56,6 +60,7 @@ impl Worker {
             policy,
             deferred: VecDeque::new(),
             probe: RssProbe::new(),
+            failure: None,
         }
     }
 
@@ -83,8 +88,13 @@ impl Worker {
                 mut sink,
                 cancel,
             } => {
-                self.begin(&cancel);
+                let source = source_label(&request.source);
+                self.begin(&cancel, Activity::Loading { source });
                 let result = self.load(request, &mut sink, &cancel);
+                self.failure = match (&result, &self.loaded) {
+                    (Err(e), None) => Some(e.to_string()),
+                    _ => None,
+                };
                 // Status first, then the final event: a caller reacting to it sees the
                 // engine idle and up to date.
                 self.end();
@@ -98,7 +108,7 @@ impl Worker {
                 mut sink,
                 cancel,
             } => {
-                self.begin(&cancel);
+                self.begin(&cancel, self.generating());
                 let last = match self.generate(&request, &mut sink, &cancel) {
                     Ok(done) => done,
                     Err(e) => Some(e.to_event()),
@@ -113,7 +123,7 @@ impl Worker {
                 mut sink,
                 cancel,
             } => {
-                self.begin(&cancel);
+                self.begin(&cancel, self.generating());
                 let last = match self.compare(&request, &mut sink, &cancel) {
                     Ok(fidelity) => CompareEvent::Finished { fidelity },
                     Err(e) => CompareEvent::Error {
@@ -137,25 +147,21 @@ impl Worker {
             }
             Job::SwitchCache { policy, reply } => {
                 let r = match self.loaded.as_mut() {
-                    Some(l) => switch(l, &policy),
+                    Some(l) => marked_switch(&l.model, &mut l.session, &policy, &mut self.probe),
                     None => {
+                        let empty = empty_report();
+                        let marker = SwitchEvent::between(
+                            (&self.policy, &empty),
+                            (&policy, &empty),
+                            0,
+                            (0, 0),
+                            0.0,
+                        );
                         self.policy = policy;
-                        Ok(empty_report())
+                        Ok(marker)
                     }
                 };
                 // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Job::SwitchCacheMarked { policy, reply } => {
-                let r = match self.loaded.as_mut() {
-                    Some(l) => marked_switch(&l.model, &mut l.session, &policy, &mut self.probe),
-                    None => {
-                        self.policy = policy;
-                        let empty = empty_report();
-                        Ok(SwitchEvent::between(&empty, &empty, 0, (0, 0), 0.0))
-                    }
-                };
                 self.publish();
                 let _ = reply.send(r);
             }
@@ -171,9 +177,16 @@ impl Worker {
         true
     }
 
-    fn begin(&mut self, cancel: &CancelToken) {
+    fn begin(&mut self, cancel: &CancelToken, activity: Activity) {
         *lock(&self.shared.active) = Some(cancel.clone());
-        lock(&self.shared.status).busy = true;
+        let mut s = lock(&self.shared.status);
+        s.busy = true;
+        let changed = s.activity != activity;
+        s.activity = activity.clone();
+        drop(s);
+        if changed {
+            self.tell(&activity);
+        }
     }
 
     fn end(&mut self) {
@@ -181,10 +194,42 @@ impl Worker {
         self.publish();
     }
 
-    /// Refreshes the status snapshot.
+    /// The activity of a generation on the loaded model.
+    fn generating(&self) -> Activity {
+        match &self.loaded {
+            Some(l) => Activity::Generating {
+                model: l.card.name.clone(),
+            },
+            None => Activity::NoModel,
+        }
+    }
+
+    /// The activity when no job runs.
+    fn idle(&self) -> Activity {
+        match (&self.loaded, &self.failure) {
+            (Some(l), _) => Activity::Ready {
+                model: l.card.name.clone(),
+            },
+            (None, Some(message)) => Activity::Failed {
+                message: message.clone(),
+            },
+            (None, None) => Activity::NoModel,
+        }
+    }
+
+    fn tell(&self, activity: &Activity) {
+        if let Some(listener) = lock(&self.shared.listener).as_ref() {
+            listener(activity);
+        }
+    }
+
+    /// Refreshes the status snapshot (and tells the listener if the activity changed).
     fn publish(&self) {
+        let activity = self.idle();
         let mut s = lock(&self.shared.status);
         s.busy = false;
+        let changed = s.activity != activity;
+        s.activity = activity.clone();
         match &self.loaded {
             Some(l) => {
                 let memory = l.session.memory();
@@ -206,6 +251,10 @@ impl Worker {
         }
         drop(s);
         *lock(&self.shared.tokenizer) = self.loaded.as_ref().map(|l| Arc::clone(&l.tokenizer));
+        *lock(&self.shared.config) = self.loaded.as_ref().map(|l| Arc::clone(&l.config));
+        if changed {
+            self.tell(&activity);
+        }
     }
 
     fn load(
@@ -221,20 +270,21 @@ impl Worker {
             cancel.flag(),
         )?;
         sink(loading(LoadPhase::Weights));
+        let mut card = inspect(&resolved.weights, &request.options)
+            .map_err(LoadError::Model)?
+            .card;
         let model = Model::load(&resolved.weights, &request.options).map_err(LoadError::Model)?;
+        card.name = resolved.name.clone();
+        card.weights_bytes = model.weights_bytes() as u64;
+        card.weights_measured = true;
         sink(loading(LoadPhase::Tokenizer));
         let family = tokenizer_family(model.config().family);
         let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, family)?;
         let mut session = Session::new(&model, &request.policy).map_err(LoadError::Cache)?;
         session.set_rewind_margin(self.shared.rewind_margin.load(Ordering::Relaxed));
-        let card = model_card(
-            &resolved.name,
-            &model,
-            &resolved.weights,
-            family.supports_thinking(),
-        );
         // Only now is the previous model dropped: a failed load loses nothing.
         self.loaded = Some(Loaded {
+            config: Arc::new(model.config().clone()),
             model,
             tokenizer: Arc::new(tokenizer),
             session,
@@ -291,6 +341,7 @@ impl Worker {
             tokenizer,
             session,
             card,
+            ..
         } = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
         let request = CompareRequest {
             prompt: request.prompt.clone().for_model(card.has_chat_template),
@@ -325,7 +376,7 @@ fn marked_switch(
     policy: &PrecisionPolicy,
     probe: &mut RssProbe,
 ) -> Result<SwitchEvent, JobError> {
-    let before = session.memory();
+    let (from, before) = (session.policy().clone(), session.memory());
     let rss_before = probe.rss_bytes();
     let t0 = Instant::now();
     session.switch_policy(model, policy)?;
@@ -333,17 +384,23 @@ fn marked_switch(
     // A cache that shrank hands its pages back, so resident memory drops visibly.
     release_free_memory();
     Ok(SwitchEvent::between(
-        &before,
-        &session.memory(),
+        (&from, &before),
+        (policy, &session.memory()),
         session.len(),
         (rss_before, probe.rss_bytes()),
         duration_ms,
     ))
 }
 
-fn switch(l: &mut Loaded, policy: &PrecisionPolicy) -> Result<KvMemoryReport, JobError> {
-    l.session.switch_policy(&l.model, policy)?;
-    Ok(l.session.memory())
+/// What a status bar shows for a model being loaded.
+fn source_label(source: &ModelSource) -> String {
+    if let ModelSource::Local { path } = source {
+        return path.display().to_string();
+    }
+    if let ModelSource::Hub { repo, .. } = source {
+        return repo.clone();
+    }
+    format!("{source:?}")
 }
 
 fn empty_report() -> KvMemoryReport {
@@ -380,13 +437,6 @@ impl Queue<'_> {
             match job {
                 Job::Cancel => self.cancel.cancel(),
                 Job::SwitchCache { policy, reply } => {
-                    let r = session
-                        .switch_policy(model, &policy)
-                        .map(|()| session.memory())
-                        .map_err(JobError::from);
-                    let _ = reply.send(r);
-                }
-                Job::SwitchCacheMarked { policy, reply } => {
                     let _ = reply.send(marked_switch(model, session, &policy, self.probe));
                 }
                 Job::Shutdown => {

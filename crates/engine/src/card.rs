@@ -1,0 +1,296 @@
+//! The model card and the pre-load memory estimate: what a model is and what it will cost,
+//! read from its files' headers alone ([`inspect`], before loading) and completed with the
+//! measured weight bytes once loaded. One builder serves both, so the card shown before a
+//! load and the one after it agree by construction.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+use crate::config::{AttentionKind, Family, KvSource, ModelConfig};
+use crate::error::Result;
+use crate::kv::CacheSelection;
+use crate::memory::{estimate_kv_bytes, token_costs, TokenCost};
+use crate::model::{read_config, LoadOptions};
+use crate::weights::{checkpoint_dir, WeightFormat, WeightStore};
+
+/// How many layers of each attention kind a model has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct LayerCounts {
+    /// Sliding-window layers that own a cache.
+    pub sliding: usize,
+    /// Full-attention layers that own a cache.
+    pub full: usize,
+    /// Layers that read another layer's cache (Gemma 4 KV sharing).
+    pub shared: usize,
+}
+
+/// The attention heads of the layers of one kind (Gemma 4's full layers have wider heads
+/// than its sliding ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct HeadShape {
+    /// Which layers.
+    pub kind: AttentionKind,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+}
+
+/// What a model is: shown by the app and printed by the CLI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct ModelCard {
+    /// Display name (file or repository name).
+    pub name: String,
+    /// The weights' path (file or folder).
+    pub path: String,
+    /// Gemma 3 or Gemma 4.
+    pub architecture: Family,
+    /// GGUF or safetensors.
+    pub format: WeightFormat,
+    /// Parameters of the language model, counted from the weight headers.
+    pub params: u64,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Layers by attention kind.
+    pub layer_counts: LayerCounts,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Maximum context in tokens.
+    pub max_context: usize,
+    /// Sliding window (0 without sliding layers).
+    pub sliding_window: usize,
+    /// Head shapes, one entry per distinct shape, sliding layers first.
+    pub heads: Vec<HeadShape>,
+    /// Bytes the weights take in memory as loaded: quantized matrices at their block size,
+    /// the rest in `weights_dtype`. Estimated from the headers before loading, measured
+    /// after (see `weights_measured`).
+    pub weights_bytes: u64,
+    /// The dtype dense weights are held in (`f32` on CPU).
+    pub weights_dtype: String,
+    /// True once `weights_bytes` is what the loaded model holds.
+    pub weights_measured: bool,
+    /// Whether the model has a thinking mode.
+    pub supports_thinking: bool,
+    /// Whether the checkpoint ships a chat template (false: a base model, best prompted
+    /// with plain text; `None`: unknown).
+    pub has_chat_template: Option<bool>,
+    /// What one token of KV cache costs under each preset.
+    pub token_costs: Vec<TokenCost>,
+    /// Config fields that were ignored, defaulted or assumed.
+    pub warnings: Vec<String>,
+}
+
+/// A model read from its headers: the card and the configuration it came from.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    /// The card (weights estimated).
+    pub card: ModelCard,
+    /// The resolved configuration.
+    pub config: ModelConfig,
+}
+
+/// Reads the model at `path` (a `.gguf` file or a safetensors folder) without loading its
+/// weights: configuration, parameter count, chat template, and the bytes the weights will
+/// take when loaded with `opts`.
+pub fn inspect(path: &Path, opts: &LoadOptions) -> Result<Inspection> {
+    let ws = WeightStore::open(path, &opts.device, opts.dtype)?;
+    let config = read_config(&ws)?;
+    let card = build(&ws, path, &config);
+    Ok(Inspection { card, config })
+}
+
+/// The card of the checkpoint open in `ws`, with `config` read from it.
+fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
+    let mut counts = LayerCounts {
+        sliding: 0,
+        full: 0,
+        shared: 0,
+    };
+    let mut heads: Vec<HeadShape> = Vec::new();
+    for l in &config.layers {
+        match (l.kv_source, l.kind) {
+            (KvSource::Shared { .. }, _) => counts.shared += 1,
+            (KvSource::Own, AttentionKind::Sliding) => counts.sliding += 1,
+            (KvSource::Own, AttentionKind::Full) => counts.full += 1,
+        }
+        let shape = HeadShape {
+            kind: l.kind,
+            n_heads: l.n_heads,
+            n_kv_heads: l.n_kv_heads,
+            head_dim: l.head_dim,
+        };
+        if !heads.contains(&shape) {
+            heads.push(shape);
+        }
+    }
+    heads.sort_by_key(|h| h.kind == AttentionKind::Full);
+    let name = path
+        .file_stem()
+        .or_else(|| path.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    ModelCard {
+        name,
+        path: path.display().to_string(),
+        architecture: config.family,
+        format: ws.format(),
+        params: ws.param_count(),
+        layers: config.num_layers(),
+        layer_counts: counts,
+        hidden_size: config.hidden_size,
+        vocab_size: config.vocab_size,
+        max_context: config.max_position_embeddings,
+        sliding_window: config.sliding_window,
+        heads,
+        weights_bytes: ws.held_bytes_estimate(),
+        weights_dtype: format!("{:?}", ws.dtype()).to_lowercase(),
+        weights_measured: false,
+        supports_thinking: config.family == Family::Gemma4,
+        has_chat_template: has_chat_template(ws),
+        token_costs: token_costs(config),
+        warnings: config.warnings.clone(),
+    }
+}
+
+/// Whether the checkpoint carries a chat template: GGUF metadata `tokenizer.chat_template`,
+/// or `chat_template` in a Hugging Face folder (`tokenizer_config.json`,
+/// `chat_template.jinja` or `chat_template.json`). `None` when it cannot be told.
+fn has_chat_template(ws: &WeightStore) -> Option<bool> {
+    if let Some(c) = ws.gguf_content() {
+        return Some(c.metadata.contains_key("tokenizer.chat_template"));
+    }
+    let dir = checkpoint_dir(ws.path());
+    if dir.join("chat_template.jinja").exists() || dir.join("chat_template.json").exists() {
+        return Some(true);
+    }
+    let cfg = std::fs::read(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&cfg).ok()?;
+    Some(v.get("chat_template").is_some())
+}
+
+/// The memory a model needs before it is loaded: its weights as they will be held plus the
+/// KV cache of a context under a cache choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct MemoryEstimate {
+    /// The model's card.
+    pub card: ModelCard,
+    /// Tokens in the context.
+    pub context: usize,
+    /// The cache, as its canonical SPEC.
+    pub spec: String,
+    /// Weight bytes (the card's).
+    pub weights_bytes: u64,
+    /// KV bytes of that context, the rewind margin included.
+    pub kv_bytes: u64,
+    /// Their sum.
+    pub total_bytes: u64,
+}
+
+/// The estimate for the model at `path` loaded with `opts`, holding `context` tokens in the
+/// cache `selection` picks, with sliding layers keeping `rewind_margin` extra tokens.
+pub fn estimate(
+    path: &Path,
+    opts: &LoadOptions,
+    context: usize,
+    selection: &CacheSelection,
+    rewind_margin: usize,
+) -> Result<MemoryEstimate> {
+    let spec = selection.spec()?;
+    let Inspection { card, config } = inspect(path, opts)?;
+    let kv_bytes = estimate_kv_bytes(&config, &spec.to_policy(), context, rewind_margin)?;
+    Ok(MemoryEstimate {
+        weights_bytes: card.weights_bytes,
+        kv_bytes,
+        total_bytes: card.weights_bytes + kv_bytes,
+        context,
+        spec: spec.to_string(),
+        card,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvCache;
+    use crate::model::Model;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+    }
+
+    #[test]
+    fn the_card_reads_the_configuration_without_weights() {
+        let card = inspect(&fixture("tiny_gemma3"), &LoadOptions::default())
+            .expect("inspect")
+            .card;
+        assert_eq!(card.format, WeightFormat::Safetensors);
+        assert_eq!(card.architecture, Family::Gemma3);
+        assert_eq!((card.layers, card.sliding_window), (6, 8));
+        assert_eq!(
+            card.layer_counts,
+            LayerCounts {
+                sliding: 4,
+                full: 2,
+                shared: 0
+            }
+        );
+        assert_eq!(card.max_context, 256);
+        assert_eq!(card.heads.len(), 2);
+        assert_eq!((card.heads[0].n_kv_heads, card.heads[0].head_dim), (2, 16));
+        assert_eq!(card.heads[0].kind, AttentionKind::Sliding);
+        assert!(!card.weights_measured);
+        // The fixture folder has no tokenizer_config.json: unknown, not "base".
+        assert_eq!(card.has_chat_template, None);
+        assert_eq!(card.token_costs.len(), crate::kv::presets().len());
+    }
+
+    #[test]
+    fn held_weight_bytes_are_known_before_loading() {
+        // f32 on CPU: the estimate from the headers equals what the loader then holds.
+        for name in ["tiny_gemma3", "tiny_e", "tiny_dense", "tiny_moe"] {
+            let path = fixture(name);
+            let card = inspect(&path, &LoadOptions::default())
+                .expect("inspect")
+                .card;
+            let model = Model::load(&path, &LoadOptions::default()).expect("load");
+            assert_eq!(
+                card.weights_bytes,
+                model.weights_bytes() as u64,
+                "{name}: estimate vs held"
+            );
+            assert_eq!(card.params * 4, card.weights_bytes, "{name}: all f32");
+        }
+    }
+
+    #[test]
+    fn the_estimate_equals_a_filled_cache_with_the_rewind_margin() {
+        let path = fixture("tiny_e");
+        let opts = LoadOptions::default();
+        let model = Model::load(&path, &opts).expect("load");
+        for spec in ["f16", "tq3.5@all", "k4v3@sliding"] {
+            for (tokens, margin) in [(5, 0), (40, 0), (40, 16), (200, 256)] {
+                let sel = CacheSelection::Spec(spec.into());
+                let e = estimate(&path, &opts, tokens, &sel, margin).expect("estimate");
+                let mut cache: KvCache = model.new_cache(&sel.policy().unwrap()).expect("cache");
+                cache.set_rewind_margin(margin);
+                cache.fill_synthetic(tokens, 3).expect("fill");
+                assert_eq!(
+                    e.kv_bytes,
+                    cache.memory().total.0 as u64,
+                    "{spec}, {tokens} tokens, margin {margin}"
+                );
+                assert_eq!(e.total_bytes, e.kv_bytes + e.weights_bytes);
+            }
+        }
+        let bad = estimate(&path, &opts, 5, &CacheSelection::Spec("q8".into()), 0);
+        assert!(bad.is_err());
+    }
+}

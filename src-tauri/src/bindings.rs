@@ -1,0 +1,137 @@
+//! The UI's TypeScript types, generated from the Rust types the app sends and receives (the
+//! engine's events, cards, estimates, costs, markers and errors, and the app's own command
+//! shapes), into `ui/src/lib/bindings.ts`. The test fails when that file is stale;
+//! `KVLAB_BLESS=1 cargo test -p kvlab bindings` rewrites it.
+
+use std::path::Path;
+
+use kvlab_engine::card::{HeadShape, LayerCounts, MemoryEstimate, ModelCard};
+use kvlab_engine::chat::{Message, Role};
+use kvlab_engine::compare::{CompareEvent, CompareFidelity};
+use kvlab_engine::config::{AttentionKind, Family};
+use kvlab_engine::events::{Activity, DoneReason, ErrorCode, Event, GenStats, LoadPhase};
+use kvlab_engine::generate::{GenerateRequest, Prompt};
+use kvlab_engine::kv::{
+    CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LayerScope, ScopedSpecs,
+    SideFormat,
+};
+use kvlab_engine::memory::{
+    ByteCount, ContextCost, DocumentFit, KindBytes, KvBytes, KvPart, LayerBytes, MemorySample,
+    SwitchEvent, TokenCost,
+};
+use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::weights::WeightFormat;
+use kvlab_engine::JobError;
+use ts_rs::{Config, TS};
+
+use crate::bridge::CompareRequest;
+use crate::commands::{DefaultModel, InspectedDocument, SystemInfo};
+use crate::documents::{Document, DocumentKind};
+use crate::download::{DownloadUpdate, Downloaded, HubModel};
+use crate::sessions::SessionSummary;
+
+/// One exported declaration.
+fn decl<T: TS>(cfg: &Config) -> (String, String) {
+    (T::name(cfg), format!("export {}", T::decl(cfg)))
+}
+
+/// The whole file, declarations sorted by name so the output is stable.
+pub fn typescript() -> String {
+    // JSON numbers: u64 byte counts stay far below 2^53, and serde_json writes them as numbers.
+    let cfg = Config::new().with_large_int("number");
+    let mut decls = vec![
+        decl::<Activity>(&cfg),
+        decl::<AttentionKind>(&cfg),
+        decl::<ByteCount>(&cfg),
+        decl::<CacheChoice>(&cfg),
+        decl::<CacheOptions>(&cfg),
+        decl::<CachePreset>(&cfg),
+        decl::<CacheSelection>(&cfg),
+        decl::<CompareEvent>(&cfg),
+        decl::<CompareFidelity>(&cfg),
+        decl::<CompareRequest>(&cfg),
+        decl::<ContextCost>(&cfg),
+        decl::<DefaultModel>(&cfg),
+        decl::<Document>(&cfg),
+        decl::<DocumentFit>(&cfg),
+        decl::<DocumentKind>(&cfg),
+        decl::<DoneReason>(&cfg),
+        decl::<DownloadUpdate>(&cfg),
+        decl::<Downloaded>(&cfg),
+        decl::<ErrorCode>(&cfg),
+        decl::<Event>(&cfg),
+        decl::<Family>(&cfg),
+        decl::<FormatOption>(&cfg),
+        decl::<GenStats>(&cfg),
+        decl::<GenerateRequest>(&cfg),
+        decl::<HeadShape>(&cfg),
+        decl::<HubModel>(&cfg),
+        decl::<InspectedDocument>(&cfg),
+        decl::<JobError>(&cfg),
+        decl::<KindBytes>(&cfg),
+        decl::<KvBytes>(&cfg),
+        decl::<KvPart>(&cfg),
+        decl::<LayerBytes>(&cfg),
+        decl::<LayerCounts>(&cfg),
+        decl::<LayerScope>(&cfg),
+        decl::<LoadPhase>(&cfg),
+        decl::<MemoryEstimate>(&cfg),
+        decl::<MemorySample>(&cfg),
+        decl::<Message>(&cfg),
+        decl::<ModelCard>(&cfg),
+        decl::<Prompt>(&cfg),
+        decl::<Role>(&cfg),
+        decl::<SamplingParams>(&cfg),
+        decl::<ScopedSpecs>(&cfg),
+        decl::<SessionSummary>(&cfg),
+        decl::<SideFormat>(&cfg),
+        decl::<SwitchEvent>(&cfg),
+        decl::<SystemInfo>(&cfg),
+        decl::<TokenCost>(&cfg),
+        decl::<WeightFormat>(&cfg),
+    ];
+    decls.sort();
+    let mut out = String::from(
+        "// Generated from the Rust types by src-tauri/src/bindings.rs: do not edit.\n\
+         // Regenerate with `KVLAB_BLESS=1 cargo test -p kvlab bindings`.\n",
+    );
+    for (_, d) in decls {
+        out.push('\n');
+        out.push_str(&d);
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn typescript_bindings_are_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ui/src/lib/bindings.ts");
+    let generated = typescript();
+    if std::env::var_os("KVLAB_BLESS").is_some() {
+        std::fs::write(&path, &generated).expect("write bindings.ts");
+        return;
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        current == generated,
+        "{} is stale: run `KVLAB_BLESS=1 cargo test -p kvlab bindings` and commit it",
+        path.display()
+    );
+}
+
+#[test]
+fn every_declared_type_is_defined_once() {
+    let ts = typescript();
+    let names: Vec<&str> = ts
+        .lines()
+        .filter_map(|l| l.strip_prefix("export type "))
+        .filter_map(|l| l.split([' ', '<']).next())
+        .collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(names.len(), unique.len(), "{names:?}");
+    // Every name used in a declaration is declared (no dangling reference).
+    assert!(names.contains(&"ModelCard") && names.contains(&"ErrorCode"));
+    assert!(!ts.contains("bigint"), "u64 must map to number");
+}

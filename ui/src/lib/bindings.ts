@@ -1,0 +1,734 @@
+// Generated from the Rust types by src-tauri/src/bindings.rs: do not edit.
+// Regenerate with `KVLAB_BLESS=1 cargo test -p kvlab bindings`.
+
+export type Activity = { "state": "no_model" } | { "state": "loading", 
+/**
+ * What is loading (path or repository).
+ */
+source: string, } | { "state": "ready", 
+/**
+ * Its name.
+ */
+model: string, } | { "state": "generating", 
+/**
+ * The model's name.
+ */
+model: string, } | { "state": "failed", 
+/**
+ * Why.
+ */
+message: string, };
+
+export type AttentionKind = "sliding" | "full";
+
+export type ByteCount = { 
+/**
+ * Bytes that hold live tokens.
+ */
+used: number, 
+/**
+ * Bytes reserved, live or not.
+ */
+allocated: number, };
+
+export type CacheChoice = { 
+/**
+ * How keys are stored.
+ */
+keys: SideFormat, 
+/**
+ * How values are stored.
+ */
+values: SideFormat, 
+/**
+ * Which cache-owning layers get these formats.
+ */
+scope: LayerScope, };
+
+export type CacheOptions = { 
+/**
+ * The presets, in menu order.
+ */
+presets: Array<CachePreset>, 
+/**
+ * Formats a side may take (for keys and values set apart).
+ */
+formats: Array<FormatOption>, };
+
+export type CachePreset = { 
+/**
+ * Button label (`TQ 3.5`).
+ */
+label: string, 
+/**
+ * Keys' and values' format.
+ */
+keys: SideFormat, 
+/**
+ * (Equal to `keys` for every preset but the split ones.)
+ */
+values: SideFormat, 
+/**
+ * Its canonical SPEC at each scope, to compare with the current policy.
+ */
+specs: ScopedSpecs, };
+
+export type CacheSelection = string | CacheChoice;
+
+export type CompareEvent = { "type": "pane", 
+/**
+ * Which pane.
+ */
+pane: number, 
+/**
+ * Its event.
+ */
+event: Event, } | { "type": "finished", 
+/**
+ * The scores.
+ */
+fidelity: CompareFidelity | null, } | { "type": "error", 
+/**
+ * Machine-readable code.
+ */
+code: ErrorCode, 
+/**
+ * Human-readable message.
+ */
+message: string, };
+
+export type CompareFidelity = { 
+/**
+ * Mean KL(reference ‖ test) per position, nats.
+ */
+mean_kld: number, 
+/**
+ * Largest per-position KL.
+ */
+max_kld: number, 
+/**
+ * Fraction of positions whose top token agrees.
+ */
+top1_agreement: number, 
+/**
+ * Positions scored.
+ */
+tokens_scored: number, 
+/**
+ * Perplexity of the reference's tokens under the test cache.
+ */
+ppl: number, 
+/**
+ * Perplexity under the reference cache.
+ */
+ppl_reference: number, 
+/**
+ * KV bytes each pane's cache held at its end.
+ */
+kv_bytes: [number, number], };
+
+export type CompareRequest = { 
+/**
+ * What both panes continue from.
+ */
+prompt: Prompt, 
+/**
+ * Sampling, the same for both.
+ */
+sampling: SamplingParams, 
+/**
+ * Most tokens per pane.
+ */
+max_tokens: number, 
+/**
+ * The reference cache (pane 0) and the one tested against it (pane 1).
+ */
+caches: [CacheSelection, CacheSelection], };
+
+export type ContextCost = { 
+/**
+ * The preset's label.
+ */
+label: string, 
+/**
+ * Its canonical SPEC on all layers.
+ */
+spec: string, 
+/**
+ * The bytes.
+ */
+bytes: number, };
+
+export type DefaultModel = { path: string, name: string, };
+
+export type Document = { name: string, kind: DocumentKind, bytes: number, 
+/**
+ * Page count, for PDFs.
+ */
+pages?: number, text: string, };
+
+export type DocumentFit = { 
+/**
+ * The document's tokens.
+ */
+tokens: number, 
+/**
+ * Extra KV bytes it adds to the context, under each preset.
+ */
+costs: Array<ContextCost>, 
+/**
+ * Context tokens after the documents up to this one and room for the answer.
+ */
+context_after: number, 
+/**
+ * Whether that still fits the model's context.
+ */
+fits: boolean, };
+
+export type DocumentKind = "text" | "markdown" | "code" | "pdf";
+
+export type DoneReason = "stop" | "length" | "cancelled";
+
+export type DownloadUpdate = { repo: string, 
+/**
+ * The file being fetched.
+ */
+file: string, file_done: number, file_total: number, 
+/**
+ * Bytes on disk over all files, including those kept from an earlier run.
+ */
+done: number, total: number, 
+/**
+ * Over the last few seconds; `None` until measurable.
+ */
+bytes_per_sec: number | null, 
+/**
+ * Seconds left at that speed.
+ */
+eta_secs: number | null, };
+
+export type Downloaded = { repo: string, 
+/**
+ * The snapshot directory.
+ */
+path: string, };
+
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal";
+
+export type Event = { "type": "loading", 
+/**
+ * What is happening now.
+ */
+phase: LoadPhase, 
+/**
+ * Bytes done so far in this phase (downloads), when known.
+ */
+done?: number | null, 
+/**
+ * Bytes in total for this phase, when known.
+ */
+total?: number | null, } | { "type": "loaded", 
+/**
+ * What was loaded.
+ */
+card: ModelCard, } | { "type": "token", 
+/**
+ * Text to append (never ends inside a character).
+ */
+text: string, } | { "type": "thinking", 
+/**
+ * Text to append.
+ */
+text: string, } | { "type": "stats" } & GenStats | { "type": "done", 
+/**
+ * Why it ended.
+ */
+reason: DoneReason, 
+/**
+ * Ids of every generated token, the stop token included.
+ */
+token_ids: Array<number>, } | { "type": "error", 
+/**
+ * Machine-readable code.
+ */
+code: ErrorCode, 
+/**
+ * Human-readable message.
+ */
+message: string, };
+
+export type Family = "gemma3" | "gemma4";
+
+export type FormatOption = { 
+/**
+ * The format.
+ */
+format: SideFormat, 
+/**
+ * Its label.
+ */
+label: string, };
+
+export type GenStats = { 
+/**
+ * Tokens in the rendered prompt.
+ */
+prompt_tokens: number, 
+/**
+ * Prompt tokens found already in the cache (not recomputed).
+ */
+reused_tokens: number, 
+/**
+ * Prompt tokens run through the model in this request.
+ */
+prefill_tokens: number, 
+/**
+ * Tokens generated (the stop token included).
+ */
+generated_tokens: number, 
+/**
+ * Seconds from the request to the first generated token.
+ */
+time_to_first_token_s: number, 
+/**
+ * Prefill throughput (tokens per second; 0 when nothing was prefilled).
+ */
+prefill_tok_per_s: number, 
+/**
+ * Decode throughput (tokens per second; 0 with fewer than two tokens).
+ */
+decode_tok_per_s: number, 
+/**
+ * Tokens the cache now holds (position of the next token).
+ */
+context_tokens: number, 
+/**
+ * The model's maximum context.
+ */
+max_context: number, 
+/**
+ * Bytes the KV cache holds for live tokens.
+ */
+kv_bytes: number, 
+/**
+ * Bytes the KV cache has reserved.
+ */
+kv_bytes_allocated: number, 
+/**
+ * The cache it ran with at its end, as its canonical SPEC.
+ */
+cache_spec: string, };
+
+export type GenerateRequest = { 
+/**
+ * What to continue from.
+ */
+prompt: Prompt, 
+/**
+ * Sampling settings (temperature 0 = greedy).
+ */
+sampling: SamplingParams, 
+/**
+ * Most tokens to generate (the stop token included).
+ */
+max_tokens: number, 
+/**
+ * Prefill chunk size.
+ */
+prefill_chunk?: number, };
+
+export type HeadShape = { 
+/**
+ * Which layers.
+ */
+kind: AttentionKind, 
+/**
+ * Query heads.
+ */
+n_heads: number, 
+/**
+ * Key/value heads.
+ */
+n_kv_heads: number, 
+/**
+ * Dimensions per head.
+ */
+head_dim: number, };
+
+export type HubModel = { 
+/**
+ * The Hub repository id.
+ */
+repo: string, 
+/**
+ * What the picker shows.
+ */
+label: string, 
+/**
+ * The model family (`gemma4`, `gemma3`).
+ */
+family: string, };
+
+export type InspectedDocument = { tokens: number, name: string, kind: DocumentKind, bytes: number, 
+/**
+ * Page count, for PDFs.
+ */
+pages?: number, text: string, };
+
+export type JobError = { 
+/**
+ * Machine-readable code.
+ */
+code: ErrorCode, 
+/**
+ * Human-readable message.
+ */
+message: string, };
+
+export type KindBytes = { 
+/**
+ * Sliding-window layers.
+ */
+sliding: ByteCount, 
+/**
+ * Full-attention layers.
+ */
+full: ByteCount, };
+
+export type KvBytes = { 
+/**
+ * Per attention kind.
+ */
+by_kind: KindBytes, 
+/**
+ * Per precision, keyed by its SPEC form (`f16`, `tq4`, …).
+ */
+by_precision: { [key in string]: ByteCount }, 
+/**
+ * Per attention kind and precision together, in layer order of first appearance (the
+ * memory timeline's stacked series).
+ */
+parts: Array<KvPart>, 
+/**
+ * Every cache-owning layer (KV-sharing consumers own nothing and are left out).
+ */
+layers: Array<LayerBytes>, 
+/**
+ * Bytes holding live tokens, all layers.
+ */
+total_used: number, 
+/**
+ * Bytes reserved, all layers.
+ */
+total_allocated: number, };
+
+export type KvPart = { 
+/**
+ * Sliding or full.
+ */
+kind: AttentionKind, 
+/**
+ * Precision in SPEC form.
+ */
+precision: string, 
+/**
+ * Their bytes.
+ */
+bytes: ByteCount, };
+
+export type LayerBytes = { 
+/**
+ * Layer index.
+ */
+layer: number, 
+/**
+ * Sliding or full.
+ */
+kind: AttentionKind, 
+/**
+ * Precision in SPEC form (`f16`, `tq4`, `k4v3`).
+ */
+precision: string, 
+/**
+ * Tokens held.
+ */
+tokens: number, 
+/**
+ * Bytes.
+ */
+bytes: ByteCount, };
+
+export type LayerCounts = { 
+/**
+ * Sliding-window layers that own a cache.
+ */
+sliding: number, 
+/**
+ * Full-attention layers that own a cache.
+ */
+full: number, 
+/**
+ * Layers that read another layer's cache (Gemma 4 KV sharing).
+ */
+shared: number, };
+
+export type LayerScope = "full" | "sliding" | "all";
+
+export type LoadPhase = "resolving" | "downloading" | "weights" | "tokenizer";
+
+export type MemoryEstimate = { 
+/**
+ * The model's card.
+ */
+card: ModelCard, 
+/**
+ * Tokens in the context.
+ */
+context: number, 
+/**
+ * The cache, as its canonical SPEC.
+ */
+spec: string, 
+/**
+ * Weight bytes (the card's).
+ */
+weights_bytes: number, 
+/**
+ * KV bytes of that context, the rewind margin included.
+ */
+kv_bytes: number, 
+/**
+ * Their sum.
+ */
+total_bytes: number, };
+
+export type MemorySample = { 
+/**
+ * When it was taken: milliseconds since the Unix epoch (the app), or since the
+ * timeline started (benchmarks).
+ */
+t_ms: number, 
+/**
+ * Tokens processed so far (the next token's position).
+ */
+tokens_in_context: number, 
+/**
+ * Exact KV bytes.
+ */
+kv: KvBytes, 
+/**
+ * Bytes of the model's weights as held.
+ */
+weights_bytes: number, 
+/**
+ * Process resident set (0 when the platform does not report it).
+ */
+rss_bytes: number, 
+/**
+ * Set on the sample taken right after a precision switch.
+ */
+event: SwitchEvent | null, };
+
+export type Message = { role: Role, content: string, thinking?: string | null, };
+
+export type ModelCard = { 
+/**
+ * Display name (file or repository name).
+ */
+name: string, 
+/**
+ * The weights' path (file or folder).
+ */
+path: string, 
+/**
+ * Gemma 3 or Gemma 4.
+ */
+architecture: Family, 
+/**
+ * GGUF or safetensors.
+ */
+format: WeightFormat, 
+/**
+ * Parameters of the language model, counted from the weight headers.
+ */
+params: number, 
+/**
+ * Decoder layers.
+ */
+layers: number, 
+/**
+ * Layers by attention kind.
+ */
+layer_counts: LayerCounts, 
+/**
+ * Residual stream width.
+ */
+hidden_size: number, 
+/**
+ * Vocabulary size.
+ */
+vocab_size: number, 
+/**
+ * Maximum context in tokens.
+ */
+max_context: number, 
+/**
+ * Sliding window (0 without sliding layers).
+ */
+sliding_window: number, 
+/**
+ * Head shapes, one entry per distinct shape, sliding layers first.
+ */
+heads: Array<HeadShape>, 
+/**
+ * Bytes the weights take in memory as loaded: quantized matrices at their block size,
+ * the rest in `weights_dtype`. Estimated from the headers before loading, measured
+ * after (see `weights_measured`).
+ */
+weights_bytes: number, 
+/**
+ * The dtype dense weights are held in (`f32` on CPU).
+ */
+weights_dtype: string, 
+/**
+ * True once `weights_bytes` is what the loaded model holds.
+ */
+weights_measured: boolean, 
+/**
+ * Whether the model has a thinking mode.
+ */
+supports_thinking: boolean, 
+/**
+ * Whether the checkpoint ships a chat template (false: a base model, best prompted
+ * with plain text; `None`: unknown).
+ */
+has_chat_template: boolean | null, 
+/**
+ * What one token of KV cache costs under each preset.
+ */
+token_costs: Array<TokenCost>, 
+/**
+ * Config fields that were ignored, defaulted or assumed.
+ */
+warnings: Array<string>, };
+
+export type Prompt = { "type": "chat", 
+/**
+ * System prompt (Gemma 3 prefixes it to the first user message).
+ */
+system?: string | null, 
+/**
+ * The turns so far; the last is normally the user's.
+ */
+messages: Array<Message>, 
+/**
+ * Let the model think first (Gemma 4 only).
+ */
+thinking: boolean, } | { "type": "conversation", 
+/**
+ * The turns so far (a system turn may lead).
+ */
+messages: Array<Message>, 
+/**
+ * Let the model think first (Gemma 4 only; ignored for plain text).
+ */
+thinking: boolean, } | { "type": "text", 
+/**
+ * The text.
+ */
+text: string, } | { "type": "ids", 
+/**
+ * The ids.
+ */
+ids: Array<number>, };
+
+export type Role = "system" | "user" | "model";
+
+export type SamplingParams = { temperature: number, 
+/**
+ * Keep only the `top_k` most likely tokens (`None`: no limit).
+ */
+top_k: number | null, 
+/**
+ * Keep the smallest set of most likely tokens whose probability reaches `top_p`
+ * (`None`: no limit).
+ */
+top_p: number | null, seed: number, };
+
+export type ScopedSpecs = { 
+/**
+ * Every cache-owning layer.
+ */
+all: string, 
+/**
+ * Full-attention layers only.
+ */
+full: string, 
+/**
+ * Sliding-window layers only.
+ */
+sliding: string, };
+
+export type SessionSummary = { id: string, title: string, updated_ms: number, };
+
+export type SideFormat = "f32" | "f16" | "bf16" | "4" | "3.5" | "3" | "2.5" | "2";
+
+export type SwitchEvent = { 
+/**
+ * When it happened, in milliseconds since the Unix epoch.
+ */
+t_ms: number, 
+/**
+ * The policy before, as its canonical SPEC ([`PrecisionPolicy::spec_string`]).
+ */
+from: string, 
+/**
+ * After.
+ */
+to: string, 
+/**
+ * Tokens converted (the context length at the switch).
+ */
+tokens: number, 
+/**
+ * KV bytes before the switch.
+ */
+kv_before: ByteCount, 
+/**
+ * KV bytes after the switch.
+ */
+kv_after: ByteCount, 
+/**
+ * Process resident bytes before (0 when unknown).
+ */
+rss_before: number, 
+/**
+ * Process resident bytes after (0 when unknown).
+ */
+rss_after: number, 
+/**
+ * Wall time of the conversion.
+ */
+duration_ms: number, };
+
+export type SystemInfo = { total_memory_bytes: number, cpu_cores: number, os: string, engine_version: string, data_dir: string, };
+
+export type TokenCost = { 
+/**
+ * The preset's label (`TQ 3.5`).
+ */
+label: string, 
+/**
+ * Its canonical SPEC on all layers.
+ */
+spec: string, 
+/**
+ * Bytes per token over the full-attention layers (these grow with every token).
+ */
+full_bytes_per_token: number, 
+/**
+ * Bytes per token over the sliding layers (these stop growing at their window).
+ */
+sliding_bytes_per_token: number, };
+
+export type WeightFormat = "gguf" | "safetensors";
