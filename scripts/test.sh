@@ -22,6 +22,8 @@ cd "$ROOT"
 export KVLAB_REQUIRE_ASSETS=1
 # kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
 # (crates/engine/tests/hub_download.rs) are always compiled, linted and run.
+# One package list and feature set for clippy, tests and the app build, so every crate is
+# compiled once (the CLI turns on kvlab-engine/bench; a build of the app alone would not).
 FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol,kvlab-engine/hub)
 
 step ui-build npm --prefix ui run --silent build
@@ -30,7 +32,7 @@ step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
 step cargo-test cargo test "${FEATURES[@]}"
 step ui-check npm --prefix ui run --silent check
 step ui-test npm --prefix ui test
-step app-build cargo build -p kvlab --features custom-protocol
+step app-build cargo build "${FEATURES[@]}"
 export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
 export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
 step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test

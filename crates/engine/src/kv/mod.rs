@@ -389,6 +389,8 @@ impl KvCache {
     /// to every owning layer, as if a prompt of that length had been run, without running
     /// the model. Storage sizes, layouts and attention cost are exactly those of a real
     /// context of that length; the content is meaningless, so never use it for quality.
+    /// Cargo feature `bench` (and this crate's own tests).
+    #[cfg(any(test, feature = "bench"))]
     pub fn fill_synthetic(&mut self, tokens: usize, seed: u64) -> Result<()> {
         let mut rng = kvlab_turboquant::Rng::new(seed, 0);
         let mut at = 0;

@@ -1,5 +1,6 @@
-//! Engine-level decode benchmark (`kvlab bench decode`): prefill N tokens, then greedy
-//! decode M more, timing both phases separately. Reports figures; asserts nothing.
+//! Engine-level decode benchmark (`kvlab bench decode`, cargo feature `bench`): prefill N
+//! tokens, then greedy decode M more, timing both phases separately. Reports figures;
+//! asserts nothing.
 
 use std::time::Instant;
 
