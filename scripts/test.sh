@@ -24,7 +24,7 @@ export KVLAB_REQUIRE_ASSETS=1
 # (crates/engine/tests/hub_download.rs) are always compiled, linted and run.
 # One package list and feature set for clippy, tests and the app build, so every crate is
 # compiled once (the CLI turns on kvlab-engine/bench; a build of the app alone would not).
-FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol,kvlab-engine/hub)
+FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets --features kvlab/custom-protocol,kvlab-engine/hub)
 
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check

@@ -79,21 +79,55 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Res<T> + Send + 'static
         .map_err(|e| CommandError::new("internal", e.to_string()))?
 }
 
-/// The offline default model (Gemma 3 270M), if its files are present.
+/// The model to open at start-up: the file `$KVLAB_DEFAULT_MODEL` names (scripts/run.sh and
+/// the e2e driver set it to the offline Gemma 3 270M). The app links no asset code, so
+/// without it there is no default model and the UI offers the picker and the Download panel.
 #[derive(Debug, Clone, Serialize)]
 pub struct DefaultModel {
     pub path: String,
-    pub name: &'static str,
+    pub name: String,
 }
+
+/// The variable naming the default model's path.
+pub const DEFAULT_MODEL_ENV: &str = "KVLAB_DEFAULT_MODEL";
 
 #[tauri::command]
 pub fn default_model() -> Res<DefaultModel> {
-    kvlab_engine::assets::resolve("gemma3-270m")
-        .map(|p| DefaultModel {
-            path: p.display().to_string(),
-            name: "Gemma 3 270M (offline)",
-        })
-        .map_err(|e| CommandError::new("asset_missing", format!("{e} — run `kvlab assets fetch`")))
+    default_model_from(std::env::var_os(DEFAULT_MODEL_ENV))
+}
+
+/// [`default_model`] given the variable's value (pure, for tests).
+pub fn default_model_from(value: Option<std::ffi::OsString>) -> Res<DefaultModel> {
+    let path = match value {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => {
+            return Err(CommandError::new(
+                "asset_missing",
+                format!(
+                    "no default model: {DEFAULT_MODEL_ENV} is not set (scripts/run.sh sets it \
+                     to the offline Gemma 3 270M); open a model or download one"
+                ),
+            ))
+        }
+    };
+    if !path.is_file() {
+        return Err(CommandError::new(
+            "asset_missing",
+            format!(
+                "the default model {} ({DEFAULT_MODEL_ENV}) does not exist; run \
+                 `cargo run -p kvlab-assets -- fetch gemma3-270m`",
+                path.display()
+            ),
+        ));
+    }
+    let name = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    Ok(DefaultModel {
+        path: path.display().to_string(),
+        name,
+    })
 }
 
 /// The model card and the memory `context` tokens would take under `spec`, before loading.
@@ -316,5 +350,27 @@ mod tests {
             info.cpu_cores,
             std::thread::available_parallelism().unwrap().get()
         );
+    }
+
+    #[test]
+    fn the_default_model_comes_from_the_environment_only() {
+        for unset in [None, Some("".into())] {
+            let err = default_model_from(unset).unwrap_err();
+            assert_eq!(err.code, "asset_missing");
+            assert!(err.message.contains(DEFAULT_MODEL_ENV), "{}", err.message);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("gemma-3-270m-q4_k_m.gguf");
+        let err = default_model_from(Some(model.clone().into_os_string())).unwrap_err();
+        assert_eq!(err.code, "asset_missing");
+        assert!(
+            err.message.contains("kvlab-assets -- fetch"),
+            "{}",
+            err.message
+        );
+        std::fs::write(&model, b"GGUF").unwrap();
+        let found = default_model_from(Some(model.clone().into_os_string())).unwrap();
+        assert_eq!(found.path, model.display().to_string());
+        assert_eq!(found.name, "gemma-3-270m-q4_k_m.gguf");
     }
 }
