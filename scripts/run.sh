@@ -13,6 +13,11 @@ PROFILE="${KVLAB_PROFILE:-dev}"
 say "building the app ($PROFILE profile)"
 cargo build --profile "$PROFILE" -p kvlab --features custom-protocol
 if [ "$PROFILE" = dev ]; then APP="$CARGO_TARGET_DIR/debug/kvlab-app"; else APP="$CARGO_TARGET_DIR/$PROFILE/kvlab-app"; fi
+# The app links no asset code: it learns its default model (the offline Gemma 3 270M) here.
+if [ -z "${KVLAB_DEFAULT_MODEL:-}" ]; then
+  KVLAB_DEFAULT_MODEL="$(cargo run --quiet -p kvlab-assets -- path gemma3-270m)" || KVLAB_DEFAULT_MODEL=""
+  export KVLAB_DEFAULT_MODEL
+fi
 say "starting KV Lab"
 if [ "$(uname -s)" = Linux ] && [ -z "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
   say "no display: running inside Xvfb"

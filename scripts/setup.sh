@@ -59,4 +59,6 @@ if [ "$MODE" = test ]; then
   npm_ci "$ROOT/tests/e2e"
 fi
 say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"
-cargo run --quiet -p kvlab-cli -- assets fetch
+# The small kvlab-assets crate alone (no candle, no engine): the engine and the CLI are built
+# once, later, with the test or app features.
+cargo run --quiet -p kvlab-assets -- fetch

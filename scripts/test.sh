@@ -30,7 +30,9 @@ cd "$ROOT"
 export KVLAB_REQUIRE_ASSETS=1
 # kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
 # (crates/engine/tests/hub_download.rs) are always compiled, linted and run.
-FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant --features kvlab/custom-protocol,kvlab-engine/hub)
+# One package list and feature set for clippy, tests and the app build, so every crate is
+# compiled once (the CLI turns on kvlab-engine/bench; a build of the app alone would not).
+FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets --features kvlab/custom-protocol,kvlab-engine/hub)
 
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check
@@ -38,9 +40,8 @@ step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
 step cargo-test cargo test "${FEATURES[@]}"
 step ui-check npm --prefix ui run --silent check
 step ui-test npm --prefix ui test
-# The same packages, features and targets as the test step, so nothing is compiled twice:
-# `--all-targets` unifies the dev-dependencies' features exactly as `cargo test` does.
-step app-build cargo build --all-targets "${FEATURES[@]}"
+# The same packages and features as the test step, so the app build only links.
+step app-build cargo build "${FEATURES[@]}"
 export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
 export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
 step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test

@@ -40,7 +40,7 @@ pub fn default_model(env: Option<OsString>) -> Result<DefaultModel, CommandError
         return Err(CommandError::new(
             ErrorCode::NoDefaultModel,
             format!(
-                "the default model {} is missing — run `kvlab assets fetch`",
+                "the default model {} is missing — run `cargo run -p kvlab-assets -- fetch gemma3-270m`",
                 path.display()
             ),
         ));

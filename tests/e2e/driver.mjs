@@ -1,7 +1,7 @@
 // Starts tauri-driver (which starts WebKitWebDriver) and opens a WebDriver session on the
 // real built app. Shared by every end-to-end test file.
 
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { mkdirSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
@@ -33,6 +33,19 @@ async function waitForPort(port, timeoutMs) {
   throw new Error(`tauri-driver did not listen on port ${port} within ${timeoutMs} ms`);
 }
 
+/**
+ * The app's default model: `KVLAB_DEFAULT_MODEL` when set, else the offline Gemma 3 270M as
+ * `kvlab-assets` locates it (the app itself links no asset code).
+ */
+function defaultModel() {
+  if (process.env.KVLAB_DEFAULT_MODEL) return process.env.KVLAB_DEFAULT_MODEL;
+  const root = path.join(here, "..", "..");
+  return execFileSync("cargo", ["run", "--quiet", "-p", "kvlab-assets", "--", "path", "gemma3-270m"], {
+    cwd: root,
+    encoding: "utf8",
+  }).trim();
+}
+
 /** Launches the app under WebDriver; returns the browser and a close function. */
 export async function launchApp({ port = 4444, env = {} } = {}) {
   const application = required("KVLAB_APP_BIN");
@@ -40,7 +53,7 @@ export async function launchApp({ port = 4444, env = {} } = {}) {
   mkdirSync(ARTIFACTS, { recursive: true });
   const driver = spawn(driverBin, ["--port", String(port), "--native-port", String(port + 1)], {
     stdio: ["ignore", "inherit", "inherit"],
-    env: { ...process.env, ...env },
+    env: { ...process.env, KVLAB_DEFAULT_MODEL: defaultModel(), ...env },
   });
   const exited = new Promise((resolve) => driver.on("exit", resolve));
   await waitForPort(port, 20_000);

@@ -53,16 +53,9 @@ struct AttentionRow {
 }
 
 fn synthetic(seed: u64, dims: (usize, usize, usize)) -> anyhow::Result<Tensor> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = kvlab_turboquant::Rng::new(seed, 0);
     let n = dims.0 * dims.1 * dims.2;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
+    let v: Vec<f32> = (0..n).map(|_| rng.symmetric()).collect();
     Ok(Tensor::from_vec(v, dims, &Device::Cpu)?)
 }
 

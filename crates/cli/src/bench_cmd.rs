@@ -67,13 +67,7 @@ enum BenchCommand {
 }
 
 fn model_path(spec: &str) -> anyhow::Result<PathBuf> {
-    let p = PathBuf::from(spec);
-    if p.exists() {
-        return Ok(p);
-    }
-    kvlab_engine::assets::resolve(spec).with_context(|| {
-        format!("`{spec}` is neither a file nor a fetched asset (try `kvlab assets fetch`)")
-    })
+    crate::asset_names::file(spec)
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {

@@ -17,7 +17,7 @@ use kvlab_engine::memory::{
     peak_rss_bytes, release_free_memory, reset_peak_rss, switch_precision, RssProbe, SwitchEvent,
 };
 use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::{Logits, Model, ModelSource};
+use kvlab_engine::{Logits, Model};
 use serde::{Deserialize, Serialize};
 
 use crate::chat_cmd::ModelArgs;
@@ -312,7 +312,9 @@ pub fn tiled_tokens(
 pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
     let policy = CacheSpec::parse(&args.kv)?.to_policy();
     let never = AtomicBool::new(false);
-    let resolved = ModelSource::parse(&args.model.model)
+    let resolved = args
+        .model
+        .source()?
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
     let model = Model::load(&resolved.weights, &args.model.load_options()?)

@@ -12,7 +12,6 @@ use kvlab_engine::events::{DoneReason, Event, GenStats};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::source::DEFAULT_MODEL_ASSET;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{Engine, LoadOptions, ModelSource, PrecisionPolicy};
 
@@ -21,10 +20,10 @@ use kvlab_engine::{Engine, LoadOptions, ModelSource, PrecisionPolicy};
 pub struct ModelArgs {
     /// A model file or directory, a Hugging Face repo (`owner/name[@rev]`), or an asset
     /// name (`gemma3-270m`, also `asset:gemma3-270m`).
-    #[arg(long, default_value = DEFAULT_MODEL_ASSET)]
+    #[arg(long, default_value = kvlab_assets::DEFAULT_MODEL)]
     pub model: String,
-    /// The tokenizer.json to use (default: beside the model; the Gemma tokenizer asset for
-    /// GGUF files).
+    /// The tokenizer.json to use (default: beside the model; for a GGUF file without one,
+    /// the vocabulary inside the file).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Device: cpu, auto, metal, cuda or cuda:N.
@@ -52,9 +51,9 @@ impl ModelArgs {
         })
     }
 
-    /// The parsed model source.
-    pub fn source(&self) -> ModelSource {
-        ModelSource::parse(&self.model)
+    /// The model source, asset names resolved to their files.
+    pub fn source(&self) -> anyhow::Result<ModelSource> {
+        crate::asset_names::model_source(&self.model)
     }
 }
 
@@ -126,7 +125,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     };
     let engine = Engine::spawn()?;
     let request = LoadRequest {
-        source: args.model.source(),
+        source: args.model.source()?,
         tokenizer: args.model.tokenizer.clone(),
         options: args.model.load_options()?,
         policy,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use half::f16;
-use kvlab_turboquant::{baseline, Bits, Codec, RotationKind, Spec, Variant};
+use kvlab_turboquant::{baseline, Bits, Codec, Rng, RotationKind, Spec, Variant};
 use serde::Serialize;
 
 /// `kvlab codec ...`
@@ -111,21 +111,19 @@ pub fn run(args: CodecArgs) -> Result<()> {
     }
 }
 
-/// SplitMix64-driven Gaussian generator for the random test vectors.
-struct Gen(u64);
+/// Gaussian test vectors from the workspace's generator, on a stream of their own so the data
+/// never shares draws with the codec's rotation for the same seed.
+struct Gen(Rng);
 
 impl Gen {
+    fn new(seed: u64) -> Self {
+        Gen(Rng::new(seed, 0xDA7A))
+    }
     fn uniform(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        self.0.uniform()
     }
     fn gaussian(&mut self) -> f32 {
-        let (u, v) = (self.uniform(), self.uniform());
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        self.0.gaussian() as f32
     }
     fn unit_rows(&mut self, n: usize, d: usize) -> Vec<f32> {
         let mut out = Vec::with_capacity(n * d);
@@ -180,7 +178,7 @@ fn eval_report(a: &EvalArgs) -> Result<EvalReport> {
     };
     let codec = Codec::new(a.dim, spec).context("invalid codec spec")?;
     let d = a.dim;
-    let mut gen = Gen(a.seed ^ 0xE7A1);
+    let mut gen = Gen::new(a.seed);
     let (xs, source) = match &a.vectors {
         Some(path) => (read_matrix(path, d)?, path.display().to_string()),
         None => (gen.unit_rows(a.n, d), "random-unit".to_string()),
@@ -428,7 +426,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         KernelsArg::Avx2 => kvlab_turboquant::force_avx2_kernels(true),
         KernelsArg::Portable => kvlab_turboquant::force_portable_kernels(true),
     }
-    let mut gen = Gen(42);
+    let mut gen = Gen::new(42);
     let xs: Vec<f32> = (0..a.keys * d).map(|_| gen.gaussian()).collect();
     let q: Vec<f32> = (0..d).map(|_| gen.gaussian()).collect();
     let qs: Vec<f32> = (0..d * a.group).map(|_| gen.gaussian()).collect();

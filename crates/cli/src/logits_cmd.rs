@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
-use kvlab_engine::{Model, ModelSource};
+use kvlab_engine::Model;
 
 use crate::chat_cmd::{kv_policy, ModelArgs};
 
@@ -64,7 +64,9 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => ChunkSchedule::uniform(ids.len()),
     };
     let never = AtomicBool::new(false);
-    let weights = ModelSource::parse(&args.model.model)
+    let weights = args
+        .model
+        .source()?
         .weights(&mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
     let model = Model::load(&weights, &args.model.load_options()?)

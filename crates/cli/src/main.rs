@@ -1,6 +1,6 @@
 //! `kvlab`: the headless command line over KV Lab's engine, for benchmarks and scripts.
 
-mod assets_cmd;
+mod asset_names;
 mod bench_attention_cmd;
 mod bench_cmd;
 mod bench_memory_cmd;
@@ -28,8 +28,8 @@ struct Cli {
 enum Command {
     /// Print the engine version.
     Version,
-    /// Offline test assets: fetch, list, locate.
-    Assets(assets_cmd::AssetsArgs),
+    /// Offline test assets: fetch, list, locate (the same as the `kvlab-assets` binary).
+    Assets(kvlab_assets::cli::AssetsArgs),
     /// TurboQuant codec: distortion (`eval`) and speed (`bench`).
     Codec(codec_cmd::CodecArgs),
     /// Model speed: `bench decode` (prefill then decode tok/s).
@@ -46,7 +46,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => println!("kvlab {}", env!("CARGO_PKG_VERSION")),
-        Command::Assets(args) => assets_cmd::run(args)?,
+        Command::Assets(args) => kvlab_assets::cli::run(args.command)?,
         Command::Codec(args) => codec_cmd::run(args)?,
         Command::Bench(args) => bench_cmd::run(args)?,
         Command::Chat(args) => chat_cmd::run(args)?,

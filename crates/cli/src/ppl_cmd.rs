@@ -10,7 +10,7 @@ use clap::Args;
 use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
 use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::{Model, ModelSource, PrecisionPolicy};
+use kvlab_engine::{Model, PrecisionPolicy};
 use serde::Serialize;
 
 use crate::chat_cmd::{kv_policy, ModelArgs};
@@ -76,12 +76,7 @@ pub struct PplReport {
 
 /// The text file: a path, or the path of an asset with that name.
 pub fn text_path(text: &str) -> anyhow::Result<PathBuf> {
-    let p = PathBuf::from(text);
-    if p.exists() {
-        return Ok(p);
-    }
-    kvlab_engine::assets::resolve(text)
-        .with_context(|| format!("`{text}` is neither a file nor a fetched asset"))
+    crate::asset_names::file(text)
 }
 
 /// The first `ctx` tokens of `<bos>` + the text of `path`.
@@ -122,7 +117,9 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
     }
     let policy = kv_policy(&args.kv)?;
     let never = AtomicBool::new(false);
-    let resolved = ModelSource::parse(&args.model.model)
+    let resolved = args
+        .model
+        .source()?
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
     let model = Model::load(&resolved.weights, &args.model.load_options()?)

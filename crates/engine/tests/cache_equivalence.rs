@@ -36,10 +36,9 @@ fn ids(name: &str) -> Vec<u32> {
         .into_iter()
         .map(|x| x as u32)
         .collect();
-    let mut s = 7u32;
+    let mut rng = kvlab_turboquant::Rng::new(7, 0);
     while ids.len() < 64 {
-        s = s.wrapping_mul(1103515245).wrapping_add(12345);
-        ids.push(3 + (s >> 8) % 509);
+        ids.push(3 + rng.below(509) as u32);
     }
     ids
 }

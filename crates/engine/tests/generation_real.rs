@@ -1,6 +1,6 @@
 //! The real Gemma 3 270M (Q4_K_M GGUF asset) through the engine thread and the scoring path:
-//! the card, a streamed greedy continuation, and chunked perplexity on Alice. Needs the
-//! offline assets; when they are missing every test fails saying how to fetch them.
+//! the card, a streamed greedy continuation, and chunked perplexity on Alice, with the
+//! tokenizer the GGUF carries. Needs the offline assets (see `kvlab_assets::require_or_skip`).
 
 use std::sync::atomic::AtomicBool;
 
@@ -12,19 +12,17 @@ use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{Engine, KvPrecision, LoadOptions, Model, ModelSource, PrecisionPolicy};
 
-fn asset(name: &str) -> std::path::PathBuf {
-    kvlab_engine::assets::resolve(name)
-        .unwrap_or_else(|e| panic!("{e}\n(run `kvlab assets fetch` to install the test assets)"))
-}
+use kvlab_assets::require_asset;
 
 #[test]
 fn gemma3_270m_streams_a_greedy_continuation() {
-    asset("gemma3-270m");
-    asset("gemma-tokenizer");
+    let Some(gguf) = require_asset!("gemma3-270m") else {
+        return;
+    };
     let engine = Engine::spawn().expect("spawn");
     let card = engine
-        .load_blocking(LoadRequest::new(ModelSource::parse("gemma3-270m")), |_| {})
-        .expect("load: the tokenizer must be found by itself");
+        .load_blocking(LoadRequest::new(ModelSource::Local { path: gguf }), |_| {})
+        .expect("load: the tokenizer must come from the GGUF itself");
     println!("{card:#?}");
     assert_eq!(
         (card.architecture.to_string().as_str(), card.layers),
@@ -81,15 +79,19 @@ fn gemma3_270m_streams_a_greedy_continuation() {
 
 #[test]
 fn chunked_perplexity_on_alice_equals_one_pass() {
-    let model = Model::load(&asset("gemma3-270m"), &LoadOptions::default()).expect("model");
+    let (Some(gguf), Some(alice)) = (require_asset!("gemma3-270m"), require_asset!("alice")) else {
+        return;
+    };
+    let model = Model::load(&gguf, &LoadOptions::default()).expect("model");
     let never = AtomicBool::new(false);
-    let resolved = ModelSource::parse("gemma3-270m")
+    let resolved = ModelSource::Local { path: gguf.clone() }
         .resolve(None, &mut |_| {}, &never)
         .expect("resolve");
+    assert_eq!(resolved.tokenizer, gguf, "the GGUF is its own tokenizer");
     let tok =
         GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))
             .expect("tokenizer");
-    let text = std::fs::read_to_string(asset("alice")).expect("alice");
+    let text = std::fs::read_to_string(alice).expect("alice");
     let mut ids = tok.encode(&normalize_text(&text), true).expect("encode");
     ids.truncate(256);
     let run = |chunk, precision| {

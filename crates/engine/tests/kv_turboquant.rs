@@ -24,11 +24,10 @@ fn policy(s: &str) -> PrecisionPolicy {
 }
 
 fn prompt(n: usize) -> Vec<u32> {
-    let mut s = 11u32;
+    let mut rng = kvlab_turboquant::Rng::new(11, 0);
     let mut ids = vec![2];
     while ids.len() < n {
-        s = s.wrapping_mul(1103515245).wrapping_add(12345);
-        ids.push(3 + (s >> 8) % 500);
+        ids.push(3 + rng.below(500) as u32);
     }
     ids
 }

@@ -1,6 +1,6 @@
 //! Gemma 3 270M (Q4_K_M GGUF) sanity: next-token ranking after "The capital of France is"
-//! and perplexity on the opening of Alice. Needs the assets in `$KVLAB_CACHE/assets`
-//! (default `~/.cache/kvlab/assets`).
+//! and perplexity on the opening of Alice. Needs the offline assets (see
+//! `kvlab_assets::require_or_skip`).
 //!
 //! The figures in docs/assets.md (p 0.51 / 0.28, perplexity ≈ 68) come from candle-transformers'
 //! `quantized_gemma3`, whose MLP uses SiLU where Gemma 3 uses GELU-tanh (`hidden_activation:
@@ -9,36 +9,29 @@
 //! gives "▁the" 0.20, "▁a" 0.12, "▁Paris" 0.08 and perplexity ≈ 23. The assertions below keep
 //! the ranking from assets.md and bound the perplexity well below the SiLU model's.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use candle_core::{DType, Tensor, D};
+use kvlab_assets::require_asset;
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
-fn asset(name: &str) -> PathBuf {
-    let root = std::env::var_os("KVLAB_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvlab")))
-        .unwrap_or_else(|| PathBuf::from(".cache/kvlab"));
-    let p = root.join("assets").join(name);
-    assert!(
-        p.exists(),
-        "missing asset {}: run `kvlab assets fetch` first (or set KVLAB_CACHE)",
-        p.display()
-    );
-    p
+fn model(gguf: &Path) -> Model {
+    Model::load(gguf, &LoadOptions::default()).expect("load 270M")
 }
 
-fn model() -> Model {
-    Model::load(&asset("gemma-3-270m-q4_k_m.gguf"), &LoadOptions::default()).expect("load 270M")
-}
-
-fn tokenizer() -> tokenizers::Tokenizer {
-    tokenizers::Tokenizer::from_file(asset("gemma-tokenizer.json")).expect("tokenizer")
+fn tokenizer(json: &Path) -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(json).expect("tokenizer")
 }
 
 #[test]
 fn capital_of_france_next_token_probabilities() {
-    let model = model();
+    let (Some(gguf), Some(json)) = (
+        require_asset!("gemma3-270m"),
+        require_asset!("gemma-tokenizer"),
+    ) else {
+        return;
+    };
+    let model = model(&gguf);
     let cfg = model.config();
     assert_eq!(cfg.num_layers(), 18);
     let full: Vec<usize> = cfg
@@ -61,7 +54,7 @@ fn capital_of_france_next_token_probabilities() {
         .expect("vec");
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-    let tok = tokenizer();
+    let tok = tokenizer(&json);
     let piece = |i: usize| tok.id_to_token(i as u32).unwrap_or_default();
     println!(
         "top: {:?} {:.3}, {:?} {:.3}, {:?} {:.3}",
@@ -85,15 +78,22 @@ fn capital_of_france_next_token_probabilities() {
 
 #[test]
 fn alice_perplexity_is_low() {
-    let text = std::fs::read_to_string(asset("alice29.txt"))
+    let (Some(gguf), Some(json), Some(alice)) = (
+        require_asset!("gemma3-270m"),
+        require_asset!("gemma-tokenizer"),
+        require_asset!("alice"),
+    ) else {
+        return;
+    };
+    let text = std::fs::read_to_string(alice)
         .expect("alice")
         .replace("\r\n", "\n");
     let body = text.trim_start();
-    let enc = tokenizer().encode(body, false).expect("encode");
+    let enc = tokenizer(&json).encode(body, false).expect("encode");
     let mut ids = vec![2u32];
     ids.extend(enc.get_ids().iter().take(256));
     assert_eq!(ids.len(), 257);
-    let model = model();
+    let model = model(&gguf);
     // FP16 cache, as the reference figure was measured with.
     let mut cache = model
         .new_cache(&PrecisionPolicy::uniform(KvPrecision::F16))

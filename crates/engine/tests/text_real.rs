@@ -1,29 +1,15 @@
 //! Text pipeline against the real Gemma tokenizer (asset `gemma-tokenizer`): known ids,
 //! templates tokenized like a whole-string encode, and exact streaming detokenization.
-//! When the asset is absent the tests print why and pass, unless `KVLAB_REQUIRE_ASSETS=1`
-//! (set in CI after `kvlab assets fetch`) makes its absence a failure.
+//! Needs the offline assets (see `kvlab_assets::require_or_skip`).
 
-use kvlab_engine::assets;
+use kvlab_assets::require_asset;
 use kvlab_engine::chat::{ChatOptions, ChatTemplate, Message};
 use kvlab_engine::detok::Detokenizer;
 use kvlab_engine::stream::{Delta, StreamSplitter};
 use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
 
-fn asset(name: &str) -> Option<std::path::PathBuf> {
-    match assets::resolve(name) {
-        Ok(p) => Some(p),
-        Err(e) if std::env::var("KVLAB_REQUIRE_ASSETS").as_deref() == Ok("1") => {
-            panic!("required asset missing: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
 fn tokenizer(family: Family) -> Option<GemmaTokenizer> {
-    let path = asset("gemma-tokenizer")?;
+    let path = require_asset!("gemma-tokenizer")?;
     Some(GemmaTokenizer::from_file(&path, family).expect("tokenizer loads"))
 }
 
@@ -128,12 +114,13 @@ fn streaming_detokenization_is_exact() {
         let ids = tok.encode(text, false).unwrap();
         assert_eq!(stream_text(&tok, &ids), text, "{ids:?}");
     }
-    if let Some(alice) = asset("alice") {
-        let text = std::fs::read_to_string(alice).unwrap();
-        let text: String = text.chars().take(20_000).collect();
-        let ids = tok.encode(&text, false).unwrap();
-        assert_eq!(stream_text(&tok, &ids), text);
-    }
+    let Some(alice) = require_asset!("alice") else {
+        return;
+    };
+    let text = std::fs::read_to_string(alice).unwrap();
+    let text: String = text.chars().take(20_000).collect();
+    let ids = tok.encode(&text, false).unwrap();
+    assert_eq!(stream_text(&tok, &ids), text);
 }
 
 #[test]

@@ -6,15 +6,8 @@ use kvlab_turboquant::{baseline, Bits, Codec, Spec};
 
 /// Deterministic pseudo-random values in [−1, 1) (benchmarks need no statistics).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    let mut rng = kvlab_turboquant::Rng::new(seed, 0);
+    (0..n).map(|_| rng.symmetric()).collect()
 }
 
 fn bench(c: &mut Criterion) {

@@ -22,7 +22,7 @@ mod codec;
 mod error;
 mod kernels;
 mod layout;
-mod prng;
+pub mod prng;
 mod qjl;
 mod rotation;
 mod scratch;
@@ -34,6 +34,7 @@ pub use block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
 pub use codec::Codec;
 pub use error::{Error, Result};
 pub use layout::{bytes_per_vector, MAX_DENSE_DIM, MAX_DIM};
+pub use prng::Rng;
 pub use scratch::Scratch;
 pub use spec::{Bits, RotationKind, Spec, Variant};
 

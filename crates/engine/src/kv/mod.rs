@@ -394,8 +394,10 @@ impl KvCache {
     /// to every owning layer, as if a prompt of that length had been run, without running
     /// the model. Storage sizes, layouts and attention cost are exactly those of a real
     /// context of that length; the content is meaningless, so never use it for quality.
+    /// Cargo feature `bench` (and this crate's own tests).
+    #[cfg(any(test, feature = "bench"))]
     pub fn fill_synthetic(&mut self, tokens: usize, seed: u64) -> Result<()> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rng = kvlab_turboquant::Rng::new(seed, 0);
         let mut at = 0;
         while at < tokens {
             let t = CONVERT_CHUNK.min(tokens - at);
@@ -405,14 +407,7 @@ impl KvCache {
                 };
                 let (h, d) = (o.shape.n_kv_heads, o.shape.head_dim);
                 let mut noise = || -> Result<Tensor> {
-                    let v: Vec<f32> = (0..h * t * d)
-                        .map(|_| {
-                            s ^= s << 13;
-                            s ^= s >> 7;
-                            s ^= s << 17;
-                            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                        })
-                        .collect();
+                    let v: Vec<f32> = (0..h * t * d).map(|_| rng.symmetric()).collect();
                     Ok(Tensor::from_vec(v, (h, t, d), &o.shape.device)?)
                 };
                 let (k, v) = (noise()?, noise()?);

@@ -16,15 +16,8 @@ fn config() -> Result<ModelConfig> {
 }
 
 fn chunk(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f32> = (0..h * t * d)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
+    let mut rng = kvlab_turboquant::Rng::new(seed, 0);
+    let data: Vec<f32> = (0..h * t * d).map(|_| rng.symmetric()).collect();
     Ok(Tensor::from_vec(data, (h, t, d), &Device::Cpu)?)
 }
 

@@ -11,13 +11,8 @@ use crate::kv::spec::CacheSpec;
 /// Deterministic roughly-normal values (sum of 4 uniforms), with a per-row offset so
 /// vectors are not centred (the case a sign-less rotation would get wrong).
 fn data(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut rng = kvlab_turboquant::Rng::new(seed, 0);
+    let mut next = || rng.uniform() as f32;
     (0..n)
         .map(|i| (next() + next() + next() + next() - 2.0) * 1.7 + 0.3 * ((i / 7) % 3) as f32)
         .collect()

@@ -1,5 +1,6 @@
-//! Engine-level decode benchmark (`kvlab bench decode`): prefill N tokens, then greedy
-//! decode M more, timing both phases separately. Reports figures; asserts nothing.
+//! Engine-level decode benchmark (`kvlab bench decode`, cargo feature `bench`): prefill N
+//! tokens, then greedy decode M more, timing both phases separately. Reports figures;
+//! asserts nothing.
 
 use std::time::Instant;
 
@@ -48,18 +49,13 @@ impl DecodeBenchReport {
     }
 }
 
-/// Deterministic ordinary-token ids (no model-specific text needed): a simple LCG over
+/// Deterministic ordinary-token ids (no model-specific text needed), uniform over
 /// `[1000, vocab)` so no control token is hit.
 fn filler_ids(n: usize, vocab: usize) -> Vec<u32> {
     let span = vocab.saturating_sub(1000).max(1) as u64;
-    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rng = kvlab_turboquant::Rng::new(0, 0xBE4C);
     (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (1000 + (s >> 33) % span).min(vocab as u64 - 1) as u32
-        })
+        .map(|_| (1000 + rng.below(span)).min(vocab.saturating_sub(1) as u64) as u32)
         .collect()
 }
 

@@ -17,6 +17,7 @@
 //! ```
 
 mod attention;
+#[cfg(feature = "bench")]
 pub mod bench;
 mod layer;
 mod linear;

@@ -14,7 +14,6 @@ use hf_hub::{HFClient, HFError};
 
 use super::hub_fetch::{self, Fetch, FileJob};
 use super::SourceError;
-use crate::assets;
 
 /// Files of a text model; everything else (images, ONNX, GGUF variants) is skipped.
 fn wanted(path: &str) -> bool {
@@ -30,7 +29,7 @@ const COMPLETE_MARKER: &str = ".kvlab-complete";
 pub struct HubOptions {
     /// The Hub base URL; `None` reads `HF_ENDPOINT`, else `https://huggingface.co`.
     pub endpoint: Option<String>,
-    /// Download root; `None` is `$KVLAB_CACHE/hub`.
+    /// Download root; `None` is [`default_download_dir`].
     pub dir: Option<PathBuf>,
     /// Access token (gated repos such as Gemma); `None` reads `HF_TOKEN` or the HF token file.
     pub token: Option<String>,
@@ -49,6 +48,22 @@ pub struct DownloadProgress {
     pub done: u64,
     /// Size of all files.
     pub total: u64,
+}
+
+/// The default download root: `$KVLAB_CACHE/hub`, else `~/.cache/kvlab/hub` (the cache root
+/// the scripts and the offline test assets share).
+pub fn default_download_dir() -> Result<PathBuf, SourceError> {
+    download_dir_from(std::env::var_os("KVLAB_CACHE"), dirs::home_dir())
+        .ok_or(SourceError::NoCacheDir)
+}
+
+/// [`default_download_dir`] given `$KVLAB_CACHE` and the home directory (pure, for tests).
+fn download_dir_from(cache: Option<std::ffi::OsString>, home: Option<PathBuf>) -> Option<PathBuf> {
+    let root = match cache {
+        Some(c) if !c.is_empty() => PathBuf::from(c),
+        _ => home?.join(".cache").join("kvlab"),
+    };
+    Some(root.join("hub"))
 }
 
 fn net(repo: &str, reason: impl Into<String>) -> SourceError {
@@ -115,7 +130,7 @@ pub fn download_repo(
     let revision = revision.unwrap_or("main");
     let base = match &options.dir {
         Some(d) => d.clone(),
-        None => assets::cache_root()?.join("hub"),
+        None => default_download_dir()?,
     };
     let root = base.join(repo_folder(repo));
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -250,6 +265,24 @@ mod tests {
         for bad in ["../x.json", "/etc/passwd", "", "a/../../x"] {
             assert!(safe_relative("a/b", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn downloads_go_under_the_kvlab_cache() {
+        let home = Some(PathBuf::from("/home/u"));
+        assert_eq!(
+            download_dir_from(Some("/c".into()), home.clone()),
+            Some(PathBuf::from("/c/hub"))
+        );
+        assert_eq!(
+            download_dir_from(Some("".into()), home.clone()),
+            Some(PathBuf::from("/home/u/.cache/kvlab/hub"))
+        );
+        assert_eq!(
+            download_dir_from(None, home),
+            Some(PathBuf::from("/home/u/.cache/kvlab/hub"))
+        );
+        assert_eq!(download_dir_from(None, None), None);
     }
 
     #[test]

@@ -16,7 +16,6 @@ use hf_hub::repository::{HFRepository, RepoTypeModel};
 
 use super::hub::{classify, DownloadProgress};
 use super::SourceError;
-use crate::assets::sha256_file;
 
 /// How often a silent transfer looks at the cancel flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -196,7 +195,8 @@ impl Fetch<'_> {
         }
         drop(file);
         if let Some(want) = &job.sha256 {
-            let (got, _) = sha256_file(&part)?;
+            let got = sha256_hex(&part)
+                .map_err(|e| self.fail(format!("cannot read {}: {e}", part.display())))?;
             if !got.eq_ignore_ascii_case(want) {
                 // A bad partial would fail forever: drop it so the retry starts clean.
                 let _ = std::fs::remove_file(&part);
@@ -207,5 +207,32 @@ impl Fetch<'_> {
             }
         }
         std::fs::rename(&part, &job.dest).map_err(|e| self.io(&job.dest, e))
+    }
+}
+
+/// Lower-case hex SHA-256 of a file's bytes.
+fn sha256_hex(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_of_a_known_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("abc");
+        std::fs::write(&path, b"abc").unwrap();
+        assert_eq!(
+            super::sha256_hex(&path).unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(super::sha256_hex(&dir.path().join("absent")).is_err());
     }
 }

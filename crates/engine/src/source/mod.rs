@@ -1,6 +1,8 @@
-//! Where a model comes from: a local path, an offline asset, or a Hugging Face Hub
-//! repository, parsed from one user string and resolved to local files (weights plus a
-//! `tokenizer.json`). Resolution never panics: every failure is a [`SourceError`] with a code.
+//! Where a model comes from: a local path or a Hugging Face Hub repository, parsed from one
+//! user string and resolved to local files (weights plus a tokenizer: a `tokenizer.json`, or
+//! the GGUF file's own vocabulary). Resolution never panics: every failure is a
+//! [`SourceError`] with a code. Offline test assets are named by the CLI, which resolves them
+//! to paths itself (crate `kvlab-assets`); the engine knows nothing of them.
 
 #[cfg(feature = "hub")]
 pub mod hub;
@@ -12,14 +14,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use crate::assets::{self, AssetError};
 use crate::events::{ErrorCode, Event};
-
-/// The asset used for Gemma GGUF files that ship without a usable tokenizer.
-pub const GEMMA_TOKENIZER_ASSET: &str = "gemma-tokenizer";
-
-/// The asset `kvlab` uses when no model is named.
-pub const DEFAULT_MODEL_ASSET: &str = "gemma3-270m";
 
 /// A model as the user named it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,11 +32,6 @@ pub enum ModelSource {
         /// Branch, tag or commit; `None` for the default branch.
         revision: Option<String>,
     },
-    /// An offline asset from the KV Lab cache (e.g. `gemma3-270m`).
-    Asset {
-        /// The asset name.
-        name: String,
-    },
 }
 
 /// Why a model could not be located.
@@ -51,11 +41,10 @@ pub enum SourceError {
     /// The local path does not exist.
     #[error("model not found: {0} does not exist")]
     NotFound(PathBuf),
-    /// The asset is unknown, missing or damaged.
-    #[error(transparent)]
-    Asset(#[from] AssetError),
-    /// No `tokenizer.json` could be found.
-    #[error("no tokenizer for {model}: pass --tokenizer PATH, put tokenizer.json beside the model, or run `kvlab assets fetch {GEMMA_TOKENIZER_ASSET}`")]
+    /// No tokenizer could be found (a non-GGUF model without `tokenizer.json`).
+    #[error(
+        "no tokenizer for {model}: pass --tokenizer PATH or put tokenizer.json beside the model"
+    )]
     NoTokenizer {
         /// The model path.
         model: PathBuf,
@@ -87,6 +76,9 @@ pub enum SourceError {
     /// The download was cancelled.
     #[error("download cancelled")]
     Cancelled,
+    /// Neither `$KVLAB_CACHE` nor a home directory says where downloads go.
+    #[error("cannot locate the download directory: set KVLAB_CACHE or HOME")]
+    NoCacheDir,
 }
 
 impl SourceError {
@@ -94,15 +86,12 @@ impl SourceError {
     pub fn code(&self) -> ErrorCode {
         match self {
             SourceError::NotFound(_) | SourceError::HubNotFound { .. } => ErrorCode::ModelNotFound,
-            SourceError::Asset(AssetError::UnknownAsset { .. } | AssetError::Missing { .. }) => {
-                ErrorCode::ModelNotFound
-            }
-            SourceError::Asset(_) => ErrorCode::BadModelFile,
             SourceError::NoTokenizer { .. } | SourceError::TokenizerNotFound(_) => {
                 ErrorCode::TokenizerNotFound
             }
             SourceError::Network { .. } | SourceError::HubDisabled(_) => ErrorCode::Network,
             SourceError::Cancelled => ErrorCode::Cancelled,
+            SourceError::NoCacheDir => ErrorCode::Internal,
         }
     }
 }
@@ -114,7 +103,8 @@ pub struct ResolvedModel {
     pub name: String,
     /// What `Model::load` takes (file or directory).
     pub weights: PathBuf,
-    /// The `tokenizer.json`.
+    /// What [`crate::tokenizer::GemmaTokenizer::from_file`] takes: a `tokenizer.json`, or the
+    /// GGUF weights file itself when its own vocabulary is the tokenizer.
     pub tokenizer: PathBuf,
 }
 
@@ -133,18 +123,12 @@ fn is_hub_id(s: &str) -> bool {
 }
 
 impl ModelSource {
-    /// Reads a user string: an existing path is `Local`; `asset:NAME` or a known asset name
-    /// is `Asset`; `owner/name[@revision]` is `Hub`; anything else is a (missing) `Local`.
+    /// Reads a user string: an existing path is `Local`; `owner/name[@revision]` is `Hub`;
+    /// anything else is a (missing) `Local`.
     pub fn parse(s: &str) -> Self {
         let path = Path::new(s);
         if path.exists() {
             return Self::Local { path: path.into() };
-        }
-        if let Some(name) = s.strip_prefix("asset:") {
-            return Self::Asset { name: name.into() };
-        }
-        if assets::find(s).is_some() {
-            return Self::Asset { name: s.into() };
         }
         let (repo, revision) = match s.split_once('@') {
             Some((r, rev)) if !rev.is_empty() => (r, Some(rev.to_owned())),
@@ -181,7 +165,6 @@ impl ModelSource {
                 Some(r) => format!("{repo}@{r}"),
                 None => repo.clone(),
             },
-            ModelSource::Asset { name } => name.clone(),
         }
     }
 
@@ -216,7 +199,6 @@ impl ModelSource {
                 }
                 path.clone()
             }
-            ModelSource::Asset { name } => assets::resolve(name)?,
             ModelSource::Hub { repo, revision } => {
                 hub_download(repo, revision.as_deref(), emit, cancel)?
             }
@@ -258,8 +240,8 @@ fn hub_download(
 }
 
 /// The tokenizer for the model at `weights`: `explicit` if given, else `tokenizer.json` in
-/// the model's directory, else (GGUF files, which carry no usable tokenizer.json) the
-/// `gemma-tokenizer` asset.
+/// the model's directory, else, for a GGUF file, the vocabulary it carries (the file itself:
+/// see [`crate::tokenizer::gguf`]).
 pub fn find_tokenizer(weights: &Path, explicit: Option<&Path>) -> Result<PathBuf, SourceError> {
     if let Some(p) = explicit {
         return if p.exists() {
@@ -278,11 +260,12 @@ pub fn find_tokenizer(weights: &Path, explicit: Option<&Path>) -> Result<PathBuf
             return Ok(beside);
         }
     }
-    let is_gguf = weights.extension().and_then(|e| e.to_str()) == Some("gguf");
-    if is_gguf {
-        if let Ok(p) = assets::resolve(GEMMA_TOKENIZER_ASSET) {
-            return Ok(p);
-        }
+    let is_gguf = weights
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if is_gguf && weights.is_file() {
+        return Ok(weights.to_path_buf());
     }
     Err(SourceError::NoTokenizer {
         model: weights.to_path_buf(),
@@ -294,25 +277,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parse_tells_paths_assets_and_repos_apart() {
+    fn parse_tells_paths_and_repos_apart() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().to_str().unwrap();
         assert_eq!(
             ModelSource::parse(p),
             ModelSource::Local {
                 path: dir.path().into()
-            }
-        );
-        assert_eq!(
-            ModelSource::parse("gemma3-270m"),
-            ModelSource::Asset {
-                name: "gemma3-270m".into()
-            }
-        );
-        assert_eq!(
-            ModelSource::parse("asset:alice"),
-            ModelSource::Asset {
-                name: "alice".into()
             }
         );
         assert_eq!(
@@ -329,8 +300,15 @@ mod tests {
                 revision: Some("main".into())
             }
         );
-        // Not a repo id: missing paths stay local so the error names the path.
-        for s in ["./x/y", "/nope/model.gguf", "a/b/c", "model.gguf"] {
+        // Not a repo id: missing paths stay local so the error names the path. Asset names
+        // mean nothing here (the CLI resolves them before the engine sees a source).
+        for s in [
+            "./x/y",
+            "/nope/model.gguf",
+            "a/b/c",
+            "model.gguf",
+            "gemma3-270m",
+        ] {
             assert_eq!(ModelSource::parse(s), ModelSource::Local { path: s.into() });
         }
     }
@@ -382,14 +360,26 @@ mod tests {
     }
 
     #[test]
-    fn unknown_asset_is_model_not_found() {
-        let never = AtomicBool::new(false);
-        let err = ModelSource::Asset {
-            name: "no-such-asset".into(),
-        }
-        .resolve(None, &mut |_| {}, &never)
-        .unwrap_err();
-        assert_eq!(err.code(), ErrorCode::ModelNotFound);
+    fn a_gguf_without_tokenizer_json_is_its_own_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.GGUF");
+        std::fs::write(&model, b"GGUF").unwrap();
+        assert_eq!(find_tokenizer(&model, None).unwrap(), model);
+        // tokenizer.json beside it wins, and an explicit path wins over both.
+        let beside = dir.path().join("tokenizer.json");
+        std::fs::write(&beside, b"{}").unwrap();
+        assert_eq!(find_tokenizer(&model, None).unwrap(), beside);
+        let explicit = dir.path().join("other.json");
+        std::fs::write(&explicit, b"{}").unwrap();
+        assert_eq!(find_tokenizer(&model, Some(&explicit)).unwrap(), explicit);
+        // A folder named like a GGUF is not a vocabulary.
+        let folder = tempfile::tempdir().unwrap();
+        let fake = folder.path().join("x.gguf");
+        std::fs::create_dir(&fake).unwrap();
+        assert_eq!(
+            find_tokenizer(&fake, None).unwrap_err().code(),
+            ErrorCode::TokenizerNotFound
+        );
     }
 
     #[cfg(not(feature = "hub"))]

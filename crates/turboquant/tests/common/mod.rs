@@ -1,25 +1,26 @@
-//! Test helpers: a seeded generator and random vectors (independent of the crate's own PRNG).
+//! Test helpers: random test vectors from the crate's seeded generator, on a stream of their
+//! own so the data never shares draws with the rotations under test.
 #![allow(dead_code)]
 
-pub struct TestRng(u64);
+use kvlab_turboquant::Rng;
+
+/// The test data stream ("TESTDATA").
+const STREAM: u64 = 0x5445_5354_4441_5441;
+
+pub struct TestRng(Rng);
 
 impl TestRng {
     pub fn new(seed: u64) -> Self {
-        TestRng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+        TestRng(Rng::new(seed, STREAM))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     pub fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        self.0.uniform()
     }
     pub fn gaussian(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        self.0.gaussian()
     }
     pub fn gaussian_vec(&mut self, d: usize) -> Vec<f32> {
         (0..d).map(|_| self.gaussian() as f32).collect()

@@ -1,5 +1,7 @@
-//! Offline test assets (real Gemma weights, tokenizer, long texts): where they live in the
-//! cache, whether they are present and intact, and how they are fetched and installed.
+//! KV Lab's offline test assets (real Gemma weights, tokenizer, long texts): where they live
+//! in the cache, whether they are present and intact, how they are fetched and installed, and
+//! the one policy for tests that need them ([`require_or_skip`]). Used by the `kvlab-assets`
+//! and `kvlab` binaries, the scripts and the tests; never linked into the desktop app.
 //!
 //! The cache root is `$KVLAB_CACHE` (default `~/.cache/kvlab`); assets live in `<root>/assets/`.
 //! A file in that directory is only ever created by an atomic rename after its size and sha256
@@ -7,10 +9,12 @@
 //! (which [`check`] detects).
 
 mod catalog;
+pub mod cli;
 mod install;
 #[cfg(test)]
 mod install_tests;
 mod registry;
+mod require;
 mod verify;
 
 use std::ffi::OsString;
@@ -24,7 +28,11 @@ pub use install::{
     Silent, Verify,
 };
 pub use registry::RegistryFetcher;
+pub use require::{require_or_skip, require_or_skip_in, test_name, REQUIRE_ENV};
 pub use verify::{sha256_file, stamp_path};
+
+/// The asset `kvlab` and `scripts/run.sh` use when no model is named.
+pub const DEFAULT_MODEL: &str = "gemma3-270m";
 
 /// Environment variable naming the cache root.
 pub const CACHE_ENV: &str = "KVLAB_CACHE";
@@ -79,6 +87,20 @@ pub enum AssetError {
     Archive { archive: String, reason: String },
     #[error("archive {archive} has no member `{member}`")]
     MemberNotFound { archive: String, member: String },
+    #[error("could not fetch: {}", names.join(", "))]
+    FetchFailed { names: Vec<String> },
+    /// A non-UTF-8 path cannot be written as JSON.
+    #[error("cannot write the asset list as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The path of an asset for the running test, or `None` after printing why the test is
+/// skipped (see [`require_or_skip`]): `let Some(p) = require_asset!("alice") else { return };`
+#[macro_export]
+macro_rules! require_asset {
+    ($name:expr) => {
+        $crate::require_or_skip(&$crate::test_name(module_path!()), $name)
+    };
 }
 
 impl AssetError {
@@ -159,7 +181,7 @@ pub fn resolve_in(dir: &Path, name: &str) -> Result<PathBuf, AssetError> {
 }
 
 /// Absolute path of asset `name` in the cache (see [`resolve_in`]); what tests and the app
-/// use to find the real model, tokenizer and texts.
+/// the binaries use to find the real model, tokenizer and texts.
 pub fn resolve(name: &str) -> Result<PathBuf, AssetError> {
     resolve_in(&assets_dir()?, name)
 }

@@ -1,10 +1,13 @@
-//! `kvlab assets fetch|list|path`: a thin face over `kvlab_engine::assets` (catalog, checks
-//! and installation live in the engine); progress goes to stderr, results to stdout.
+//! `fetch|list|path`: the commands of both `kvlab-assets` and `kvlab assets`, one
+//! implementation over this crate's catalog, checks and installation; progress goes to
+//! stderr, results to stdout.
 
-use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvlab_engine::assets::{self, AssetState, FetchOutcome, Progress, RegistryFetcher, Verify};
+
+use crate::{
+    self as assets, AssetError, AssetState, FetchOutcome, Progress, RegistryFetcher, Verify,
+};
 
 /// Partial downloads older than this are left over from killed fetches.
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -12,15 +15,15 @@ const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 360
 #[derive(Args)]
 pub struct AssetsArgs {
     #[command(subcommand)]
-    command: AssetsCommand,
+    pub command: AssetsCommand,
 }
 
 #[derive(Subcommand)]
-enum AssetsCommand {
+pub enum AssetsCommand {
     /// Download and verify assets (all of them when no name is given); assets already present
     /// and valid are left alone.
     Fetch {
-        /// Asset names (see `kvlab assets list`).
+        /// Asset names (see `list`).
         names: Vec<String>,
         /// Re-hash present files fully instead of trusting their verification stamps.
         #[arg(long)]
@@ -71,8 +74,10 @@ fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
-pub fn run(args: AssetsArgs) -> anyhow::Result<()> {
-    match args.command {
+/// Runs one command; a fetch that fails for some assets still tries the others, then
+/// reports them all ([`AssetError::FetchFailed`]).
+pub fn run(command: AssetsCommand) -> Result<(), AssetError> {
+    match command {
         AssetsCommand::Fetch { names, verify } => fetch(&names, verify_mode(verify)),
         AssetsCommand::List { json, verify } => list(json, verify_mode(verify)),
         AssetsCommand::Path { name } => {
@@ -82,7 +87,7 @@ pub fn run(args: AssetsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn fetch(names: &[String], verify: Verify) -> anyhow::Result<()> {
+fn fetch(names: &[String], verify: Verify) -> Result<(), AssetError> {
     let specs = if names.is_empty() {
         assets::catalog()
     } else {
@@ -99,10 +104,12 @@ fn fetch(names: &[String], verify: Verify) -> anyhow::Result<()> {
             eprintln!("warning: cleaning old partial downloads: {e}");
         }
     }
-    let fetcher = RegistryFetcher::new(&root).context("preparing the download directory")?;
+    let fetcher = RegistryFetcher::new(&root)?;
+    // The template is a constant: it parses, and a plain bar would do if it ever did not.
     let style = ProgressStyle::with_template(
         "{prefix:>16} [{bar:30}] {bytes:>10}/{total_bytes:<10} {wide_msg}",
-    )?
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ");
     let mut failed = Vec::new();
     for spec in &specs {
@@ -143,12 +150,12 @@ fn fetch(names: &[String], verify: Verify) -> anyhow::Result<()> {
         }
     }
     if !failed.is_empty() {
-        bail!("could not fetch: {}", failed.join(", "));
+        return Err(AssetError::FetchFailed { names: failed });
     }
     Ok(())
 }
 
-fn list(json: bool, verify: Verify) -> anyhow::Result<()> {
+fn list(json: bool, verify: Verify) -> Result<(), AssetError> {
     let dir = assets::assets_dir()?;
     let rows = assets::status(&assets::catalog(), &dir, verify)?;
     if json {

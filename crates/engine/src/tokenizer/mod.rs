@@ -1,6 +1,11 @@
-//! Gemma tokenizer: a `tokenizers::Tokenizer` loaded from `tokenizer.json` plus the control
-//! tokens of a model family, which are emitted and decoded by id (a Gemma 3 tokenizer.json does
-//! not know Gemma 4's control strings, and user text must never turn into control ids).
+//! Gemma tokenizer: a `tokenizers::Tokenizer` loaded from `tokenizer.json` or built from a
+//! GGUF file's own vocabulary ([`gguf`]), plus the control tokens of a model family, which are
+//! emitted and decoded by id (a Gemma 3 tokenizer.json does not know Gemma 4's control
+//! strings, and user text must never turn into control ids).
+
+pub mod gguf;
+#[cfg(test)]
+mod gguf_tests;
 
 use std::path::Path;
 
@@ -11,6 +16,16 @@ use serde::{Deserialize, Serialize};
 pub enum TokenizerError {
     #[error("cannot load tokenizer from {path}: {reason}")]
     Load { path: String, reason: String },
+    /// The GGUF's vocabulary cannot be the model's: every id must have an embedding row.
+    #[error(
+        "{path}: the GGUF vocabulary has {tokens} tokens but its embedding matrix \
+         (token_embd.weight) has {rows} rows; the file is inconsistent"
+    )]
+    VocabMismatch {
+        path: String,
+        tokens: usize,
+        rows: usize,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("token id {0} is outside the vocabulary")]
@@ -126,13 +141,22 @@ pub struct GemmaTokenizer {
 }
 
 impl GemmaTokenizer {
-    /// Loads `tokenizer.json` from `path`.
+    /// Loads `path`: a `tokenizer.json`, or a GGUF file whose own vocabulary
+    /// (`tokenizer.ggml.*`) becomes the tokenizer (see [`gguf`]).
     pub fn from_file(path: &Path, family: Family) -> Result<Self, TokenizerError> {
+        if gguf::is_gguf(path) {
+            return Ok(Self::wrap(gguf::tokenizer_from_file(path)?, family));
+        }
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
         Ok(Self::wrap(inner, family))
+    }
+
+    /// Wraps a `tokenizers` tokenizer built elsewhere (e.g. [`gguf::build`]).
+    pub fn from_tokenizer(inner: tokenizers::Tokenizer, family: Family) -> Self {
+        Self::wrap(inner, family)
     }
 
     fn wrap(inner: tokenizers::Tokenizer, family: Family) -> Self {
