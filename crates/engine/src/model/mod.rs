@@ -224,6 +224,12 @@ impl Model {
         KvCache::new(&self.config, policy, &self.device)
     }
 
+    /// An empty cache whose storages keep their data on `home`, apart from the model's
+    /// device (see [`KvCache::with_home`]).
+    pub fn new_cache_with_home(&self, policy: &PrecisionPolicy, home: Device) -> Result<KvCache> {
+        KvCache::with_home(&self.config, policy, &self.device, Some(home))
+    }
+
     /// Runs `ids` at positions `cache.seq_len()..`, extending the cache. Returns f32 logits
     /// `[vocab]` (Last) or `[t, vocab]` (All), after the final softcap. On error the cache
     /// is rolled back to its state before the call.

@@ -86,11 +86,7 @@ pub fn model_card(name: &str, model: &Model, weights: &Path, supports_thinking: 
 /// Bytes one token of K and V takes in a storage of precision `p`.
 fn token_bytes(p: KvPrecision, n_kv_heads: usize, head_dim: usize, model: &Model) -> Option<usize> {
     let device = model.device().clone();
-    let shape = StorageShape {
-        n_kv_heads,
-        head_dim,
-        device: device.clone(),
-    };
+    let shape = StorageShape::new(n_kv_heads, head_dim, device.clone());
     let mut s = new_storage(p, shape).ok()?;
     let zeros = Tensor::zeros((n_kv_heads, 1, head_dim), candle_core::DType::F32, &device).ok()?;
     s.append(&zeros, &zeros).ok()?;
