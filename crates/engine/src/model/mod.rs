@@ -18,6 +18,7 @@
 
 mod attention;
 pub mod bench;
+pub mod golden;
 mod layer;
 mod linear;
 mod mlp;
