@@ -9,6 +9,10 @@ MODE="${1:-run}"
 APT_RUN=(libwebkit2gtk-4.1-dev libgtk-3-dev librsvg2-dev libayatana-appindicator3-dev libxdo-dev
   libssl-dev build-essential pkg-config curl file xvfb xauth fonts-dejavu-core)
 APT_TEST=(webkit2gtk-driver imagemagick)
+# scripts/cross.sh aarch64-test: a cross linker and libc for aarch64 Linux, and qemu to run it.
+APT_CROSS=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+# scripts/cross.sh: the standard libraries of the aarch64 Linux and Apple Silicon targets.
+RUST_CROSS_TARGETS=(aarch64-unknown-linux-gnu aarch64-apple-darwin)
 TAURI_DRIVER_VERSION=2.1.0
 
 install_system_packages() {
@@ -20,6 +24,7 @@ install_system_packages() {
       fi
       local wanted=("${APT_RUN[@]}") missing=()
       [ "$MODE" = test ] && wanted+=("${APT_TEST[@]}")
+      [ "$MODE" = test ] && [ "$(uname -m)" = x86_64 ] && wanted+=("${APT_CROSS[@]}")
       for pkg in "${wanted[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
       done
@@ -43,6 +48,18 @@ install_rust() {
   rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 }
 
+install_rust_targets() {
+  local installed missing=()
+  installed="$(rustup target list --installed 2>/dev/null)"
+  for t in "${RUST_CROSS_TARGETS[@]}"; do
+    grep -qx "$t" <<<"$installed" || missing+=("$t")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "adding Rust targets: ${missing[*]}"
+    rustup target add "${missing[@]}"
+  fi
+}
+
 install_tauri_driver() {
   [ "$(uname -s)" = Linux ] || return 0
   if command -v tauri-driver >/dev/null && tauri-driver --help >/dev/null 2>&1; then return 0; fi
@@ -56,6 +73,7 @@ command -v npm >/dev/null || { say "Node.js 20+ and npm are required"; exit 1; }
 npm_ci "$ROOT/ui"
 if [ "$MODE" = test ]; then
   install_tauri_driver
+  install_rust_targets
   npm_ci "$ROOT/tests/e2e"
 fi
 say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"

@@ -38,6 +38,8 @@ step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check
 step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
 step cargo-test cargo test "${FEATURES[@]}"
+step aarch64-test "$ROOT/scripts/cross.sh" aarch64-test
+step macos-check "$ROOT/scripts/cross.sh" macos-check
 step ui-check npm --prefix ui run --silent check
 step ui-test npm --prefix ui test
 # The same packages and features as the test step, so the app build only links.

@@ -70,11 +70,7 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
         for spec in args.kv.split(',') {
             let cs = CacheSpec::parse(spec).with_context(|| format!("bad --kv `{spec}`"))?;
             let precision: KvPrecision = cs.to_policy().full;
-            let shape = StorageShape {
-                n_kv_heads: args.kv_heads,
-                head_dim: args.head_dim,
-                device: Device::Cpu,
-            };
+            let shape = StorageShape::new(args.kv_heads, args.head_dim, Device::Cpu);
             let mut st = new_storage(precision, shape)?;
             let mut at = 0;
             while at < n {

@@ -5,10 +5,14 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
-use kvlab_engine::model::bench::{bench_decode, DecodeBenchSpec};
-use kvlab_engine::{KvPrecision, LoadOptions, Model, PrecisionPolicy};
+use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec};
+use kvlab_engine::model::golden::{check_golden, GoldenReport};
+use kvlab_engine::{LoadOptions, Model};
+use serde::Serialize;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -17,7 +21,9 @@ pub struct BenchArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum KvArg {
+enum DtypeArg {
+    /// What suits the device: f32 on CPU, f16 on Metal, bf16 on CUDA.
+    Auto,
     F32,
     F16,
     Bf16,
@@ -54,16 +60,39 @@ enum BenchCommand {
         /// Prefill chunk size.
         #[arg(long, default_value_t = 512)]
         chunk: usize,
-        /// KV cache storage precision.
-        #[arg(long, value_enum, default_value_t = KvArg::F16)]
-        kv: KvArg,
+        /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README).
+        #[arg(long, default_value = "f16")]
+        kv: String,
         /// Device to run on.
         #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
         device: DeviceArg,
+        /// Activation dtype (`auto`: what suits the device).
+        #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+        dtype: DtypeArg,
+        /// Also check the model's logits against a golden file (`input_ids`, `logits_full`,
+        /// optional `chunk_sizes` + `logits_incremental`, as in the engine's tiny fixtures),
+        /// with this device, dtype and cache; fails when they differ by more than
+        /// `--golden-tol`.
+        #[arg(long)]
+        golden: Option<PathBuf>,
+        /// Largest |logit − golden| accepted by `--golden`.
+        #[arg(long, default_value_t = 1e-3)]
+        golden_tol: f32,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `kvlab bench decode --json`: the engine's report, what it ran on, and the golden check.
+#[derive(Serialize)]
+struct DecodeJson<'a> {
+    #[serde(flatten)]
+    report: &'a DecodeBenchReport,
+    device: String,
+    dtype: String,
+    kv: String,
+    golden: Option<&'a GoldenReport>,
 }
 
 fn model_path(spec: &str) -> anyhow::Result<PathBuf> {
@@ -82,40 +111,56 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             chunk,
             kv,
             device,
+            dtype,
+            golden,
+            golden_tol,
             json,
         } => {
             if ctx == 0 {
                 bail!("--ctx must be at least 1");
             }
+            let cache_spec = CacheSpec::parse(&kv).with_context(|| format!("bad --kv `{kv}`"))?;
             let device = select_device(match device {
                 DeviceArg::Auto => DeviceChoice::Auto,
                 DeviceArg::Cpu => DeviceChoice::Cpu,
                 DeviceArg::Metal => DeviceChoice::Metal,
                 DeviceArg::Cuda => DeviceChoice::Cuda(0),
             })?;
-            let opts = LoadOptions {
-                dtype: preferred_dtype(&device),
-                device,
+            let dtype = match dtype {
+                DtypeArg::Auto => preferred_dtype(&device),
+                DtypeArg::F32 => DType::F32,
+                DtypeArg::F16 => DType::F16,
+                DtypeArg::Bf16 => DType::BF16,
             };
+            let opts = LoadOptions { dtype, device };
             let path = model_path(&model)?;
             let t0 = std::time::Instant::now();
             let m =
                 Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
             let load_secs = t0.elapsed().as_secs_f64();
-            let precision = match kv {
-                KvArg::F32 => KvPrecision::F32,
-                KvArg::F16 => KvPrecision::F16,
-                KvArg::Bf16 => KvPrecision::BF16,
-            };
             let spec = DecodeBenchSpec {
                 ctx,
                 decode,
                 prefill_chunk: chunk,
-                policy: PrecisionPolicy::uniform(precision),
+                policy: cache_spec.to_policy(),
             };
             let r = bench_decode(&m, &spec)?;
+            let golden = match &golden {
+                Some(g) => Some(
+                    check_golden(&m, &spec.policy, g)
+                        .with_context(|| format!("golden check against {}", g.display()))?,
+                ),
+                None => None,
+            };
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                let out = DecodeJson {
+                    report: &r,
+                    device: format!("{:?}", m.device().location()),
+                    dtype: format!("{:?}", m.dtype()).to_lowercase(),
+                    kv: cache_spec.to_string(),
+                    golden: golden.as_ref(),
+                };
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 println!("model   {} (loaded in {load_secs:.1}s)", path.display());
                 println!(
@@ -132,10 +177,29 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 );
                 println!(
                     "kv      {} cache: {:.2} MiB used, {:.2} MiB allocated",
-                    precision,
+                    cache_spec,
                     r.memory.total.0 as f64 / 1048576.0,
                     r.memory.total.1 as f64 / 1048576.0
                 );
+                if let Some(g) = &golden {
+                    println!(
+                        "golden  {} positions: max |Δ| {:.3e} (one forward), {} (chunked), top-1 {:.1}%",
+                        g.tokens,
+                        g.full_max_abs_diff,
+                        g.incremental_max_abs_diff
+                            .map_or("none".to_string(), |d| format!("{d:.3e}")),
+                        100.0 * g.top1_agreement
+                    );
+                }
+            }
+            if let Some(g) = &golden {
+                // A NaN difference fails too.
+                if g.max_abs_diff().is_nan() || g.max_abs_diff() > golden_tol {
+                    bail!(
+                        "logits differ from the golden ones by {:.3e} (> --golden-tol {golden_tol:e})",
+                        g.max_abs_diff()
+                    );
+                }
             }
             Ok(())
         }

@@ -95,7 +95,8 @@ struct BenchArgs {
     /// Queries sharing the keys in the multi-query measurement (grouped-query attention).
     #[arg(long, default_value_t = 4)]
     group: usize,
-    /// Kernel backend cap: `auto` (best the CPU has), `avx2` (no AVX-512), `portable`.
+    /// Kernel backend cap: `auto` (best the CPU has: AVX-512, AVX2 or NEON), `avx2` (no
+    /// AVX-512; x86 only), `portable`.
     #[arg(long, value_enum, default_value = "auto")]
     kernels: KernelsArg,
     /// Print one JSON object instead of text.
@@ -396,6 +397,8 @@ struct BenchReport {
     scores_speedup_vs_f16: f64,
     group: usize,
     kernels: KernelsArg,
+    /// The backend that ran the kernels (`portable`, `avx2`, `avx512`, `neon`).
+    backend: &'static str,
     scores_multi_keys_per_s: f64,
     accumulate_keys_per_s: f64,
 }
@@ -489,6 +492,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         scores_speedup_vs_f16: t_f16 / t_scores,
         group: a.group,
         kernels: a.kernels,
+        backend: scratch.last_backend().map_or("none", |b| b.name()),
         scores_multi_keys_per_s: n * a.group as f64 / t_multi,
         accumulate_keys_per_s: n / t_acc,
     };
@@ -497,8 +501,14 @@ fn bench(a: BenchArgs) -> Result<()> {
     } else {
         let m = |v: f64| v / 1e6;
         println!(
-            "dim {} bits {} keys {} ({} bytes/vector, {} threads, kernels {:?})",
-            d, report.bits, a.keys, report.bytes_per_vector, report.threads, a.kernels
+            "dim {} bits {} keys {} ({} bytes/vector, {} threads, kernels {:?}: {})",
+            d,
+            report.bits,
+            a.keys,
+            report.bytes_per_vector,
+            report.threads,
+            a.kernels,
+            report.backend
         );
         println!(
             "  encode:    {:8.2} M vectors/s (batch), {:.2} M/s (1 thread)",

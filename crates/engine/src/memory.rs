@@ -550,11 +550,7 @@ mod tests {
         ] {
             let p = policy(spec).full;
             for (heads, dim) in [(1, 256), (2, 16), (4, 128)] {
-                let shape = StorageShape {
-                    n_kv_heads: heads,
-                    head_dim: dim,
-                    device: Device::Cpu,
-                };
+                let shape = StorageShape::new(heads, dim, Device::Cpu);
                 let mut s = new_storage(p, shape).expect("storage");
                 let x = Tensor::ones((heads, 3, dim), candle_core::DType::F32, &Device::Cpu)
                     .expect("x");

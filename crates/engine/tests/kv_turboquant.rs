@@ -263,3 +263,125 @@ fn scoring_from_a_position_equals_the_full_comparison_filtered() {
         assert!((a.kld - b.kld).abs() < 1e-9 && a.top1_agree == b.top1_agree);
     }
 }
+
+/// A decode shaped like one on Metal, on the CPU: f16 activations (Metal's dtype) and the
+/// TurboQuant storages' home set apart from the model's device, so every attention call
+/// crosses (query rows to the home, output back) as it does from a Metal model. No step may
+/// decode the held tokens to dense K/V; each crossing moves exactly the query and output
+/// rows; and crossing changes no result, bit for bit, against the same cache at home.
+#[test]
+fn metal_shaped_decode_crosses_with_queries_only_and_never_converts_to_dense() {
+    use candle_core::{DType, Device};
+    const STEPS: usize = 10;
+    for name in ["tiny_gemma3", "tiny_e"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let opts = LoadOptions {
+            device: Device::Cpu,
+            dtype: DType::F16,
+        };
+        let model = Model::load(&dir, &opts).expect("load fixture in f16");
+        // Every layer attends once per step, shared layers into their producer's storage.
+        let floats_per_step: u64 = model
+            .config()
+            .layers
+            .iter()
+            .map(|l| 2 * (l.n_heads * l.head_dim) as u64)
+            .sum();
+        let layers = model.config().layers.len() as u64;
+        for spec in ["tq4@all", "k3.5vf16@all", "tq2.5"] {
+            let pol = policy(spec);
+            let mut apart = model
+                .new_cache_with_home(&pol, Device::Cpu)
+                .expect("cache apart");
+            let mut home = model.new_cache(&pol).expect("cache at home");
+            let p = prompt(12);
+            let la = model
+                .forward(&p, &mut apart, Logits::Last)
+                .expect("prefill");
+            let lh = model.forward(&p, &mut home, Logits::Last).expect("prefill");
+            let after_prefill = apart.traffic();
+            let mut next = la
+                .argmax(0)
+                .expect("argmax")
+                .to_scalar::<u32>()
+                .expect("id");
+            let mut max_diff = (&la - &lh)
+                .and_then(|d| d.abs()?.max_all()?.to_dtype(DType::F32)?.to_scalar::<f32>())
+                .expect("diff");
+            for _ in 0..STEPS {
+                let la = model
+                    .forward(&[next], &mut apart, Logits::Last)
+                    .expect("step");
+                let lh = model
+                    .forward(&[next], &mut home, Logits::Last)
+                    .expect("step");
+                let d = (&la - &lh)
+                    .and_then(|d| d.abs()?.max_all()?.to_dtype(DType::F32)?.to_scalar::<f32>())
+                    .expect("diff");
+                max_diff = max_diff.max(d);
+                next = la
+                    .argmax(0)
+                    .expect("argmax")
+                    .to_scalar::<u32>()
+                    .expect("id");
+            }
+            let t = apart.traffic();
+            assert_eq!(t.dense_conversions, 0, "{name} {spec}: {t:?}");
+            assert_eq!(t.dense_rows, 0, "{name} {spec}");
+            // TurboQuant layers cross once per step each; dense sliding layers (tq2.5 covers
+            // full layers only) stay on the model's device and never cross.
+            let tq_layers = model
+                .config()
+                .layers
+                .iter()
+                .filter(|l| {
+                    let owner = match l.kv_source {
+                        kvlab_engine::config::KvSource::Shared { producer } => producer,
+                        kvlab_engine::config::KvSource::Own => l.index,
+                    };
+                    !apart
+                        .storage(owner)
+                        .expect("owning layer")
+                        .precision()
+                        .is_dense()
+                })
+                .collect::<Vec<_>>();
+            let tq_floats: u64 = tq_layers
+                .iter()
+                .map(|l| 2 * (l.n_heads * l.head_dim) as u64)
+                .sum();
+            assert!(!tq_layers.is_empty(), "{name} {spec}: no TurboQuant layer");
+            assert_eq!(
+                t.crossings - after_prefill.crossings,
+                STEPS as u64 * tq_layers.len() as u64,
+                "{name} {spec}"
+            );
+            assert_eq!(
+                t.crossed_floats - after_prefill.crossed_floats,
+                STEPS as u64 * tq_floats,
+                "{name} {spec}: a decode step moves 2 × heads × head_dim floats per layer"
+            );
+            if spec == "tq4@all" {
+                assert_eq!(tq_layers.len() as u64, layers);
+                assert_eq!(tq_floats, floats_per_step);
+            }
+            // At home on a CPU model nothing crosses; and crossing is lossless.
+            let h = home.traffic();
+            assert_eq!((h.crossings, h.dense_conversions), (0, 0), "{name} {spec}");
+            assert_eq!(max_diff, 0.0, "{name} {spec}: crossing changed the logits");
+            // The counter does count: a one-off conversion (what a precision switch reads).
+            let first = tq_layers[0];
+            let s = apart
+                .storage(first.index)
+                .expect("a TurboQuant layer owns a cache");
+            let held = s.len() as u64;
+            s.to_dense().expect("dense");
+            let t = apart.traffic();
+            assert_eq!(t.dense_conversions, 1, "{name} {spec}");
+            let n_kv = first.n_kv_heads as u64;
+            assert_eq!(t.dense_rows, held * n_kv, "{name} {spec}");
+        }
+    }
+}

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
 use crate::codebook::{codebook, Codebook};
 use crate::error::{Error, Result};
+use crate::kernels::Backend;
 use crate::layout::Layout;
 use crate::qjl::Qjl;
 use crate::rotation::{Haar, Hadamard, Rotation};
@@ -119,16 +120,38 @@ impl Codec {
         #[cfg(target_arch = "x86_64")]
         {
             if crate::kernels::encode_simd_available() {
+                scratch.last_backend = Some(Backend::Avx512);
                 // SAFETY: AVX-512F and BMI2 were detected at run time.
                 return unsafe { self.encode_record_avx512(x, record, scratch) };
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the required CPU features were detected just above.
+            // Through the kernels' switch, so forcing the portable backend reaches here too.
+            if crate::kernels::avx2_available() {
+                scratch.last_backend = Some(Backend::Avx2);
+                // SAFETY: AVX2 and FMA were detected at run time.
                 return unsafe { self.encode_record_avx2(x, record, scratch) };
             }
         }
+        #[cfg(all(
+            target_arch = "aarch64",
+            target_feature = "neon",
+            target_endian = "little"
+        ))]
+        {
+            if crate::kernels::neon::available() {
+                scratch.last_backend = Some(Backend::Neon);
+                let segs = &self.ctx.segs;
+                return self.encode_record_with(
+                    x,
+                    record,
+                    scratch,
+                    |k, _book, ys, idx, cents| {
+                        crate::kernels::neon::quantize(&segs[k], ys, idx, cents)
+                    },
+                    crate::kernels::neon::pack,
+                );
+            }
+        }
+        scratch.last_backend = Some(Backend::Portable);
         self.encode_record_with(x, record, scratch, portable_quantize, bits::pack)
     }
 

@@ -33,17 +33,31 @@ mod structured_tests;
 pub use block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
 pub use codec::Codec;
 pub use error::{Error, Result};
+pub use kernels::Backend;
 pub use layout::{bytes_per_vector, MAX_DENSE_DIM, MAX_DIM};
 pub use prng::Rng;
 pub use scratch::Scratch;
 pub use spec::{Bits, RotationKind, Spec, Variant};
 
-/// Routes the kernels to the portable scalar backend even where AVX-512 is available
-/// (for cross-checking the backends; results agree to rounding).
+/// The backend the scoring and accumulation kernels pick on this CPU now (see
+/// [`Backend::detect`]); [`Scratch::last_backend`] tells which one ran a given call.
+pub fn kernel_backend() -> Backend {
+    Backend::detect()
+}
+
+/// Routes the kernels and the encoder to the portable scalar backend even where SIMD
+/// (AVX-512, AVX2, NEON) is available (for cross-checking the backends; results agree to
+/// rounding, encoded bytes exactly).
 #[doc(hidden)]
 pub fn force_portable_kernels(on: bool) {
     #[cfg(target_arch = "x86_64")]
     kernels::force_portable(on);
+    #[cfg(all(
+        target_arch = "aarch64",
+        target_feature = "neon",
+        target_endian = "little"
+    ))]
+    kernels::neon::force_portable(on);
     let _ = on;
 }
 

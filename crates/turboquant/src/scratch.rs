@@ -17,9 +17,18 @@ pub struct Scratch {
     pub(crate) acc: Vec<f32>,
     /// QJL-sign accumulators (prod), g × d.
     pub(crate) acc_s: Vec<f32>,
+    /// The backend of the last kernel or encode call made with this scratch.
+    pub(crate) last_backend: Option<crate::Backend>,
 }
 
 impl Scratch {
+    /// Which backend ran the last `scores*`, `accumulate*` or `encode`/`encode_record` call
+    /// made with this scratch (`None` before the first), so callers and tests can tell which
+    /// instruction set produced a result.
+    pub fn last_backend(&self) -> Option<crate::Backend> {
+        self.last_backend
+    }
+
     pub(crate) fn new(dim: usize) -> Self {
         let mut s = Scratch::default();
         s.ensure(dim, 1);

@@ -5,7 +5,7 @@ mod common;
 
 use common::{dot, TestRng};
 use kvlab_turboquant::{
-    bytes_per_vector, Bits, CodeBlock, Codec, Error, RotationKind, Spec, Variant,
+    bytes_per_vector, Backend, Bits, CodeBlock, Codec, Error, RotationKind, Spec, Variant,
 };
 use proptest::prelude::*;
 
@@ -160,82 +160,147 @@ fn codec_is_shareable() {
     assert_send_sync::<CodeBlock>();
 }
 
-/// Every kernel through the portable backend (the AVX-512 one is what the other tests
-/// exercise on machines that have it). Run from `backends_agree_and_match_oracles` so no other
-/// test flips the global backend switch meanwhile.
-fn portable_backend_equals_the_oracles() {
-    kvlab_turboquant::force_portable_kernels(true);
-    for d in [24usize, 100, 256] {
-        for spec in all_specs() {
-            let codec = Codec::new(d, spec).unwrap();
-            let (block, _) = filled_block(&codec, 40, 9);
-            let mut rng = TestRng::new(4);
-            check_scores(&codec, &block, &rng.gaussian_vec(d * 3));
-            let w: Vec<f32> = (0..40 * 2).map(|_| rng.uniform() as f32).collect();
-            check_accumulate(&codec, &block, &w);
+/// The SIMD backend this build and CPU must use: NEON on aarch64 (part of its baseline),
+/// AVX-512 or AVX2 on x86-64 as the CPU has them, else portable.
+fn expected_simd() -> Backend {
+    #[cfg(target_arch = "aarch64")]
+    return Backend::Neon;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Backend::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Backend::Avx2;
         }
     }
-    kvlab_turboquant::force_portable_kernels(false);
+    #[allow(unreachable_code)]
+    Backend::Portable
 }
 
-/// The AVX2 backend (used on x86 CPUs without AVX-512) against the oracles.
-fn avx2_backend_equals_the_oracles() {
-    kvlab_turboquant::force_avx2_kernels(true);
-    for d in [24usize, 100, 256, 384] {
+/// Scores and weighted sums of `codec` over `block` against their oracles, through whichever
+/// backend runs now, which must be `want` (read back from the scratch that ran each call).
+fn check_backend(codec: &Codec, block: &CodeBlock, want: Backend, rng: &mut TestRng) {
+    let d = codec.dim();
+    let n = block.len();
+    let mut s = codec.scratch();
+    let q = rng.gaussian_vec(d * 3);
+    let mut out = vec![0.0; 3 * n];
+    codec.scores_multi(&q, block, &mut s, &mut out).unwrap();
+    assert_eq!(s.last_backend(), Some(want), "scores_multi ran elsewhere");
+    check_scores(codec, block, &q);
+    let w: Vec<f32> = (0..n * 2).map(|_| rng.uniform() as f32).collect();
+    let mut acc = vec![0.0; 2 * d];
+    codec.accumulate_multi(&w, block, &mut s, &mut acc).unwrap();
+    assert_eq!(
+        s.last_backend(),
+        Some(want),
+        "accumulate_multi ran elsewhere"
+    );
+    check_accumulate(codec, block, &w);
+}
+
+/// Every kernel through one backend (`force` selects it), on dimensions that exercise whole
+/// 128-coordinate blocks, 16-code groups and scalar tails.
+fn backend_equals_the_oracles(want: Backend, dims: &[usize], force: impl Fn(bool)) {
+    force(true);
+    assert_eq!(kvlab_turboquant::kernel_backend(), want);
+    for &d in dims {
         for spec in all_specs() {
             if spec.rotation == RotationKind::Haar && d > 256 {
                 continue;
             }
             let codec = Codec::new(d, spec).unwrap();
             let (block, _) = filled_block(&codec, 40, 9);
-            let mut rng = TestRng::new(4);
-            check_scores(&codec, &block, &rng.gaussian_vec(d * 3));
-            let w: Vec<f32> = (0..40 * 2).map(|_| rng.uniform() as f32).collect();
-            check_accumulate(&codec, &block, &w);
+            check_backend(&codec, &block, want, &mut TestRng::new(4));
         }
     }
-    kvlab_turboquant::force_avx2_kernels(false);
+    force(false);
 }
 
 /// The backend switch is process-global: this single test owns it (other tests in this
-/// binary give correct results through either backend, so they are unaffected).
+/// binary give correct results through either backend, so they are unaffected). It names the
+/// backend that ran each side, so on aarch64 the SIMD side is asserted to be NEON.
 #[test]
 fn backends_agree_and_match_oracles() {
-    portable_backend_equals_the_oracles();
-    avx2_backend_equals_the_oracles();
-    portable_and_simd_backends_agree();
+    let simd = expected_simd();
+    eprintln!("SIMD backend on this machine: {simd}");
+    assert_eq!(kvlab_turboquant::kernel_backend(), simd);
+    backend_equals_the_oracles(
+        Backend::Portable,
+        &[24, 100, 256],
+        kvlab_turboquant::force_portable_kernels,
+    );
+    backend_equals_the_oracles(simd, &[24, 100, 256, 384], |_| {});
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // The AVX2 backend, used on x86 CPUs without AVX-512.
+        backend_equals_the_oracles(
+            Backend::Avx2,
+            &[24, 100, 256, 384],
+            kvlab_turboquant::force_avx2_kernels,
+        );
+    }
+    portable_and_simd_backends_agree(simd);
 }
 
-fn portable_and_simd_backends_agree() {
+fn portable_and_simd_backends_agree(simd: Backend) {
     let codec = Codec::new(256, Spec::mse(Bits::B3_5)).unwrap();
     let (block, xs) = filled_block(&codec, 50, 1);
     let q = &xs[..256];
-    let simd = codec.scores_vec(q, &block).unwrap();
+    let mut s = codec.scratch();
+    let run = |s: &mut kvlab_turboquant::Scratch| {
+        let mut sc = vec![0.0; 50];
+        codec.scores(q, &block, s, &mut sc).unwrap();
+        let after_scores = s.last_backend();
+        let mut acc = vec![0.0; 256];
+        codec.accumulate(&[0.5; 50], &block, s, &mut acc).unwrap();
+        assert_eq!(s.last_backend(), after_scores);
+        (sc, acc, after_scores)
+    };
+    let (simd_scores, acc_simd, ran) = run(&mut s);
+    assert_eq!(ran, Some(simd));
     kvlab_turboquant::force_portable_kernels(true);
-    let portable = codec.scores_vec(q, &block).unwrap();
-    let acc_portable = codec.accumulate_vec(&[0.5; 50], &block).unwrap();
+    let (portable, acc_portable, ran) = run(&mut s);
     kvlab_turboquant::force_portable_kernels(false);
-    let acc_simd = codec.accumulate_vec(&[0.5; 50], &block).unwrap();
-    // Encoders: AVX-512/BMI2 and portable produce identical bytes.
+    assert_eq!(ran, Some(Backend::Portable));
+    // Encoders: the SIMD encoder (AVX-512/BMI2, AVX2 or NEON) and the portable one produce
+    // identical bytes, one vector at a time and in batches.
     for bits in ALL_BITS {
-        for d in [24usize, 100, 256] {
-            let codec = Codec::new(d, Spec::mse(bits)).unwrap();
-            let mut rng = TestRng::new(d as u64);
-            let xs = rng.gaussian_vec(d * 20);
-            let mut simd_block = codec.new_block();
-            codec.encode_batch(&xs, &mut simd_block).unwrap();
-            kvlab_turboquant::force_portable_kernels(true);
-            let mut portable_block = codec.new_block();
-            codec.encode_batch(&xs, &mut portable_block).unwrap();
-            kvlab_turboquant::force_portable_kernels(false);
-            assert_eq!(
-                simd_block.to_bytes(),
-                portable_block.to_bytes(),
-                "{bits:?} d={d}"
-            );
+        for d in [24usize, 100, 256, 384] {
+            for variant in [Variant::Mse, Variant::Prod] {
+                let spec = Spec {
+                    variant,
+                    ..Spec::mse(bits)
+                };
+                if spec.validate().is_err() {
+                    continue;
+                }
+                let codec = Codec::new(d, spec).unwrap();
+                let mut rng = TestRng::new(d as u64);
+                let xs = rng.gaussian_vec(d * 20);
+                let encode = |want: Backend| {
+                    let mut block = codec.new_block();
+                    let mut s = codec.scratch();
+                    for x in xs.chunks_exact(d) {
+                        codec.encode(x, &mut block, &mut s).unwrap();
+                    }
+                    assert_eq!(s.last_backend(), Some(want), "{spec:?} d={d}");
+                    let mut batch = codec.new_block();
+                    codec.encode_batch(&xs, &mut batch).unwrap();
+                    assert_eq!(block.to_bytes(), batch.to_bytes());
+                    block.to_bytes()
+                };
+                let simd_bytes = encode(simd);
+                kvlab_turboquant::force_portable_kernels(true);
+                let portable_bytes = encode(Backend::Portable);
+                kvlab_turboquant::force_portable_kernels(false);
+                assert_eq!(simd_bytes, portable_bytes, "{spec:?} d={d}");
+            }
         }
     }
-    for (a, b) in simd.iter().zip(&portable) {
+    for (a, b) in simd_scores.iter().zip(&portable) {
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
     }
     for (a, b) in acc_simd.iter().zip(&acc_portable) {

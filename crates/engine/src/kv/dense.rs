@@ -227,11 +227,7 @@ mod tests {
     use candle_core::Device;
 
     fn shape() -> StorageShape {
-        StorageShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-            device: Device::Cpu,
-        }
+        StorageShape::new(2, 4, Device::Cpu)
     }
 
     fn chunk(start: usize, t: usize) -> Tensor {

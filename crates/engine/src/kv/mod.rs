@@ -22,7 +22,7 @@ pub use presets::{
     FormatOption, ScopedSpecs, SideFormat,
 };
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
-pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
+pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
 pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
 
 /// Tokens converted per piece when a layer changes precision (bounds the f32 staging copy).
@@ -153,6 +153,19 @@ impl KvCache {
     /// Empty caches for every layer of `config`, each owning layer in the precision the
     /// policy gives it, on `device`.
     pub fn new(config: &ModelConfig, policy: &PrecisionPolicy, device: &Device) -> Result<Self> {
+        Self::with_home(config, policy, device, None)
+    }
+
+    /// As [`KvCache::new`], with every storage's home set to `home` (see
+    /// [`StorageShape::home`]): `Some(Device::Cpu)` on a CPU model makes TurboQuant layers
+    /// cross devices on every attention call exactly as they do on a Metal model, so the
+    /// crossing can be tested without a GPU. `None` is what `new` does.
+    pub fn with_home(
+        config: &ModelConfig,
+        policy: &PrecisionPolicy,
+        device: &Device,
+        home: Option<Device>,
+    ) -> Result<Self> {
         let mut slots = Vec::with_capacity(config.layers.len());
         for l in &config.layers {
             let layout = match (l.kv_source, l.sliding_window) {
@@ -164,9 +177,8 @@ impl KvCache {
                 KvLayout::Shared { .. } => None,
                 _ => {
                     let shape = StorageShape {
-                        n_kv_heads: l.n_kv_heads,
-                        head_dim: l.head_dim,
-                        device: device.clone(),
+                        home: home.clone(),
+                        ..StorageShape::new(l.n_kv_heads, l.head_dim, device.clone())
                     };
                     Some(OwnedCache {
                         storage: new_storage(policy.for_layer(l.index, l.kind), shape.clone())?,
@@ -417,6 +429,16 @@ impl KvCache {
             at += t;
         }
         Ok(())
+    }
+
+    /// Dense conversions and device crossings of all owning layers' current storages (see
+    /// [`StorageTraffic`]; a precision switch starts new storages, counting from zero).
+    pub fn traffic(&self) -> StorageTraffic {
+        self.slots
+            .iter()
+            .filter_map(|s| s.owned.as_ref())
+            .map(|o| o.storage.traffic())
+            .fold(StorageTraffic::default(), |a, b| a + b)
     }
 
     /// Exact bytes per layer and per attention kind.

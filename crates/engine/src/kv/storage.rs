@@ -105,6 +105,41 @@ pub trait KvStorage: Send + std::fmt::Debug {
         let (k, v) = self.to_dense()?;
         Ok((k.narrow(1, from, len)?, v.narrow(1, from, len)?))
     }
+    /// What this storage has converted and moved between devices so far (zeros for a
+    /// storage that never converts nor crosses devices).
+    fn traffic(&self) -> StorageTraffic {
+        StorageTraffic::default()
+    }
+}
+
+/// Counters of a storage's work beyond attention itself: dense conversions (which must
+/// never happen on the decode path) and device crossings (what attention costs in
+/// transfers when the storage's home is apart from the model's device).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageTraffic {
+    /// Calls that decoded held tokens into dense tensors (`to_dense`, `to_dense_range`).
+    pub dense_conversions: u64,
+    /// Tokens × kv heads decoded by those calls.
+    pub dense_rows: u64,
+    /// Attention calls whose query crossed to the home device and whose output crossed back.
+    pub crossings: u64,
+    /// Floats moved by those crossings: the query rows in plus the output rows back.
+    pub crossed_floats: u64,
+    /// Floats of new keys and values brought to the home device by appends.
+    pub appended_floats: u64,
+}
+
+impl std::ops::Add for StorageTraffic {
+    type Output = StorageTraffic;
+    fn add(self, o: StorageTraffic) -> StorageTraffic {
+        StorageTraffic {
+            dense_conversions: self.dense_conversions + o.dense_conversions,
+            dense_rows: self.dense_rows + o.dense_rows,
+            crossings: self.crossings + o.crossings,
+            crossed_floats: self.crossed_floats + o.crossed_floats,
+            appended_floats: self.appended_floats + o.appended_floats,
+        }
+    }
 }
 
 /// Shape of one layer's cache, enough for a storage factory.
@@ -114,6 +149,27 @@ pub struct StorageShape {
     pub n_kv_heads: usize,
     /// Per-head dimension.
     pub head_dim: usize,
-    /// Where the tensors live.
+    /// The model's device: where keys and values arrive from, queries come from, attention
+    /// outputs must go, and dense conversions are placed.
     pub device: Device,
+    /// Where a storage that keeps its data apart from the model keeps it and attends
+    /// (TurboQuant on a GPU model: the CPU, whose memory is the GPU's on Apple Silicon).
+    /// `None`: wherever the storage's kind decides (dense storages on `device`, TurboQuant on
+    /// the CPU, crossing only when `device` is not the CPU). `Some` sets the home apart
+    /// explicitly, so every attention call crosses, even between two CPU placements (how
+    /// tests exercise the crossing on a machine without a GPU). Dense storages keep their
+    /// tensors on `device` and ignore it.
+    pub home: Option<Device>,
+}
+
+impl StorageShape {
+    /// A shape on `device` with the default home (see [`StorageShape::home`]).
+    pub fn new(n_kv_heads: usize, head_dim: usize, device: Device) -> Self {
+        Self {
+            n_kv_heads,
+            head_dim,
+            device,
+            home: None,
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! TurboQuant K/V storage: tokens are encoded as they are appended (no dense copy outlives
 //! the chunk that brought them), keys and values each under their own codec spec (or dense
-//! f16), one stream of code segments per kv head; on CPU attention reads the codes directly.
+//! f16), one stream of code segments per kv head; attention reads the codes directly, on
+//! every device, and the held tokens are never decoded on the decode path.
 //!
 //! Layout: every kv head holds its tokens in segments of [`SEGMENT_TOKENS`] (each a
 //! `CodeBlock`, or an f16 row buffer for a dense side); all segments but the last are full.
@@ -8,18 +9,44 @@
 //! `front` tokens of the first segment are kept but masked), and let one decode step spread
 //! a long context over all cores even when the model has a single kv head.
 //!
-//! CPU attention, per kv head and block of query rows: the group's query heads are scaled
+//! Attention, per kv head and block of query rows: the group's query heads are scaled
 //! and scored together against each segment's codes (`scores_multi`: each query rotated once
 //! per segment, codes unpacked once for the whole group), masked per [`AttendSpec`] (causal,
 //! sliding window, dropped front), soft-maxed across segments, and the values are summed by
 //! `accumulate_multi` in the rotated domain and rotated back once per segment. Keys are never
 //! repeated for GQA and no dequantized K/V exists.
 //!
-//! Other devices (CUDA, Metal): the portable fallback dequantizes the held tokens with
-//! [`KvStorage::to_dense`] on every call and runs the dense attention there. Correct, but it
-//! pays a full decode per step; the codes still save the memory.
+//! Devices. The codes live in host memory and attention over them runs on the CPU (the
+//! codec's AVX-512/AVX2/NEON kernels): that CPU is the storage's *home*. When the model runs
+//! elsewhere (Metal, CUDA), or when [`StorageShape::home`] sets the home apart explicitly,
+//! each attention call *crosses*: the query rows `[n_heads, t, head_dim]` are copied to the
+//! home, attended there over the codes, and the output `[n_heads, t, head_dim]` is copied back
+//! to the query's device in the query's dtype. A decode step (t = 1) thus moves
+//! 2 × n_heads × head_dim floats per layer, plus the new token's K and V on append, and reads
+//! each code once. [`KvStorage::to_dense`] is only for conversions between precisions and
+//! for tests; the counters of [`KvStorage::traffic`] record every conversion and crossing so
+//! tests can hold the decode path to that.
+//!
+//! Why this design on Metal, and not a Metal kernel (candle `CustomOp` with `metal_fwd`: a
+//! runtime-compiled shader scoring and accumulating from codes, as turboquant-mlx and
+//! llama.cpp's Metal flash attention do for their formats):
+//! - Apple Silicon memory is unified: the CPU reads the codes at full memory bandwidth where
+//!   they already are, and the per-step transfer is a few KiB per layer (16 KiB for 8 heads
+//!   × 256 dims × f32 both ways), so the GPU never needs its own copy of the cache.
+//! - It is one implementation for every device: masking, sliding windows, the dropped front,
+//!   centering offsets, 2.5/3.5-bit two-segment layouts, `prod`'s QJL term, Haar rotations
+//!   and dense f16 sides would each need a shader variant, and none of it could be compiled
+//!   or run where KV Lab is built and tested (Linux, no GPU). This path is tested here, its
+//!   NEON kernels under emulation.
+//! - The price is a GPU→CPU synchronization per layer and step (the query must exist before
+//!   the CPU can read it) and CPU attention instead of GPU attention. Against the dequantize-
+//!   everything fallback this replaced (every held token decoded on the CPU and uploaded
+//!   dense, every step), it is a strict gain; whether a Metal kernel beats it on long
+//!   contexts is a measurement to make on Apple hardware, and a `metal_fwd` over the same
+//!   codes is the follow-up if it does.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
@@ -27,9 +54,8 @@ use half::f16;
 use kvlab_turboquant::{CodeBlock, Codec, Scratch};
 use rayon::prelude::*;
 
-use super::attend::attend_dense;
 use super::spec::{TqPrecision, TqSide};
-use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
+use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
 use crate::error::{EngineError, Result};
 
 /// Tokens per code segment (per kv head and side).
@@ -349,11 +375,52 @@ pub struct TurboQuantStorage {
     front: usize,
     /// Stored tokens per head, `front` included.
     total: usize,
+    /// Set when [`StorageShape::home`] sets the home apart: every attention call crosses.
+    apart: bool,
+    /// What [`KvStorage::traffic`] reports.
+    counters: Counters,
+}
+
+/// Atomic counters behind [`StorageTraffic`] (attention takes `&self`).
+#[derive(Debug, Default)]
+struct Counters {
+    dense_conversions: AtomicU64,
+    dense_rows: AtomicU64,
+    crossings: AtomicU64,
+    crossed_floats: AtomicU64,
+    appended_floats: AtomicU64,
+}
+
+impl Counters {
+    fn add(c: &AtomicU64, n: usize) {
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StorageTraffic {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StorageTraffic {
+            dense_conversions: get(&self.dense_conversions),
+            dense_rows: get(&self.dense_rows),
+            crossings: get(&self.crossings),
+            crossed_floats: get(&self.crossed_floats),
+            appended_floats: get(&self.appended_floats),
+        }
+    }
 }
 
 impl TurboQuantStorage {
     /// An empty storage; builds the codecs (and validates the specs for `shape.head_dim`).
+    /// A home set apart must be the CPU: attention over codes exists only there.
     pub fn new(precision: TqPrecision, shape: StorageShape) -> Result<Self> {
+        let apart = match &shape.home {
+            Some(h) if !h.is_cpu() => {
+                return Err(EngineError::invalid(format!(
+                    "TurboQuant attends over its codes on the CPU; home {h:?} is not supported"
+                )));
+            }
+            Some(_) => true,
+            None => false,
+        };
         Ok(Self {
             key: Side::new(
                 precision.key,
@@ -371,6 +438,8 @@ impl TurboQuantStorage {
             shape,
             front: 0,
             total: 0,
+            apart,
+            counters: Counters::default(),
         })
     }
 
@@ -386,7 +455,7 @@ impl TurboQuantStorage {
         self.total = 0;
     }
 
-    /// Host f32 copy of a `[n_kv_heads, t, head_dim]` tensor.
+    /// Host (home) f32 copy of a tensor, from whatever device it is on.
     fn host_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
         Ok(x.to_device(&Device::Cpu)?
             .to_dtype(DType::F32)?
@@ -414,8 +483,10 @@ impl TurboQuantStorage {
         Ok((at(lo), at(hi)))
     }
 
-    /// The compressed-domain attention (see the module doc).
-    fn attend_cpu(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
+    /// The compressed-domain attention (see the module doc): `q` from any device, output on
+    /// `q`'s device in `q`'s dtype. Computed at home (the CPU); crosses when `q` is elsewhere
+    /// or the home is set apart.
+    fn attend_codes(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
         let (nh, t, d) = q.dims3()?;
         let nkv = self.shape.n_kv_heads;
         if d != self.shape.head_dim || nkv == 0 || nh % nkv != 0 {
@@ -466,7 +537,15 @@ impl TurboQuantStorage {
                 a = b;
             }
         }
+        let floats = out.len();
         let o = Tensor::from_vec(out, (nh, t, d), &Device::Cpu)?;
+        if self.apart || !q.device().is_cpu() {
+            // The query rows came in (host_rows above) and the output goes back.
+            Counters::add(&self.counters.crossings, 1);
+            Counters::add(&self.counters.crossed_floats, qv.len() + floats);
+            // Cast on the host first: the copy back then moves the query's dtype, not f32.
+            return Ok(o.to_dtype(q.dtype())?.to_device(q.device())?);
+        }
         Ok(o.to_dtype(q.dtype())?)
     }
 
@@ -625,6 +704,7 @@ impl KvStorage for TurboQuantStorage {
         }
         let kf = self.host_rows(k)?;
         let vf = self.host_rows(v)?;
+        Counters::add(&self.counters.appended_floats, kf.len() + vf.len());
         let before = self.total;
         let mut res = Ok(());
         for head in 0..h {
@@ -648,11 +728,7 @@ impl KvStorage for TurboQuantStorage {
     }
 
     fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
-        if q.device().is_cpu() {
-            return self.attend_cpu(q, spec);
-        }
-        let (k, v) = self.to_dense()?;
-        attend_dense(q, &k, &v, spec)
+        self.attend_codes(q, spec)
     }
 
     fn drop_front(&mut self, n: usize) -> Result<()> {
@@ -713,11 +789,17 @@ impl KvStorage for TurboQuantStorage {
                 self.len()
             )));
         }
+        Counters::add(&self.counters.dense_conversions, 1);
+        Counters::add(&self.counters.dense_rows, len * self.shape.n_kv_heads);
         let shape = (self.shape.n_kv_heads, len, self.shape.head_dim);
         let dev = &self.shape.device;
         let k = Tensor::from_vec(self.decode_range(&self.key, from, len)?, shape, dev)?;
         let v = Tensor::from_vec(self.decode_range(&self.value, from, len)?, shape, dev)?;
         Ok((k, v))
+    }
+
+    fn traffic(&self) -> StorageTraffic {
+        self.counters.snapshot()
     }
 }
 

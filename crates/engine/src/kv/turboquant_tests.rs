@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use kvlab_turboquant::{bytes_per_vector, Bits, RotationKind, Spec, Variant};
 
 use super::*;
+use crate::kv::attend_dense;
 use crate::kv::spec::CacheSpec;
 
 /// Deterministic roughly-normal values (sum of 4 uniforms), with a per-row offset so
@@ -27,11 +28,7 @@ fn tensor(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
 }
 
 fn shape(n_kv: usize, d: usize) -> StorageShape {
-    StorageShape {
-        n_kv_heads: n_kv,
-        head_dim: d,
-        device: Device::Cpu,
-    }
+    StorageShape::new(n_kv, d, Device::Cpu)
 }
 
 fn tq(key: TqSide, value: TqSide) -> TqPrecision {

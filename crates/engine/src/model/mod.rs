@@ -19,6 +19,7 @@
 mod attention;
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod golden;
 mod layer;
 mod linear;
 mod mlp;
@@ -221,6 +222,12 @@ impl Model {
     /// An empty cache for this model.
     pub fn new_cache(&self, policy: &PrecisionPolicy) -> Result<KvCache> {
         KvCache::new(&self.config, policy, &self.device)
+    }
+
+    /// An empty cache whose storages keep their data on `home`, apart from the model's
+    /// device (see [`KvCache::with_home`]).
+    pub fn new_cache_with_home(&self, policy: &PrecisionPolicy, home: Device) -> Result<KvCache> {
+        KvCache::with_home(&self.config, policy, &self.device, Some(home))
     }
 
     /// Runs `ids` at positions `cache.seq_len()..`, extending the cache. Returns f32 logits

@@ -3,18 +3,25 @@
 //!
 //! Each query is rotated once (q' = Π q); a key's score is n_t · Σ_j q'_j · c[idx_tj] (plus
 //! the QJL term for `prod`); value sums are accumulated in the rotated domain and rotated back
-//! once. Backends, chosen per call by run-time CPU detection: AVX-512 (`x86.rs`), AVX2+FMA
-//! (`avx2.rs`), portable scalar (`portable.rs`).
+//! once. Backends, one module per instruction set, chosen per call by run-time CPU detection:
+//! AVX-512 (`x86.rs`), AVX2+FMA (`avx2.rs`), NEON on aarch64 (`neon.rs`), portable scalar
+//! (`portable.rs`). Every call records in the caller's `Scratch` which [`Backend`] ran.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(all(
+    target_arch = "aarch64",
+    target_feature = "neon",
+    target_endian = "little"
+))]
+pub(crate) mod neon;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::{
-    encode_simd_available, force_avx2, force_portable, pack_pext, quantize_avx512,
+    avx2_available, encode_simd_available, force_avx2, force_portable, pack_pext, quantize_avx512,
 };
 
 use crate::block::CodeBlock;
@@ -36,6 +43,8 @@ pub(crate) struct Seg {
     /// Leading 128-coordinate blocks (16·w bytes) the SIMD backend reads lane-wise (segment
     /// start byte-aligned): lane i takes the w bytes holding coordinates 8i..8i+7, so within
     /// a block the SIMD order is position 16·s + i ↔ coordinate 8i + s (see `Ctx::perm`).
+    /// Only the x86 backends read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub lane_blocks: usize,
 }
 
@@ -118,18 +127,25 @@ impl Ctx {
     }
 }
 
-/// Which kernel implementation runs (chosen per call from run-time CPU detection).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
+/// A kernel implementation: which instruction set computed a result. All variants exist on
+/// every platform so callers can match on them; only those of the running CPU ever occur.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Scalar Rust: any CPU, and the cross-check for the others.
     Portable,
-    #[cfg(target_arch = "x86_64")]
+    /// x86-64 with AVX2 and FMA.
     Avx2,
-    #[cfg(target_arch = "x86_64")]
+    /// x86-64 with AVX-512F (and BMI2 for encoding).
     Avx512,
+    /// aarch64 NEON (Apple Silicon, ARM servers).
+    Neon,
 }
 
 impl Backend {
-    fn detect() -> Backend {
+    /// The backend the scoring and accumulation kernels use now: the best one this CPU has,
+    /// capped by the test hooks (`force_portable_kernels`, `force_avx2_kernels`).
+    pub fn detect() -> Backend {
         #[cfg(target_arch = "x86_64")]
         {
             if x86::available() {
@@ -139,12 +155,39 @@ impl Backend {
                 return Backend::Avx2;
             }
         }
+        #[cfg(all(
+            target_arch = "aarch64",
+            target_feature = "neon",
+            target_endian = "little"
+        ))]
+        {
+            if neon::available() {
+                return Backend::Neon;
+            }
+        }
         Backend::Portable
     }
 
-    /// SIMD backends read queries and accumulators in `Ctx::perm` order.
+    /// Lowercase name: `portable`, `avx2`, `avx512`, `neon`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Portable => "portable",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+            Backend::Neon => "neon",
+        }
+    }
+
+    /// The x86 backends read queries and accumulators in `Ctx::perm` order; NEON and the
+    /// portable code read coordinates in order.
     fn permuted(self) -> bool {
-        self != Backend::Portable
+        matches!(self, Backend::Avx2 | Backend::Avx512)
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -205,6 +248,7 @@ impl Codec {
         let ctx = &self.ctx;
         let d = self.dim;
         let backend = Backend::detect();
+        scratch.last_backend = Some(backend);
         let simd = backend.permuted();
         if simd {
             // The SIMD backends read queries in their lane order.
@@ -238,7 +282,13 @@ impl Codec {
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx2 => unsafe { avx2::scores(ctx, q, sq, sqsum, g, chunk, out, n, base) },
-                Backend::Portable => portable::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
+                #[cfg(all(
+                    target_arch = "aarch64",
+                    target_feature = "neon",
+                    target_endian = "little"
+                ))]
+                Backend::Neon => neon::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
+                _ => portable::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
             }
             base += m;
         }
@@ -291,6 +341,7 @@ impl Codec {
         let simd = backend.permuted();
         scratch.acc[..g * d].fill(0.0);
         scratch.acc_s[..g * d].fill(0.0);
+        scratch.last_backend = Some(backend);
         let mut base = 0;
         for chunk in block.chunks() {
             let m = chunk.len() / ctx.stride;
@@ -307,9 +358,13 @@ impl Codec {
                 Backend::Avx2 => unsafe {
                     avx2::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
                 },
-                Backend::Portable => {
-                    portable::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
-                }
+                #[cfg(all(
+                    target_arch = "aarch64",
+                    target_feature = "neon",
+                    target_endian = "little"
+                ))]
+                Backend::Neon => neon::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s),
+                _ => portable::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s),
             }
             base += m;
         }

@@ -1,0 +1,502 @@
+//! NEON kernels for aarch64 (Apple Silicon, ARM servers): scores and weighted sums on the
+//! codes (tiles of 4, 2 or 1 queries, so a record is unpacked once per tile), and the encoder's
+//! quantizer and bit packer.
+//!
+//! Codes are unpacked 16 at a time in coordinate order, so queries and accumulators need no
+//! lane permutation (unlike the x86 backends): the 2·w bytes holding 16 codes of width w are
+//! read as one 64-bit word; one `tbl` per 8 codes gathers each code's two bytes into a 16-bit
+//! lane, which a per-lane shift and a mask reduce to the code. Centroids come from four `tbl`
+//! lookups into the codebook split into byte planes (plane b holds byte b of each of the 16
+//! levels), re-interleaved into four f32x4 registers by `zip`. Coordinates past the last whole
+//! group of 16, and segments that do not start on a byte, are read one code at a time.
+//!
+//! Encoding counts, for 16 values at a time, the thresholds at or below each value (`fcmge`),
+//! exactly the portable rule, so both write identical bytes; codes are packed by per-lane
+//! shifts and pairwise adds (w = 1, 2, 4) or one 64-bit word (w = 3).
+//!
+//! NEON is part of the aarch64 baseline, so nothing is detected at run time; a switch still
+//! routes calls to the portable backend so tests can compare the two on one machine.
+
+use std::arch::aarch64::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{Ctx, Seg};
+use crate::bits;
+use crate::codec::read_f16;
+
+/// Set by tests to route every call to the portable backend.
+static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+/// Test hook: use the portable backend instead of NEON (backends agree to rounding, so
+/// flipping this concurrently only changes which path computes a result).
+pub(crate) fn force_portable(on: bool) {
+    FORCE_PORTABLE.store(on, Ordering::Relaxed);
+}
+
+/// True unless the portable backend is forced.
+pub(crate) fn available() -> bool {
+    !FORCE_PORTABLE.load(Ordering::Relaxed) && std::arch::is_aarch64_feature_detected!("neon")
+}
+
+/// Widest code the 16-at-a-time unpacker handles (2·w bytes must fit one 64-bit word).
+const MAX_WIDTH: usize = 4;
+
+/// Per-segment registers and loop bounds.
+struct SegTab {
+    /// Byte plane b: byte b (little-endian) of each of the 16 codebook levels.
+    planes: [uint8x16_t; 4],
+    /// Byte indices gathering the 16-bit window of codes 0..8 (`gather[0]`) and 8..16.
+    gather: [uint8x16_t; 2],
+    /// Right shifts (as negative left shifts) bringing each code to bit 0.
+    shift: [int16x8_t; 2],
+    mask: uint16x8_t,
+    width: usize,
+    /// Whole groups of 16 codes read by the vector path (0 for unaligned segments).
+    groups: usize,
+}
+
+#[target_feature(enable = "neon")]
+fn u8x16(a: &[u8; 16]) -> uint8x16_t {
+    // SAFETY: `a` is exactly 16 readable bytes.
+    unsafe { vld1q_u8(a.as_ptr()) }
+}
+
+#[target_feature(enable = "neon")]
+fn i16x8(a: &[i16; 8]) -> int16x8_t {
+    // SAFETY: `a` is exactly 8 readable i16 values.
+    unsafe { vld1q_s16(a.as_ptr()) }
+}
+
+/// The codebook of `seg` as four byte planes.
+#[target_feature(enable = "neon")]
+fn planes(seg: &Seg) -> [uint8x16_t; 4] {
+    let mut p = [[0u8; 16]; 4];
+    for (i, v) in seg.table.iter().enumerate() {
+        for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
+            p[b][i] = byte;
+        }
+    }
+    [u8x16(&p[0]), u8x16(&p[1]), u8x16(&p[2]), u8x16(&p[3])]
+}
+
+#[target_feature(enable = "neon")]
+fn seg_tab(seg: &Seg) -> SegTab {
+    let w = seg.width as usize;
+    // Code k starts at bit w·k of the group: byte (w·k)/8, bit (w·k)%8. Its 16-bit window is
+    // that byte and the next one; for k = 15 the next byte may lie past the group's 2·w
+    // bytes (then it is byte 8, a zero of the padded register, and is masked off anyway).
+    let gather = |half: usize| -> [u8; 16] {
+        std::array::from_fn(|i| ((w * (8 * half + i / 2)) / 8 + i % 2) as u8)
+    };
+    let shift =
+        |half: usize| -> [i16; 8] { std::array::from_fn(|i| -(((w * (8 * half + i)) % 8) as i16)) };
+    let vector = seg.bit_offset.is_multiple_of(8) && (1..=MAX_WIDTH).contains(&w);
+    SegTab {
+        planes: planes(seg),
+        gather: [u8x16(&gather(0)), u8x16(&gather(1))],
+        shift: [i16x8(&shift(0)), i16x8(&shift(1))],
+        mask: vdupq_n_u16(((1u32 << w) - 1) as u16),
+        width: w,
+        groups: if vector { seg.len / 16 } else { 0 },
+    }
+}
+
+/// 8 bytes of `rec` at `off`, zero-filled past its end.
+#[inline(always)]
+fn load_u64(rec: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    match rec.get(off..off + 8) {
+        Some(s) => a.copy_from_slice(s),
+        None => {
+            let rest = rec.get(off..).unwrap_or(&[]);
+            a[..rest.len().min(8)].copy_from_slice(&rest[..rest.len().min(8)]);
+        }
+    }
+    u64::from_le_bytes(a)
+}
+
+/// The 16 codes packed in the low 16·w bits of `word`, one per byte, in order.
+#[inline]
+#[target_feature(enable = "neon")]
+fn codes16(word: u64, t: &SegTab) -> uint8x16_t {
+    let bytes = vcombine_u8(vcreate_u8(word), vdup_n_u8(0));
+    let lo = vreinterpretq_u16_u8(vqtbl1q_u8(bytes, t.gather[0]));
+    let hi = vreinterpretq_u16_u8(vqtbl1q_u8(bytes, t.gather[1]));
+    let lo = vandq_u16(vshlq_u16(lo, t.shift[0]), t.mask);
+    let hi = vandq_u16(vshlq_u16(hi, t.shift[1]), t.mask);
+    vcombine_u8(vmovn_u16(lo), vmovn_u16(hi))
+}
+
+/// Centroids of 16 codes (each < 16), in order, as four f32x4.
+#[inline]
+#[target_feature(enable = "neon")]
+fn centroids16(codes: uint8x16_t, planes: &[uint8x16_t; 4]) -> [float32x4_t; 4] {
+    let b0 = vqtbl1q_u8(planes[0], codes);
+    let b1 = vqtbl1q_u8(planes[1], codes);
+    let b2 = vqtbl1q_u8(planes[2], codes);
+    let b3 = vqtbl1q_u8(planes[3], codes);
+    // u16 lane k of lo01 = bytes 0, 1 of level codes[k] (k < 8); hi01 the same for k ≥ 8.
+    let lo01 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1));
+    let hi01 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1));
+    let lo23 = vreinterpretq_u16_u8(vzip1q_u8(b2, b3));
+    let hi23 = vreinterpretq_u16_u8(vzip2q_u8(b2, b3));
+    [
+        vreinterpretq_f32_u16(vzip1q_u16(lo01, lo23)),
+        vreinterpretq_f32_u16(vzip2q_u16(lo01, lo23)),
+        vreinterpretq_f32_u16(vzip1q_u16(hi01, hi23)),
+        vreinterpretq_f32_u16(vzip2q_u16(hi01, hi23)),
+    ]
+}
+
+/// For every code of record `rec`: `f(state, j, centroids of coordinates j..j+16)` for each
+/// whole group of 16, `tail(state, coordinate, centroid)` for the rest.
+#[inline]
+#[target_feature(enable = "neon")]
+fn walk<S: ?Sized>(
+    ctx: &Ctx,
+    tabs: &[SegTab],
+    rec: &[u8],
+    state: &mut S,
+    mut f: impl FnMut(&mut S, usize, &[float32x4_t; 4]),
+    mut tail: impl FnMut(&mut S, usize, f32),
+) {
+    for (seg, t) in ctx.segs.iter().zip(tabs) {
+        let byte0 = seg.bit_offset / 8;
+        let w = t.width;
+        for gi in 0..t.groups {
+            let codes = codes16(load_u64(rec, byte0 + 2 * w * gi), t);
+            f(state, seg.start + 16 * gi, &centroids16(codes, &t.planes));
+        }
+        for k in 16 * t.groups..seg.len {
+            let i = bits::read(rec, seg.bit_offset + k * w, seg.width);
+            tail(state, seg.start + k, seg.table[i as usize]);
+        }
+    }
+}
+
+/// Loads `x[j..j + 16]` as four f32x4 (panics, never reads out of bounds, if short).
+#[inline]
+#[target_feature(enable = "neon")]
+fn load16(x: &[f32], j: usize) -> [float32x4_t; 4] {
+    let s = &x[j..j + 16];
+    // SAFETY: `s` holds 16 floats; each load reads 4 of them.
+    unsafe {
+        [
+            vld1q_f32(s.as_ptr()),
+            vld1q_f32(s.as_ptr().add(4)),
+            vld1q_f32(s.as_ptr().add(8)),
+            vld1q_f32(s.as_ptr().add(12)),
+        ]
+    }
+}
+
+/// Σ over sign bits of ±sq (the QJL inner product ⟨S q', sign⟩).
+fn sign_dot(rec: &[u8], sb: usize, sq: &[f32], sqsum: f32) -> f32 {
+    let mut pos = 0.0f32;
+    for (j, &v) in sq.iter().enumerate() {
+        if bits::read(rec, sb + j, 1) == 1 {
+            pos += v;
+        }
+    }
+    2.0 * pos - sqsum
+}
+
+/// Tiles of 4, 2 or 1 consecutive queries covering `0..g`.
+fn tiles(g: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut qi = 0;
+    std::iter::from_fn(move || {
+        let tile = match g - qi {
+            0 => return None,
+            r if r >= 4 => 4,
+            r if r >= 2 => 2,
+            _ => 1,
+        };
+        qi += tile;
+        Some((qi - tile, tile))
+    })
+}
+
+/// Scores of `g` queries (`q`, `sq`, `sqsum` as prepared by the caller, coordinate order)
+/// against the records of `chunk`, written to `out[qi·n + base + r]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores(
+    ctx: &Ctx,
+    q: &[f32],
+    sq: &[f32],
+    sqsum: &[f32],
+    g: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    // SAFETY: this module is compiled only where NEON is enabled for the whole build
+    // (the cfg on `mod neon`), so the CPU has it.
+    unsafe { scores_neon(ctx, q, sq, sqsum, g, chunk, out, n, base) }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon")]
+fn scores_neon(
+    ctx: &Ctx,
+    q: &[f32],
+    sq: &[f32],
+    sqsum: &[f32],
+    g: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    let tabs: Vec<SegTab> = ctx.segs.iter().map(|s| seg_tab(s)).collect();
+    for (qi, tile) in tiles(g) {
+        let args = (q, sq, sqsum, qi, n, base);
+        match tile {
+            4 => scores_tile::<4>(ctx, &tabs, args, chunk, out),
+            2 => scores_tile::<2>(ctx, &tabs, args, chunk, out),
+            _ => scores_tile::<1>(ctx, &tabs, args, chunk, out),
+        }
+    }
+}
+
+type ScoreArgs<'a> = (&'a [f32], &'a [f32], &'a [f32], usize, usize, usize);
+
+#[target_feature(enable = "neon")]
+fn scores_tile<const G: usize>(
+    ctx: &Ctx,
+    tabs: &[SegTab],
+    (q, sq, sqsum, qi0, n, base): ScoreArgs<'_>,
+    chunk: &[u8],
+    out: &mut [f32],
+) {
+    let d = ctx.dim;
+    let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        // Four accumulators per query: independent FMA chains.
+        let mut acc = ([[vdupq_n_f32(0.0); 4]; G], [0.0f32; G]);
+        walk(
+            ctx,
+            tabs,
+            rec,
+            &mut acc,
+            |(acc, _), j, c| {
+                for (a, qk) in acc.iter_mut().zip(&qs) {
+                    let qv = load16(qk, j);
+                    for m in 0..4 {
+                        a[m] = vfmaq_f32(a[m], c[m], qv[m]);
+                    }
+                }
+            },
+            |(_, tail), j, c| {
+                for (t, qk) in tail.iter_mut().zip(&qs) {
+                    *t += qk[j] * c;
+                }
+            },
+        );
+        let norm = read_f16(rec, ctx.norm_offset);
+        for k in 0..G {
+            let a = &acc.0[k];
+            let mut dot =
+                vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3]))) + acc.1[k];
+            if let Some((sb, go, scale)) = ctx.qjl {
+                let qk = qi0 + k;
+                dot += read_f16(rec, go)
+                    * scale
+                    * sign_dot(rec, sb, &sq[qk * d..(qk + 1) * d], sqsum[qk]);
+            }
+            out[(qi0 + k) * n + base + r] = norm * dot;
+        }
+    }
+}
+
+/// Adds `Σ_r weights[qi·n + base + r] · x̂_r` (rotated domain, coordinate order) over the
+/// records of `chunk` into `acc` (and the QJL sign sums into `acc_s`), for `g` weight rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate(
+    ctx: &Ctx,
+    weights: &[f32],
+    g: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+    acc_s: &mut [f32],
+) {
+    // SAFETY: this module is compiled only where NEON is enabled for the whole build
+    // (the cfg on `mod neon`), so the CPU has it.
+    unsafe { accumulate_neon(ctx, weights, g, n, base, chunk, acc, acc_s) }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon")]
+fn accumulate_neon(
+    ctx: &Ctx,
+    weights: &[f32],
+    g: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+    acc_s: &mut [f32],
+) {
+    let tabs: Vec<SegTab> = ctx.segs.iter().map(|s| seg_tab(s)).collect();
+    let d = ctx.dim;
+    for (qi, tile) in tiles(g) {
+        let rows = &mut acc[qi * d..(qi + tile) * d];
+        let rows_s = &mut acc_s[qi * d..(qi + tile) * d];
+        let args = (weights, qi, n, base);
+        match tile {
+            4 => accumulate_tile::<4>(ctx, &tabs, args, chunk, rows, rows_s),
+            2 => accumulate_tile::<2>(ctx, &tabs, args, chunk, rows, rows_s),
+            _ => accumulate_tile::<1>(ctx, &tabs, args, chunk, rows, rows_s),
+        }
+    }
+}
+
+/// `rows` / `rows_s`: the tile's `G` accumulator rows of `dim` values each.
+#[target_feature(enable = "neon")]
+fn accumulate_tile<const G: usize>(
+    ctx: &Ctx,
+    tabs: &[SegTab],
+    (weights, qi0, n, base): (&[f32], usize, usize, usize),
+    chunk: &[u8],
+    rows: &mut [f32],
+    rows_s: &mut [f32],
+) {
+    let d = ctx.dim;
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        let norm = read_f16(rec, ctx.norm_offset);
+        let s: [f32; G] = std::array::from_fn(|k| weights[(qi0 + k) * n + base + r] * norm);
+        if s.iter().all(|&v| v == 0.0) {
+            continue;
+        }
+        let sv: [float32x4_t; G] = std::array::from_fn(|k| vdupq_n_f32(s[k]));
+        walk(
+            ctx,
+            tabs,
+            rec,
+            rows,
+            |rows, j, c| {
+                for (k, svk) in sv.iter().enumerate() {
+                    let row = &mut rows[k * d + j..k * d + j + 16];
+                    let p = row.as_mut_ptr();
+                    for (m, cm) in c.iter().enumerate() {
+                        // SAFETY: `row` holds 16 floats; each access covers 4 of them.
+                        unsafe {
+                            let a = p.add(4 * m);
+                            vst1q_f32(a, vfmaq_f32(vld1q_f32(a), *cm, *svk));
+                        }
+                    }
+                }
+            },
+            |rows, j, c| {
+                for (k, sk) in s.iter().enumerate() {
+                    rows[k * d + j] += sk * c;
+                }
+            },
+        );
+        if let Some((sb, go, scale)) = ctx.qjl {
+            let gs = read_f16(rec, go) * scale;
+            for (k, row) in rows_s.chunks_exact_mut(d).enumerate() {
+                let t = s[k] * gs;
+                for (j, av) in row.iter_mut().enumerate() {
+                    *av += if bits::read(rec, sb + j, 1) == 1 {
+                        t
+                    } else {
+                        -t
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Nearest-level indices and their centroids for `ys` (one segment's rotated values): the
+/// number of thresholds at or below each value, as in the portable quantizer.
+pub(crate) fn quantize(seg: &Seg, ys: &[f32], idx: &mut [u8], cents: &mut [f32]) {
+    // SAFETY: this module is compiled only where NEON is enabled for the whole build
+    // (the cfg on `mod neon`), so the CPU has it.
+    unsafe { quantize_neon(seg, ys, idx, cents) }
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_neon(seg: &Seg, ys: &[f32], idx: &mut [u8], cents: &mut [f32]) {
+    let levels = 1usize << seg.width.min(4);
+    let thresholds = &seg.thresholds[..levels - 1];
+    let planes = planes(seg);
+    let groups = ys.len() / 16;
+    for gi in 0..groups {
+        let y = load16(ys, 16 * gi);
+        let mut cnt = [vdupq_n_u32(0); 4];
+        for &th in thresholds {
+            let tv = vdupq_n_f32(th);
+            for (c, yv) in cnt.iter_mut().zip(&y) {
+                // A true comparison is all ones (−1): subtracting it counts one.
+                *c = vsubq_u32(*c, vcgeq_f32(*yv, tv));
+            }
+        }
+        let lo = vcombine_u16(vmovn_u32(cnt[0]), vmovn_u32(cnt[1]));
+        let hi = vcombine_u16(vmovn_u32(cnt[2]), vmovn_u32(cnt[3]));
+        let codes = vcombine_u8(vmovn_u16(lo), vmovn_u16(hi));
+        let dst = &mut idx[16 * gi..16 * gi + 16];
+        let cdst = &mut cents[16 * gi..16 * gi + 16];
+        let c = centroids16(codes, &planes);
+        // SAFETY: `dst` holds 16 bytes and `cdst` 16 floats; each store writes inside them.
+        unsafe {
+            vst1q_u8(dst.as_mut_ptr(), codes);
+            for (m, cm) in c.iter().enumerate() {
+                vst1q_f32(cdst.as_mut_ptr().add(4 * m), *cm);
+            }
+        }
+    }
+    for j in groups * 16..ys.len() {
+        let k = thresholds.iter().filter(|&&t| ys[j] >= t).count();
+        idx[j] = k as u8;
+        cents[j] = seg.table[k];
+    }
+}
+
+/// `bits::pack` for a byte-aligned start: 16 codes → 2·w whole bytes per step (w ≤ 4), the
+/// rest through `bits::pack`. Same bytes, same `false` for a too-short `dst`.
+pub(crate) fn pack(codes: &[u8], width: u8, dst: &mut [u8], bit_offset: usize) -> bool {
+    // SAFETY: this module is compiled only where NEON is enabled for the whole build
+    // (the cfg on `mod neon`), so the CPU has it.
+    unsafe { pack_neon(codes, width, dst, bit_offset) }
+}
+
+#[target_feature(enable = "neon")]
+fn pack_neon(codes: &[u8], width: u8, dst: &mut [u8], bit_offset: usize) -> bool {
+    let w = width as usize;
+    if !bit_offset.is_multiple_of(8) || !(1..=MAX_WIDTH).contains(&w) {
+        return bits::pack(codes, width, dst, bit_offset);
+    }
+    if (bit_offset + codes.len() * w).div_ceil(8) > dst.len() {
+        return false;
+    }
+    let mask = vdupq_n_u8(((1u32 << w) - 1) as u8);
+    let shl: [i8; 16] = std::array::from_fn(|k| ((w * k) % 8) as i8);
+    // SAFETY: `shl` is exactly 16 readable bytes.
+    let shl = unsafe { vld1q_s8(shl.as_ptr()) };
+    let mut byte = bit_offset / 8;
+    let mut it = codes.chunks_exact(16);
+    for c in &mut it {
+        let word = if w == 3 {
+            c.iter()
+                .enumerate()
+                .fold(0u64, |acc, (k, &x)| acc | (u64::from(x & 7) << (3 * k)))
+        } else {
+            // SAFETY: `c` is exactly 16 readable bytes.
+            let v = vandq_u8(unsafe { vld1q_u8(c.as_ptr()) }, mask);
+            // Each code moved to its bit position within its byte; the 8/w codes sharing a
+            // byte sit in adjacent lanes with disjoint bits, so pairwise adds OR them.
+            let mut x = vshlq_u8(v, shl);
+            for _ in 0..(8 / w).trailing_zeros() {
+                x = vpaddq_u8(x, x);
+            }
+            vgetq_lane_u64::<0>(vreinterpretq_u64_u8(x))
+        };
+        dst[byte..byte + 2 * w].copy_from_slice(&word.to_le_bytes()[..2 * w]);
+        byte += 2 * w;
+    }
+    bits::pack(it.remainder(), width, dst, byte * 8)
+}
