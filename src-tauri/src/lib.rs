@@ -14,6 +14,7 @@ pub mod platform;
 mod sessions;
 mod state;
 mod translate;
+mod window;
 
 use std::sync::{Arc, Mutex};
 
@@ -65,8 +66,10 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             download::hub_models,
             download::start_download,
             download::cancel_download,
+            window::ui_theme,
         ])
         .setup(|app| {
+            window::apply_size(app);
             let data_dir = state::data_dir_from(
                 std::env::var_os("KVLAB_DATA_DIR"),
                 app.path().app_data_dir().ok(),

@@ -158,6 +158,8 @@ export function errorText(e: unknown): string {
 
 export const systemInfo = () => invoke<SystemInfo>("system_info");
 export const engineStatus = () => invoke<EngineStatus>("engine_status");
+/** The theme KVLAB_THEME forces ("light" or "dark"), or null to follow the system. */
+export const uiTheme = () => invoke<string | null>("ui_theme");
 export const defaultModel = () => invoke<{ path: string; name: string }>("default_model");
 export const inspectModel = (path: string, context: number, spec: string) =>
   invoke<MemoryEstimate>("inspect_model", { path, context, spec });
