@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvlab_engine::chat::Message;
 use kvlab_engine::compare::CompareRequest as EngineCompare;
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
+use kvlab_engine::events::ModelCard as EngineCard;
 use kvlab_engine::generate::{GenerateRequest as EngineGenerate, Prompt, PREFILL_CHUNK};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{JobError, LoadRequest};
@@ -130,8 +131,9 @@ impl EngineBridge {
     }
 
     /// Loads `path` with the cache as `spec` says; `name` is the card's display name.
-    /// Blocks until the engine has loaded it (or kept the previous model on failure).
-    pub fn load(&self, path: PathBuf, name: String, spec: &str) -> Res<()> {
+    /// Blocks until the engine has loaded it (or kept the previous model on failure), and
+    /// returns the engine's card for it.
+    pub fn load(&self, path: PathBuf, name: String, spec: &str) -> Res<EngineCard> {
         let policy = policy_for(spec)?;
         self.set_status(EngineStatus::Loading {
             path: path.display().to_string(),
@@ -160,7 +162,7 @@ impl EngineBridge {
             }
             Err(e) => self.load_failed(e),
         }
-        r.map(|_| ())
+        r
     }
 
     /// Shows a failed load: the previous model, which a failed load leaves in place, is

@@ -31,6 +31,10 @@ pub struct ModelCard {
     pub head_dim: usize,
     pub weights_bytes: u64,
     pub supports_thinking: bool,
+    /// Whether the checkpoint ships a chat template (`Some(false)`: a base model, which the
+    /// UI introduces as one). The engine reads it when it loads the model, so a card made
+    /// before loading has `None`.
+    pub has_chat_template: Option<bool>,
     pub token_costs: Vec<TokenCost>,
     pub warnings: Vec<String>,
 }
@@ -157,6 +161,7 @@ pub fn model_card(path: &Path, cfg: &ModelConfig, format: &'static str) -> Model
         head_dim: first.map(|l| l.head_dim).unwrap_or(0),
         weights_bytes: weights_bytes(path),
         supports_thinking: cfg.family == Family::Gemma4,
+        has_chat_template: None,
         token_costs: token_costs(cfg),
         warnings: cfg.warnings.clone(),
     }

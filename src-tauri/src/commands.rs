@@ -107,7 +107,8 @@ pub async fn inspect_model(path: String, context: u64, spec: String) -> Res<Memo
     .await
 }
 
-/// Loads a model on the engine thread; returns the card read from its configuration.
+/// Loads a model on the engine thread; returns the card read from its configuration, with
+/// what only loading tells (whether it ships a chat template).
 #[tauri::command]
 pub async fn load_model(state: State<'_, AppState>, path: String, spec: String) -> Res<ModelCard> {
     let engine = state.engine.clone();
@@ -115,8 +116,11 @@ pub async fn load_model(state: State<'_, AppState>, path: String, spec: String) 
         let path = PathBuf::from(path);
         let (cfg, format) = read_config(&path).inspect_err(|e| engine.load_failed(e))?;
         let card = model_card(&path, &cfg, format);
-        engine.load(path, card.name.clone(), &spec)?;
-        Ok(card)
+        let loaded = engine.load(path, card.name.clone(), &spec)?;
+        Ok(ModelCard {
+            has_chat_template: loaded.has_chat_template,
+            ..card
+        })
     })
     .await
 }

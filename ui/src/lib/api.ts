@@ -65,6 +65,9 @@ export interface ModelCard {
   head_dim: number;
   weights_bytes: number;
   supports_thinking: boolean;
+  /** Whether the checkpoint ships a chat template (false: a base model, which continues
+   * text); known once the model is loaded, absent before. */
+  has_chat_template?: boolean | null;
   token_costs: TokenCost[];
   warnings: string[];
 }
