@@ -22,6 +22,12 @@ function luminance(hex: string): number {
   const [r, g, b] = rgb.map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
   return 0.2126 * r + 0.7152 * g + 0.0722 * b;
 }
+/** Distance between two colours in RGB space (0 to 441). */
+function distance(a: string, b: string): number {
+  const rgb = (hex: string) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const [x, y] = [rgb(a), rgb(b)];
+  return Math.hypot(x[0] - y[0], x[1] - y[1], x[2] - y[2]);
+}
 function contrast(a: string, b: string): number {
   const [x, y] = [luminance(a), luminance(b)].sort((p, q) => q - p);
   return (x + 0.05) / (y + 0.05);
@@ -44,9 +50,13 @@ describe("themes", () => {
       for (const k of Object.keys(t).filter((k) => k.startsWith("--chart-") && k !== "--chart-grid")) {
         expect(contrast(t[k], t["--panel"]), `${name} ${k}`).toBeGreaterThanOrEqual(3);
       }
-      // The switch marker stands apart from the lines it crosses.
-      for (const k of ["--chart-kv", "--chart-kv-1", "--chart-kv-2", "--chart-kv-3", "--chart-kv-4", "--chart-kv-5", "--chart-kv-6"]) {
-        expect(t[k], `${name} ${k}`).not.toBe(t["--chart-marker"]);
+      // The switch marker stands apart from every line it crosses, and the lines usually
+      // drawn together (process, weights, KV total, the first four KV parts) from each other.
+      const lines = ["--chart-process", "--chart-weights", "--chart-kv", ...[1, 2, 3, 4, 5, 6].map((i) => `--chart-kv-${i}`)];
+      for (const k of lines) expect(distance(t[k], t["--chart-marker"]), `${name} marker vs ${k}`).toBeGreaterThanOrEqual(90);
+      const together = lines.slice(0, 7);
+      for (const [i, a] of together.entries()) {
+        for (const b of together.slice(i + 1)) expect(distance(t[a], t[b]), `${name} ${a} vs ${b}`).toBeGreaterThanOrEqual(60);
       }
     }
   });
