@@ -7,5 +7,6 @@ export default defineConfig({
   clearScreen: false,
   server: { port: 5173, strictPort: true },
   build: { target: "es2022", outDir: "dist", emptyOutDir: true },
-  test: { include: ["src/**/*.test.ts"], environment: "node" },
+  // css.include: theme.test.ts reads app.css as text (?raw), which vitest otherwise empties.
+  test: { include: ["src/**/*.test.ts"], environment: "node", css: { include: [/app\.css/] } },
 });

@@ -12,6 +12,7 @@ mod monitor;
 pub mod platform;
 mod sessions;
 mod state;
+mod window;
 
 use kvlab_engine::events::Activity;
 use tauri::{Emitter, Manager, Runtime};
@@ -63,8 +64,10 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             download::hub_models,
             download::start_download,
             download::cancel_download,
+            window::ui_theme,
         ])
         .setup(|app| {
+            window::apply_size(app);
             let data_dir = state::data_dir_from(
                 std::env::var_os("KVLAB_DATA_DIR"),
                 app.path().app_data_dir().ok(),

@@ -1,4 +1,5 @@
-// The real app, built and launched under Xvfb: window, command round trip, memory events.
+// The real app, built and launched under Xvfb: window, command round trip, memory events,
+// colours that follow the system's theme.
 
 import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
@@ -10,7 +11,8 @@ import { invokeInPage, launchApp } from "./driver.mjs";
 let app;
 
 before(async () => {
-  app = await launchApp({ env: { KVLAB_DATA_DIR: mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-")) } });
+  // KVLAB_THEME empty: the system's theme, whatever the shell that runs the tests says.
+  app = await launchApp({ env: { KVLAB_DATA_DIR: mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-")), KVLAB_THEME: "" } });
 });
 
 after(async () => {
@@ -45,4 +47,15 @@ test("memory samples arrive as events about every 500 ms", async () => {
     timeout: 10_000,
     timeoutMsg: "fewer than two memory-sample events in 10 s",
   });
+});
+
+test("without KVLAB_THEME the colours follow the system's light or dark preference", async () => {
+  const { browser } = app;
+  const seen = await browser.execute(() => ({
+    forced: document.documentElement.dataset.theme ?? null,
+    light: window.matchMedia("(prefers-color-scheme: light)").matches,
+    bg: getComputedStyle(document.documentElement).getPropertyValue("--bg").trim(),
+  }));
+  assert.equal(seen.forced, null);
+  assert.equal(seen.bg, seen.light ? "#f5f6f8" : "#12151b", JSON.stringify(seen));
 });

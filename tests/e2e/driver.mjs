@@ -17,17 +17,20 @@ function required(name) {
   return value;
 }
 
+function listening(port) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, "127.0.0.1", () => {
+      socket.end();
+      resolve(true);
+    });
+    socket.on("error", () => resolve(false));
+  });
+}
+
 async function waitForPort(port, timeoutMs) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    const open = await new Promise((resolve) => {
-      const socket = net.connect(port, "127.0.0.1", () => {
-        socket.end();
-        resolve(true);
-      });
-      socket.on("error", () => resolve(false));
-    });
-    if (open) return;
+    if (await listening(port)) return;
     await new Promise((r) => setTimeout(r, 100));
   }
   throw new Error(`tauri-driver did not listen on port ${port} within ${timeoutMs} ms`);
@@ -46,11 +49,23 @@ function defaultModel() {
   }).trim();
 }
 
+/** Waits for a port to be free again (WebKitWebDriver can outlive tauri-driver briefly). */
+async function waitForPortFree(port, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (!(await listening(port))) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`port ${port} is still taken ${timeoutMs} ms after the driver stopped`);
+}
+
 /** Launches the app under WebDriver; returns the browser and a close function. */
-export async function launchApp({ port = 4444, env = {} } = {}) {
+export async function launchApp({ port = Number(process.env.KVLAB_E2E_PORT ?? 4444), env = {} } = {}) {
   const application = required("KVLAB_APP_BIN");
   const driverBin = process.env.TAURI_DRIVER ?? "tauri-driver";
   mkdirSync(ARTIFACTS, { recursive: true });
+  // A relaunch must not race the last launch's native driver (WebKitWebDriver) for its port.
+  await waitForPortFree(port + 1, 20_000);
   const driver = spawn(driverBin, ["--port", String(port), "--native-port", String(port + 1)], {
     stdio: ["ignore", "inherit", "inherit"],
     env: { ...process.env, KVLAB_DEFAULT_MODEL: defaultModel(), ...env },
@@ -68,7 +83,10 @@ export async function launchApp({ port = 4444, env = {} } = {}) {
     async close() {
       await browser.deleteSession().catch(() => {});
       driver.kill();
+      const stuck = setTimeout(() => driver.kill("SIGKILL"), 10_000);
       await exited;
+      clearTimeout(stuck);
+      await waitForPortFree(port + 1, 20_000);
     },
   };
 }

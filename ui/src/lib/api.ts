@@ -41,6 +41,8 @@ export function errorText(e: unknown): string {
 
 export const systemInfo = () => invoke<SystemInfo>("system_info");
 export const engineStatus = () => invoke<Activity>("engine_status");
+/** The theme KVLAB_THEME forces ("light" or "dark"), or null to follow the system. */
+export const uiTheme = () => invoke<"light" | "dark" | null>("ui_theme");
 export const defaultModel = () => invoke<DefaultModel>("default_model");
 export const inspectModel = (path: string, context: number, cache: CacheSelection) =>
   invoke<MemoryEstimate>("inspect_model", { path, context, cache });

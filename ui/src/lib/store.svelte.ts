@@ -15,6 +15,7 @@ import type {
   SessionSummary,
 } from "./api";
 import { applyEvent, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
+import type { Starter } from "./starters";
 import { MemoryTimeline, type XAxis } from "./timeline";
 
 export interface Settings {
@@ -79,6 +80,9 @@ export class AppStore {
   sessions: SessionSummary[] = $state([]);
   /** Why the last session action (save, open, rename, delete, export) failed. */
   sessionError = $state("");
+
+  /** Answer tokens streamed so far, all answers together (a starter's switch waits on it). */
+  private streamed = 0;
 
   /** Start-up: system info, sessions (restoring the latest), then the default model. */
   async start(): Promise<void> {
@@ -167,6 +171,7 @@ export class AppStore {
     this.generating = true;
     const req = this.request(at);
     const update = (ev: api.Event) => {
+      if (ev.type === "token") this.streamed += 1;
       this.messages[at] = applyEvent(this.messages[at], ev);
     };
     try {
@@ -195,6 +200,29 @@ export class AppStore {
     this.docNotice = "";
     this.messages.push(pendingAnswer());
     await this.run(this.messages.length - 1);
+  }
+
+  /**
+   * Runs a first-run starter: its prompt as the next turn (a document shows as an attachment
+   * chip, its text goes to the model) and, with `switchTo`, the cache re-encoded as
+   * `switchTo` once `switchAfter` tokens of the answer have streamed, so the timeline marks
+   * the switch mid-answer. With `from`, the cache is switched to `from` first if it is not
+   * there already.
+   */
+  async sendStarter(s: Starter): Promise<void> {
+    if (this.generating || !this.card) return;
+    if (s.from && this.cacheSpec !== s.from) await this.switchCache(s.from);
+    this.messages.push(userMessage(s.prompt, s.document ? [s.document] : undefined, s.document ? "" : undefined));
+    this.messages.push(pendingAnswer());
+    const start = this.streamed;
+    const answering = this.run(this.messages.length - 1);
+    if (s.switchTo) {
+      while (this.generating && this.streamed - start < (s.switchAfter ?? 16)) {
+        await new Promise((r) => setTimeout(r, 40));
+      }
+      await this.switchCache(s.switchTo);
+    }
+    await answering;
   }
 
   async stop(): Promise<void> {
