@@ -37,7 +37,8 @@ FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-ass
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check
 step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
-step cargo-test cargo test "${FEATURES[@]}"
+# --no-fail-fast: every test binary runs, so the tally counts every failure, not the first.
+step cargo-test cargo test --no-fail-fast "${FEATURES[@]}"
 step aarch64-test "$ROOT/scripts/cross.sh" aarch64-test
 step macos-check "$ROOT/scripts/cross.sh" macos-check
 step ui-check npm --prefix ui run --silent check

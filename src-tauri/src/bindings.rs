@@ -20,8 +20,8 @@ use kvlab_engine::memory::{
     SwitchEvent, TokenCost,
 };
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::weights::WeightFormat;
 use kvlab_engine::JobError;
+use kvlab_engine::WeightFormat;
 use ts_rs::{Config, TS};
 
 use crate::bridge::CompareRequest;

@@ -78,7 +78,7 @@ mod tests {
         let missing = default_model(Some("/nonexistent/model.gguf".into())).unwrap_err();
         assert_eq!(missing.code, ErrorCode::NoDefaultModel);
         assert!(
-            missing.message.contains("kvlab assets fetch"),
+            missing.message.contains("kvlab-assets -- fetch"),
             "{}",
             missing.message
         );

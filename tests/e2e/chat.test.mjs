@@ -281,13 +281,14 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   );
   const kld = await $('[data-testid="kld"]');
   await kld.waitForDisplayed({ timeout: 120_000 });
-  // TQ 3.5 on every layer of the 270M against its own f16 cache, greedy, a short conversation:
-  // measured KLDFIGURE; the bounds leave room for the conversation's length, and fail on a
-  // lossless "tested" cache (0) or a broken one (several nats).
+  // TQ 3.5 on every layer of the 270M against its own f16 cache, greedy, on this test's
+  // conversation: measured mean KLD 0.135 and top-1 84.3%. The bounds fail on a lossless
+  // "tested" cache (KLD 0, top-1 100%) and on a broken one (several nats).
   const kldValue = Number(await kld.getAttribute("data-value"));
-  assert.ok(kldValue > 0.01 && kldValue < 1.5, `mean KLD ${kldValue}`);
   const top1 = Number(await (await $('[data-testid="top1"]')).getAttribute("data-value"));
-  assert.ok(top1 > 0.4 && top1 < 1, `top-1 ${top1}`);
+  console.log(`compare: mean KLD ${kldValue}, top-1 ${top1}`);
+  assert.ok(kldValue > 0.03 && kldValue < 0.6, `mean KLD ${kldValue}`);
+  assert.ok(top1 > 0.6 && top1 < 0.99, `top-1 ${top1}`);
   const stats = await $$('[data-testid="compare-stats"]');
   assert.equal(stats.length, 2);
   assert.match(await stats[0].getText(), /cache f16/);

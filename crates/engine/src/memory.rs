@@ -400,20 +400,27 @@ pub struct MemorySample {
     pub weights_bytes: u64,
     /// Process resident set (0 when the platform does not report it).
     pub rss_bytes: u64,
-    /// Set on the sample taken right after a precision switch.
-    pub event: Option<SwitchEvent>,
+    /// The cache's policy at that moment, as its canonical SPEC (so a figure and its label
+    /// always come from the same instant).
+    pub cache_spec: String,
 }
 
 impl MemorySample {
-    /// Samples `cache` and the process now.
-    pub fn capture(t_ms: u64, cache: &KvCache, weights_bytes: usize, probe: &mut RssProbe) -> Self {
+    /// Samples `cache`, stored as `policy`, and the process now.
+    pub fn capture(
+        t_ms: u64,
+        cache: &KvCache,
+        policy: &PrecisionPolicy,
+        weights_bytes: usize,
+        probe: &mut RssProbe,
+    ) -> Self {
         Self {
             t_ms,
             tokens_in_context: cache.seq_len(),
             kv: KvBytes::of(cache),
             weights_bytes: weights_bytes as u64,
             rss_bytes: probe.rss_bytes(),
-            event: None,
+            cache_spec: policy.spec_string(),
         }
     }
 }

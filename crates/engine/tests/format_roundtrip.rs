@@ -13,7 +13,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::max_diff;
 use kvlab_engine::config::{hf, AttentionKind, KvSource};
-use kvlab_engine::weights::gguf_name;
+use kvlab_engine::gguf_name;
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
 fn dir(name: &str) -> PathBuf {

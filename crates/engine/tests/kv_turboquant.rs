@@ -133,8 +133,10 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                 model.forward(c, &mut cache, Logits::Last).expect("forward");
             }
             let mut probe = RssProbe::new();
-            let s = MemorySample::capture(5, &cache, model.weights_bytes(), &mut probe);
+            let s =
+                MemorySample::capture(5, &cache, &policy(spec), model.weights_bytes(), &mut probe);
             assert_eq!(s.tokens_in_context, 40);
+            assert_eq!(s.cache_spec, policy(spec).spec_string());
             assert!(s.weights_bytes > 0 && s.rss_bytes > 0);
             let kv: &KvBytes = &s.kv;
             let sum_layers: u64 = kv.layers.iter().map(|l| l.bytes.used).sum();

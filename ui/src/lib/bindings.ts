@@ -525,9 +525,10 @@ weights_bytes: number,
  */
 rss_bytes: number, 
 /**
- * Set on the sample taken right after a precision switch.
+ * The cache's policy at that moment, as its canonical SPEC (so a figure and its label
+ * always come from the same instant).
  */
-event: SwitchEvent | null, };
+cache_spec: string, };
 
 export type Message = { role: Role, content: string, thinking?: string | null, };
 

@@ -366,7 +366,7 @@ impl EngineHandle {
             kv: s.kv,
             weights_bytes: s.weights_bytes,
             rss_bytes: probe.rss_bytes(),
-            event: None,
+            cache_spec: s.policy.spec_string(),
         }
     }
 
