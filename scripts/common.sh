@@ -4,6 +4,10 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export KVLAB_CACHE="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KVLAB_CACHE/target}"
+# No incremental caches in scripted builds: they roughly double the target dir (about 5 GB
+# here) and only help the edit-compile loop, which these scripts never run. A CI run once
+# failed with a full disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export PATH="$HOME/.cargo/bin:$PATH"
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }

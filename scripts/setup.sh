@@ -67,6 +67,21 @@ install_tauri_driver() {
   cargo install tauri-driver --version "$TAURI_DRIVER_VERSION" --locked --quiet
 }
 
+# Reports the free disk where builds go (a cold test run writes about 10 GB there), and
+# drops incremental caches left by builds made before CARGO_INCREMENTAL=0 (common.sh).
+check_disk() {
+  mkdir -p "$CARGO_TARGET_DIR"
+  rm -rf "$CARGO_TARGET_DIR"/debug/incremental "$CARGO_TARGET_DIR"/*/debug/incremental
+  local free_kb
+  free_kb="$(df -Pk "$CARGO_TARGET_DIR" | awk 'NR == 2 {print $4}')"
+  say "free disk for builds ($CARGO_TARGET_DIR): $((free_kb / 1048576)) GB"
+  if [ "$free_kb" -lt $((4 * 1048576)) ]; then
+    # A warning, not a failure: a warm run writes little. A cold one will not fit.
+    say "warning: less than 4 GB free; a cold build needs about 10 GB (\"No space left on device\")"
+  fi
+}
+
+check_disk
 install_system_packages
 install_rust
 command -v npm >/dev/null || { say "Node.js 20+ and npm are required"; exit 1; }
