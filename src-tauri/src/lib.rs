@@ -5,12 +5,12 @@
 mod bindings;
 mod bridge;
 mod commands;
-mod documents;
+pub mod documents;
 mod download;
-mod error;
+pub mod error;
 mod monitor;
 pub mod platform;
-mod sessions;
+pub mod sessions;
 mod state;
 mod window;
 
@@ -86,6 +86,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             app.manage(state::AppState {
                 engine,
                 sessions: sessions::SessionStore::new(data_dir.join("sessions")),
+                documents: documents::Reader::this_executable(documents::Limits::from_env())?,
                 data_dir,
             });
             Ok(())

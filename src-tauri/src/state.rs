@@ -6,12 +6,15 @@ use std::path::PathBuf;
 
 use crate::bridge::EngineBridge;
 use crate::commands::DefaultModel;
+use crate::documents::Reader;
 use crate::error::{CommandError, ErrorCode};
 use crate::sessions::SessionStore;
 
 pub struct AppState {
     pub engine: EngineBridge,
     pub sessions: SessionStore,
+    /// Reads attached documents in a child process with limits.
+    pub documents: Reader,
     pub data_dir: PathBuf,
 }
 
