@@ -192,12 +192,6 @@ pub fn document_fits(
     state.engine.handle().document_fits(&documents, reserve)
 }
 
-#[tauri::command]
-pub async fn count_tokens(state: State<'_, AppState>, text: String) -> Res<usize> {
-    let engine = state.engine.clone();
-    blocking(move || engine.handle().count_tokens(&text)).await
-}
-
 /// A document with its token count (what the prompt will cost).
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct InspectedDocument {

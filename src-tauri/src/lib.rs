@@ -12,6 +12,7 @@ mod monitor;
 pub mod platform;
 pub mod sessions;
 mod state;
+mod webview_guard;
 mod window;
 
 use kvlab_engine::events::Activity;
@@ -36,6 +37,7 @@ pub fn run() {
 pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
         .plugin(tauri_plugin_dialog::init())
+        .plugin(webview_guard::plugin())
         .manage(download::Downloads::default())
         .invoke_handler(tauri::generate_handler![
             commands::system_info,
@@ -52,7 +54,6 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::cache_options,
             commands::context_costs,
             commands::document_fits,
-            commands::count_tokens,
             commands::inspect_document_path,
             commands::inspect_document_bytes,
             commands::list_sessions,
