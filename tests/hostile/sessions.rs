@@ -4,8 +4,6 @@
 //! sessions load; a disk that fills up mid-write fails the save with `disk_full` and leaves
 //! the previous file as it was. Every fault prints one `HOSTILE` line for `scripts/hostile.sh`.
 
-mod hostile;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -70,7 +68,7 @@ fn hostile_sessions_survive_sigkill_mid_save() {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "save_loop_child",
+                "sessions::save_loop_child",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
@@ -110,7 +108,7 @@ fn hostile_sessions_survive_sigkill_mid_save() {
         progressed >= KILLS / 4,
         "only {progressed} of {KILLS} children saved anything"
     );
-    hostile::row(
+    crate::tally::row(
         &format!(
             "session saving in a loop, SIGKILL x{KILLS} ({mid_write} mid-write, {last} saves)"
         ),
@@ -158,7 +156,7 @@ fn hostile_corrupt_session_files_are_set_aside_and_the_others_load() {
         // Nothing is lost: the bytes are all there under the new name, and gone from the list.
         assert_eq!(std::fs::read(dir.path().join(aside)).unwrap(), *bytes);
         assert!(!dir.path().join(file).exists());
-        hostile::row(&format!("session file {file}"), u.code);
+        crate::tally::row(&format!("session file {file}"), u.code);
     }
     let again = store.list();
     assert!(again.unreadable.is_empty(), "reported once");
@@ -173,7 +171,7 @@ fn hostile_corrupt_session_files_are_set_aside_and_the_others_load() {
         "{}",
         e.message
     );
-    hostile::row("session file truncated, then opened", e.code);
+    crate::tally::row("session file truncated, then opened", e.code);
     assert_eq!(store.load("other").unwrap()["title"], "Other");
 }
 
@@ -200,5 +198,5 @@ fn hostile_full_disk_fails_the_save_and_keeps_the_previous_file() {
     assert_eq!(std::fs::read(dir.path().join("s.json")).unwrap(), before);
     assert_eq!(full.load("s").unwrap(), session(1));
     assert_eq!(temp_files(dir.path()), 0);
-    hostile::row("session save on a full disk", e.code);
+    crate::tally::row("session save on a full disk", e.code);
 }

@@ -1,6 +1,7 @@
-//! The tally line every hostile test prints for `scripts/hostile.sh`: `HOSTILE <fault> ->
-//! <code>` (one line per fault fed). It goes straight to the stderr handle, which the test harness does not capture, so
-//! the line shows in the ordinary `cargo test` output and the tally needs no second run.
+//! The tally line every hostile test prints for `scripts/hostile.sh`, one per fault fed:
+//! `HOSTILE <fault> -> <code>`. It goes straight to the stderr handle, which the test harness
+//! does not capture, so the line shows in the ordinary `cargo test` output and the tally
+//! needs no second run.
 
 use std::fmt::Display;
 use std::io::Write;

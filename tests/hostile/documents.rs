@@ -5,8 +5,6 @@
 //! carries on: the next, good document still reads. Every fault prints one `HOSTILE` line for
 //! `scripts/hostile.sh`.
 
-mod hostile;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -36,7 +34,7 @@ fn refused(reader: &Reader, path: &Path, code: ErrorCode, within: Duration) -> S
         "{}: took {took:?}, over {within:?}",
         path.display()
     );
-    hostile::row(
+    crate::tally::row(
         &format!(
             "document {} ({:.1} s)",
             path.file_name().unwrap().to_string_lossy(),
