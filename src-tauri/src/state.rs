@@ -81,7 +81,9 @@ mod tests {
         let missing = default_model(Some("/nonexistent/model.gguf".into())).unwrap_err();
         assert_eq!(missing.code, ErrorCode::NoDefaultModel);
         assert!(
-            missing.message.contains("kvlab assets fetch"),
+            missing
+                .message
+                .contains("cargo run -p kvlab-assets -- fetch gemma3-270m"),
             "{}",
             missing.message
         );
