@@ -10,6 +10,12 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KVLAB_CACHE/target}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# One package list and feature set for clippy, tests and the app build (scripts/test.sh), so
+# every crate is compiled once; scripts/hostile.sh runs its tests with the same.
+# kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
+# are always compiled, linted and run.
+TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets --features kvlab/custom-protocol,kvlab-engine/hub)
+
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
 
 # Runs a command as root, through sudo when we are not root already.

@@ -28,11 +28,11 @@ if [ ${#failed_steps[@]} -gt 0 ]; then echo "summary: 0 passed, 1 failed"; exit 
 cd "$ROOT"
 # Assets were fetched by setup.sh: tests that need the real model must not skip silently.
 export KVLAB_REQUIRE_ASSETS=1
-# kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
-# (crates/engine/tests/hub_download.rs) are always compiled, linted and run.
-# One package list and feature set for clippy, tests and the app build, so every crate is
-# compiled once (the CLI turns on kvlab-engine/bench; a build of the app alone would not).
-FEATURES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets --features kvlab/custom-protocol,kvlab-engine/hub)
+# One package list and feature set for clippy, tests and the app build (TEST_PACKAGES in
+# common.sh), so every crate is compiled once (the CLI turns on kvlab-engine/bench; a build of
+# the app alone would not); kvlab-engine/hub keeps the Hub code and its tests
+# (crates/engine/tests/hub_download.rs) always compiled, linted and run.
+FEATURES=("${TEST_PACKAGES[@]}")
 
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check
@@ -48,6 +48,9 @@ step app-build cargo build "${FEATURES[@]}"
 export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
 export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
 step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test
+# The hostile-input tally from the logs above (the hostile_* Rust tests ran in cargo-test,
+# tests/e2e/hostile.test.mjs in e2e): nothing runs twice.
+step hostile "$ROOT/scripts/hostile.sh" "$LOGS/cargo-test.log" "$LOGS/e2e.log"
 
 # Count tests from each runner's own closing lines.
 passed=0

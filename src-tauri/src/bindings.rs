@@ -28,7 +28,7 @@ use crate::bridge::CompareRequest;
 use crate::commands::{DefaultModel, InspectedDocument, SystemInfo};
 use crate::documents::{Document, DocumentKind};
 use crate::download::{DownloadUpdate, Downloaded, HubModel};
-use crate::sessions::SessionSummary;
+use crate::sessions::{SessionList, SessionSummary, UnreadableSession};
 
 /// One exported declaration.
 fn decl<T: TS>(cfg: &Config) -> (String, String) {
@@ -83,11 +83,13 @@ pub fn typescript() -> String {
         decl::<Role>(&cfg),
         decl::<SamplingParams>(&cfg),
         decl::<ScopedSpecs>(&cfg),
+        decl::<SessionList>(&cfg),
         decl::<SessionSummary>(&cfg),
         decl::<SideFormat>(&cfg),
         decl::<SwitchEvent>(&cfg),
         decl::<SystemInfo>(&cfg),
         decl::<TokenCost>(&cfg),
+        decl::<UnreadableSession>(&cfg),
         decl::<WeightFormat>(&cfg),
     ];
     decls.sort();

@@ -21,7 +21,7 @@ use ts_rs::TS;
 use crate::bridge::CompareRequest;
 use crate::documents::{self, Document};
 use crate::error::{CommandError, ErrorCode};
-use crate::sessions::SessionSummary;
+use crate::sessions::{SessionList, SessionSummary};
 use crate::state::AppState;
 
 type Res<T> = Result<T, CommandError>;
@@ -34,6 +34,8 @@ pub struct SystemInfo {
     pub os: String,
     pub engine_version: String,
     pub data_dir: String,
+    /// The largest document accepted: the web view sends a larger file's size, not its bytes.
+    pub max_document_bytes: u64,
 }
 
 #[tauri::command]
@@ -48,6 +50,7 @@ pub fn system_info(state: State<'_, AppState>) -> SystemInfo {
         os: sysinfo::System::long_os_version().unwrap_or_else(|| std::env::consts::OS.to_string()),
         engine_version: env!("CARGO_PKG_VERSION").to_string(),
         data_dir: state.data_dir.display().to_string(),
+        max_document_bytes: documents::MAX_BYTES as u64,
     }
 }
 
@@ -189,12 +192,6 @@ pub fn document_fits(
     state.engine.handle().document_fits(&documents, reserve)
 }
 
-#[tauri::command]
-pub async fn count_tokens(state: State<'_, AppState>, text: String) -> Res<usize> {
-    let engine = state.engine.clone();
-    blocking(move || engine.handle().count_tokens(&text)).await
-}
-
 /// A document with its token count (what the prompt will cost).
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct InspectedDocument {
@@ -209,47 +206,38 @@ async fn with_tokens(state: &AppState, doc: Document) -> Res<InspectedDocument> 
     Ok(InspectedDocument { doc, tokens })
 }
 
-/// Reads a dropped or picked file by path.
+/// Reads a dropped or picked file by path; its bytes are parsed in the document reader's
+/// child process.
 #[tauri::command]
 pub async fn inspect_document_path(
     state: State<'_, AppState>,
     path: String,
 ) -> Res<InspectedDocument> {
-    let doc = blocking(move || {
-        let p = PathBuf::from(&path);
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or(path.clone());
-        let refused = |why: String| CommandError::new(ErrorCode::DocumentRefused, why);
-        let meta = std::fs::metadata(&p).map_err(|e| refused(format!("{name}: {e}")))?;
-        if !meta.is_file() {
-            return Err(refused(format!("{name}: not a file")));
-        }
-        if meta.len() as usize > documents::MAX_BYTES {
-            return documents::inspect(&name, &vec![0; documents::MAX_BYTES + 1]);
-        }
-        let bytes = std::fs::read(&p).map_err(|e| refused(format!("{name}: {e}")))?;
-        documents::inspect(&name, &bytes)
-    })
-    .await?;
+    let reader = state.documents.clone();
+    let doc = blocking(move || reader.inspect_path(&PathBuf::from(path))).await?;
     with_tokens(&state, doc).await
 }
 
-/// Reads a file the web view already holds (a DOM drop).
+/// Reads a file the web view already holds (a DOM drop or the picker). `size` is the file's
+/// size as the web view knows it: a file over the limit is refused by it and sent empty, so
+/// the web view never copies hundreds of megabytes over IPC.
 #[tauri::command]
 pub async fn inspect_document_bytes(
     state: State<'_, AppState>,
     name: String,
     bytes: Vec<u8>,
+    size: Option<u64>,
 ) -> Res<InspectedDocument> {
-    // PDF extraction can take a while: keep it off the async runtime.
-    let doc = blocking(move || documents::inspect(&name, &bytes)).await?;
+    documents::check_size(&name, size.unwrap_or(0).max(bytes.len() as u64))?;
+    let reader = state.documents.clone();
+    // Parsing waits on a child process: keep it off the async runtime.
+    let doc = blocking(move || reader.inspect(&name, &bytes)).await?;
     with_tokens(&state, doc).await
 }
 
+/// The saved sessions, and the files that could not be read (a corrupt one is set aside).
 #[tauri::command]
-pub fn list_sessions(state: State<'_, AppState>) -> Vec<SessionSummary> {
+pub fn list_sessions(state: State<'_, AppState>) -> SessionList {
     state.sessions.list()
 }
 

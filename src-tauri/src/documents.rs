@@ -1,20 +1,25 @@
 //! Files the user attaches to a prompt: decides whether a file is readable text (plain,
-//! markdown, code) or a PDF with a text layer and returns its text, or refuses it with a
-//! reason. The chat is never touched here; token costs are counted by the engine thread
-//! afterwards.
+//! markdown, code) or a PDF with a text layer and returns its text, or refuses it with its own
+//! code (empty, binary, not UTF-8, too large, an unreadable PDF). Parsing runs in a child
+//! process with limits ([`isolated`]): `inspect` here is what that child runs. The chat is
+//! never touched here; token costs are counted by the engine thread afterwards.
 
+pub mod child;
+pub mod isolated;
 mod pdf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::{CommandError, ErrorCode};
+
+pub use isolated::{Limits, Reader};
 
 /// Largest file accepted, in bytes; also the most text a PDF may yield.
 pub const MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// What kind of text a document holds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, TS)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum DocumentKind {
     Text,
@@ -24,18 +29,17 @@ pub enum DocumentKind {
 }
 
 /// A file accepted as text.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, TS)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, TS)]
 pub struct Document {
     pub name: String,
     pub kind: DocumentKind,
     pub bytes: usize,
     /// Page count, for PDFs.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub pages: Option<usize>,
     pub text: String,
 }
-
 const MARKDOWN: [&str; 3] = ["md", "markdown", "mdx"];
 const CODE: [&str; 30] = [
     "rs", "py", "js", "mjs", "ts", "tsx", "jsx", "svelte", "c", "h", "cpp", "hpp", "cc", "go",
@@ -67,26 +71,42 @@ fn extension(name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Accepts `bytes` named `name` as a text document, or says why not (`document_refused`).
+/// Refuses a file of `len` bytes named `name` when it is over [`MAX_BYTES`]
+/// (`document_too_large`): checked before a byte is read or sent anywhere.
+pub fn check_size(name: &str, len: u64) -> Result<(), CommandError> {
+    if len > MAX_BYTES as u64 {
+        return Err(CommandError::new(
+            ErrorCode::DocumentTooLarge,
+            format!(
+                "{name}: {} is over the {} MiB limit",
+                human(len),
+                MAX_BYTES / (1024 * 1024)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Accepts `bytes` named `name` as a text document, or says why not, each fault with its own
+/// code. This parses PDFs in the calling process: the app calls it only through [`Reader`].
 pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
-    let refuse =
-        |why: String| CommandError::new(ErrorCode::DocumentRefused, format!("{name}: {why}"));
+    let coded = |code: ErrorCode, why: String| CommandError::new(code, format!("{name}: {why}"));
     let ext = extension(name);
-    if bytes.len() > MAX_BYTES {
-        return Err(refuse(format!(
-            "{} is over the {} MiB limit",
-            human(bytes.len()),
-            MAX_BYTES / (1024 * 1024)
-        )));
+    check_size(name, bytes.len() as u64)?;
+    if bytes.is_empty() {
+        return Err(coded(ErrorCode::DocumentEmpty, "the file is empty".into()));
     }
     if pdf::is_pdf(bytes) {
         let got = pdf::extract(name, bytes)?;
         if got.text.len() > MAX_BYTES {
-            return Err(refuse(format!(
-                "the extracted text ({}) is over the {} MiB limit",
-                human(got.text.len()),
-                MAX_BYTES / (1024 * 1024)
-            )));
+            return Err(coded(
+                ErrorCode::DocumentTooLarge,
+                format!(
+                    "the extracted text ({}) is over the {} MiB limit",
+                    human(got.text.len() as u64),
+                    MAX_BYTES / (1024 * 1024)
+                ),
+            ));
         }
         return Ok(Document {
             name: name.to_owned(),
@@ -106,19 +126,25 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         ));
     }
     if REFUSED_EXT.contains(&ext.as_str()) {
-        return Err(refuse(format!(".{ext} files are binary, not text")));
-    }
-    if bytes.is_empty() {
-        return Err(refuse("the file is empty".into()));
+        return Err(coded(
+            ErrorCode::DocumentBinary,
+            format!(".{ext} files are binary, not text"),
+        ));
     }
     if bytes.iter().take(8192).any(|&b| b == 0) {
-        return Err(refuse("binary content (NUL bytes), not text".into()));
+        return Err(coded(
+            ErrorCode::DocumentBinary,
+            "binary content (NUL bytes), not text".into(),
+        ));
     }
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        refuse(format!(
-            "not UTF-8 text (invalid byte at offset {})",
-            e.valid_up_to()
-        ))
+        coded(
+            ErrorCode::DocumentNotUtf8,
+            format!(
+                "not UTF-8 text (invalid byte at offset {})",
+                e.valid_up_to()
+            ),
+        )
     })?;
     let kind = if MARKDOWN.contains(&ext.as_str()) {
         DocumentKind::Markdown
@@ -136,7 +162,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
     })
 }
 
-fn human(n: usize) -> String {
+fn human(n: u64) -> String {
     format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0))
 }
 
@@ -168,20 +194,20 @@ mod tests {
     #[test]
     fn refuses_binary_unreadable_and_oversized_with_a_reason() {
         let e = inspect("blob.dat", &[1, 2, 0, 3]).unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentRefused);
+        assert_eq!(e.code, ErrorCode::DocumentBinary);
         assert!(e.message.contains("NUL"), "{}", e.message);
         let e = inspect("latin1.txt", &[b'c', b'a', 0xE9]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::DocumentNotUtf8);
         assert!(e.message.contains("offset 2"), "{}", e.message);
         let e = inspect("big.txt", &vec![b'a'; MAX_BYTES + 1]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::DocumentTooLarge);
         assert!(e.message.contains("4 MiB limit"), "{}", e.message);
-        assert!(inspect("photo.png", b"abc")
-            .unwrap_err()
-            .message
-            .contains(".png"));
-        assert!(inspect("empty.txt", b"")
-            .unwrap_err()
-            .message
-            .contains("empty"));
+        let e = inspect("photo.png", b"abc").unwrap_err();
+        assert_eq!(e.code, ErrorCode::DocumentBinary);
+        assert!(e.message.contains(".png"), "{}", e.message);
+        let e = inspect("empty.pdf", b"").unwrap_err();
+        assert_eq!(e.code, ErrorCode::DocumentEmpty);
+        assert!(e.message.contains("empty"), "{}", e.message);
     }
 
     #[test]

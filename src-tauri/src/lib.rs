@@ -5,13 +5,14 @@
 mod bindings;
 mod bridge;
 mod commands;
-mod documents;
+pub mod documents;
 mod download;
-mod error;
+pub mod error;
 mod monitor;
 pub mod platform;
-mod sessions;
+pub mod sessions;
 mod state;
+mod webview_guard;
 mod window;
 
 use kvlab_engine::events::Activity;
@@ -36,6 +37,7 @@ pub fn run() {
 pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
         .plugin(tauri_plugin_dialog::init())
+        .plugin(webview_guard::plugin())
         .manage(download::Downloads::default())
         .invoke_handler(tauri::generate_handler![
             commands::system_info,
@@ -52,7 +54,6 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::cache_options,
             commands::context_costs,
             commands::document_fits,
-            commands::count_tokens,
             commands::inspect_document_path,
             commands::inspect_document_bytes,
             commands::list_sessions,
@@ -86,6 +87,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             app.manage(state::AppState {
                 engine,
                 sessions: sessions::SessionStore::new(data_dir.join("sessions")),
+                documents: documents::Reader::this_executable(documents::Limits::from_env())?,
                 data_dir,
             });
             Ok(())

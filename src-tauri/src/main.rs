@@ -2,6 +2,11 @@
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
 fn main() {
+    // The hidden document-reader mode runs before anything of the app starts.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = kvlab_app::documents::child::main_if_asked(&args) {
+        std::process::exit(code);
+    }
     kvlab_app::platform::ensure_valid_locale();
     kvlab_app::run();
 }

@@ -6,12 +6,15 @@ use std::path::PathBuf;
 
 use crate::bridge::EngineBridge;
 use crate::commands::DefaultModel;
+use crate::documents::Reader;
 use crate::error::{CommandError, ErrorCode};
 use crate::sessions::SessionStore;
 
 pub struct AppState {
     pub engine: EngineBridge,
     pub sessions: SessionStore,
+    /// Reads attached documents in a child process with limits.
+    pub documents: Reader,
     pub data_dir: PathBuf,
 }
 
@@ -78,7 +81,9 @@ mod tests {
         let missing = default_model(Some("/nonexistent/model.gguf".into())).unwrap_err();
         assert_eq!(missing.code, ErrorCode::NoDefaultModel);
         assert!(
-            missing.message.contains("kvlab-assets -- fetch"),
+            missing
+                .message
+                .contains("cargo run -p kvlab-assets -- fetch gemma3-270m"),
             "{}",
             missing.message
         );

@@ -118,7 +118,7 @@ pub enum ErrorCode {
     Io,
     /// No default model is configured (`KVLAB_DEFAULT_MODEL`), or its file is missing.
     NoDefaultModel,
-    /// A document cannot go into the prompt (binary, not UTF-8, too large, not a file).
+    /// A document cannot go into the prompt (not a file, or a file type that is not text).
     DocumentRefused,
     /// A PDF that cannot be parsed.
     PdfUnreadable,
@@ -132,11 +132,29 @@ pub enum ErrorCode {
     BadSession,
     /// Anything else (a tensor operation failed).
     Internal,
+    /// A document file holds no bytes.
+    DocumentEmpty,
+    /// A document is binary (NUL bytes, or a binary file type), not text.
+    DocumentBinary,
+    /// A document is not UTF-8 text.
+    DocumentNotUtf8,
+    /// A document, or the text it expands to, is over the size limit.
+    DocumentTooLarge,
+    /// The document reader ran past its time limit (a file that makes the parser loop).
+    DocumentTimeout,
+    /// The document reader ran past its memory limit (a decompression bomb).
+    DocumentOutOfMemory,
+    /// The document reader crashed (a stack overflow, an abort); the app is unharmed.
+    DocumentCrashed,
+    /// A saved session file is truncated or corrupt; it was set aside, renamed, not deleted.
+    SessionCorrupt,
+    /// The disk is full: nothing was written, and the previous file is intact.
+    DiskFull,
 }
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -158,6 +176,15 @@ impl ErrorCode {
         ErrorCode::SessionNotFound,
         ErrorCode::BadSession,
         ErrorCode::Internal,
+        ErrorCode::DocumentEmpty,
+        ErrorCode::DocumentBinary,
+        ErrorCode::DocumentNotUtf8,
+        ErrorCode::DocumentTooLarge,
+        ErrorCode::DocumentTimeout,
+        ErrorCode::DocumentOutOfMemory,
+        ErrorCode::DocumentCrashed,
+        ErrorCode::SessionCorrupt,
+        ErrorCode::DiskFull,
     ];
 }
 
@@ -186,6 +213,15 @@ impl ErrorCode {
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::BadSession => "bad_session",
             ErrorCode::Internal => "internal",
+            ErrorCode::DocumentEmpty => "document_empty",
+            ErrorCode::DocumentBinary => "document_binary",
+            ErrorCode::DocumentNotUtf8 => "document_not_utf8",
+            ErrorCode::DocumentTooLarge => "document_too_large",
+            ErrorCode::DocumentTimeout => "document_timeout",
+            ErrorCode::DocumentOutOfMemory => "document_out_of_memory",
+            ErrorCode::DocumentCrashed => "document_crashed",
+            ErrorCode::SessionCorrupt => "session_corrupt",
+            ErrorCode::DiskFull => "disk_full",
         }
     }
 }

@@ -23,6 +23,7 @@ import type {
   MemoryEstimate,
   MemorySample,
   ModelCard,
+  SessionList,
   SessionSummary,
   SwitchEvent,
   SystemInfo,
@@ -56,9 +57,10 @@ export const contextCosts = (tokens: number) => invoke<ContextCost[]>("context_c
 export const documentFits = (documents: number[], reserve: number) =>
   invoke<DocumentFit[]>("document_fits", { documents, reserve });
 export const inspectDocumentPath = (path: string) => invoke<InspectedDocument>("inspect_document_path", { path });
-export const inspectDocumentBytes = (name: string, bytes: number[]) =>
-  invoke<InspectedDocument>("inspect_document_bytes", { name, bytes });
-export const listSessions = () => invoke<SessionSummary[]>("list_sessions");
+/** `size` is the file's real size: a file over the limit comes with no bytes and is refused by it. */
+export const inspectDocumentBytes = (name: string, bytes: number[], size: number) =>
+  invoke<InspectedDocument>("inspect_document_bytes", { name, bytes, size });
+export const listSessions = () => invoke<SessionList>("list_sessions");
 export const loadSession = (id: string) => invoke<unknown>("load_session", { id });
 export const saveSession = (session: unknown) => invoke<SessionSummary>("save_session", { session });
 export const renameSession = (id: string, title: string) => invoke<SessionSummary>("rename_session", { id, title });

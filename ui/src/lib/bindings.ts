@@ -213,7 +213,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "disk_full";
 
 export type Event = { "type": "loading", 
 /**
@@ -670,6 +670,8 @@ full: string,
  */
 sliding: string, };
 
+export type SessionList = { sessions: Array<SessionSummary>, unreadable: Array<UnreadableSession>, };
+
 export type SessionSummary = { id: string, title: string, updated_ms: number, };
 
 export type SideFormat = "f32" | "f16" | "bf16" | "4" | "3.5" | "3" | "2.5" | "2";
@@ -712,7 +714,11 @@ rss_after: number,
  */
 duration_ms: number, };
 
-export type SystemInfo = { total_memory_bytes: number, cpu_cores: number, os: string, engine_version: string, data_dir: string, };
+export type SystemInfo = { total_memory_bytes: number, cpu_cores: number, os: string, engine_version: string, data_dir: string, 
+/**
+ * The largest document accepted: the web view sends a larger file's size, not its bytes.
+ */
+max_document_bytes: number, };
 
 export type TokenCost = { 
 /**
@@ -731,5 +737,20 @@ full_bytes_per_token: number,
  * Bytes per token over the sliding layers (these stop growing at their window).
  */
 sliding_bytes_per_token: number, };
+
+export type UnreadableSession = { 
+/**
+ * The file's name in the sessions folder.
+ */
+file: string, 
+/**
+ * The name it was set aside under (same folder), when it was corrupt; `None` when it
+ * could not be read at all and was left where it is.
+ */
+set_aside_as?: string, 
+/**
+ * `session_corrupt`, or `io` for a file that could not be read.
+ */
+code: ErrorCode, message: string, };
 
 export type WeightFormat = "gguf" | "safetensors";

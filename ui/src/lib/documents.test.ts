@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { DOCUMENT_ACCEPT, documentSummary } from "./documents";
+import { DOCUMENT_ACCEPT, documentPayload, documentSummary } from "./documents";
 
 describe("documentSummary", () => {
   it("names the kind and counts tokens, with pages for a PDF", () => {
@@ -14,5 +14,23 @@ describe("DOCUMENT_ACCEPT", () => {
     const accepted = DOCUMENT_ACCEPT.split(",");
     for (const a of [".pdf", "application/pdf", ".md", ".rs", "text/*"]) expect(accepted).toContain(a);
     expect(accepted).not.toContain(".png");
+  });
+});
+
+describe("documentPayload", () => {
+  const file = (bytes: number[]) => ({
+    size: bytes.length,
+    arrayBuffer: async () => new Uint8Array(bytes).buffer,
+  });
+  it("sends a file within the limit whole", async () => {
+    expect(await documentPayload(file([104, 105]), 4)).toEqual([104, 105]);
+    expect(await documentPayload(file([1, 2, 3, 4]), 4)).toEqual([1, 2, 3, 4]);
+  });
+  it("sends nothing of a file over the limit, without reading it", async () => {
+    const huge = { size: 200_000_000, arrayBuffer: () => Promise.reject(new Error("read")) };
+    expect(await documentPayload(huge, 4 * 1024 * 1024)).toEqual([]);
+  });
+  it("sends the bytes while the limit is not known yet", async () => {
+    expect(await documentPayload(file([7]), undefined)).toEqual([7]);
   });
 });

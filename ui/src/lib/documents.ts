@@ -20,3 +20,12 @@ export function documentSummary(doc: Pick<InspectedDocument, "kind" | "pages" | 
   parts.push(`${doc.tokens.toLocaleString("en-US")} tokens`);
   return parts.join(" · ");
 }
+
+/**
+ * The bytes of `file` to send for reading: none when the app's limit (`maxBytes`, from
+ * system_info) already refuses it by its size, so a 200 MB file is never copied over IPC.
+ */
+export async function documentPayload(file: Pick<File, "size" | "arrayBuffer">, maxBytes: number | undefined): Promise<number[]> {
+  if (maxBytes !== undefined && file.size > maxBytes) return [];
+  return Array.from(new Uint8Array(await file.arrayBuffer()));
+}

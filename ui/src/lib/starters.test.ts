@@ -44,7 +44,7 @@ vi.mock("./api", async (importOriginal) => {
       return { t_ms: Date.now(), from: "f16", to: spec, tokens: engine.streamed, kv_before: bytes(1000), kv_after: bytes(250), rss_before: 0, rss_after: 0, duration_ms: 1 };
     }),
     saveSession: vi.fn(async () => ({ id: "s", title: "t", updated_ms: 0 })),
-    listSessions: vi.fn(async () => []),
+    listSessions: vi.fn(async () => ({ sessions: [], unreadable: [] })),
   };
 });
 

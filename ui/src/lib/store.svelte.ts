@@ -13,7 +13,9 @@ import type {
   MemorySample,
   ModelCard,
   SessionSummary,
+  UnreadableSession,
 } from "./api";
+import { documentPayload } from "./documents";
 import { applyEvent, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
 import { MemoryTimeline, type XAxis } from "./timeline";
@@ -80,6 +82,8 @@ export class AppStore {
   sessions: SessionSummary[] = $state([]);
   /** Why the last session action (save, open, rename, delete, export) failed. */
   sessionError = $state("");
+  /** Session files that could not be read (a corrupt one is set aside under a new name). */
+  unreadableSessions: UnreadableSession[] = $state([]);
 
   /** Answer tokens streamed so far, all answers together (a starter's switch waits on it). */
   private streamed = 0;
@@ -286,7 +290,9 @@ export class AppStore {
   /** Attaches files the web view holds (a DOM drop or the picker), one after another. */
   async attachFiles(files: File[]): Promise<void> {
     for (const f of files) {
-      await this.attach(async () => api.inspectDocumentBytes(f.name, Array.from(new Uint8Array(await f.arrayBuffer()))));
+      await this.attach(async () =>
+        api.inspectDocumentBytes(f.name, await documentPayload(f, this.info?.max_document_bytes), f.size),
+      );
     }
   }
 
@@ -340,7 +346,15 @@ export class AppStore {
   }
 
   async refreshSessions(): Promise<void> {
-    this.sessions = await api.listSessions().catch(() => []);
+    try {
+      const list = await api.listSessions();
+      this.sessions = list.sessions;
+      // A set-aside file is reported once (it is no longer listed): keep it until dismissed.
+      this.unreadableSessions = [...this.unreadableSessions, ...list.unreadable];
+    } catch (e) {
+      this.sessions = [];
+      this.sessionError = `Sessions not listed: ${api.errorText(e)}`;
+    }
   }
 
   async openSession(id: string, reset = true): Promise<SavedSession | null> {

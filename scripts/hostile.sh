@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The hostile-input tally (issue 14). Every hostile test feeds one fault and prints one line,
+#   HOSTILE <fault> -> <outcome>
+# where <outcome> is the ErrorCode it came back as, or a word for a fault survived without an
+# error (reloaded_whole, not_run, not_followed, blocked_by_csp). Rust tests are named
+# `hostile_*` and write the line to the stderr handle, which libtest does not capture (see
+# tests/hostile/tally.rs), so it shows in an ordinary `cargo test` run; the end-to-end file
+# tests/e2e/hostile.test.mjs writes it to stdout.
+#
+#   scripts/hostile.sh LOG...  tallies the lines in logs a test run already wrote; this is how
+#                              scripts/test.sh calls it, with its cargo-test and e2e logs, so
+#                              nothing runs twice
+#   scripts/hostile.sh         runs the Rust hostile tests (and tests/e2e/hostile.test.mjs when
+#                              KVLAB_APP_BIN names a built app), then tallies them
+#
+# Prints one line per fault, then "N hostile inputs tried, M coded errors, K handled without
+# an error, C crashes". A crash is a hostile test that failed: a fault that was not turned into
+# its code. Exits non-zero on any crash, and when an expected row (EXPECTED below) is missing.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$ROOT"
+
+# Rows that must be there: "SOURCE|text in the fault|outcome". SOURCE is rust or e2e; e2e
+# rows are required only when an e2e log is tallied. Each part of issue 14 adds its rows.
+EXPECTED=(
+  "rust|deep-recursion.pdf|document_crashed"
+  "rust|endless-loop.pdf|document_timeout"
+  "rust|inflate-bomb.pdf|document_out_of_memory"
+  "rust|empty.txt|document_empty"
+  "rust|notes.txt|document_binary"
+  "rust|scan.pdf|pdf_unreadable"
+  "rust|latin1.txt|document_not_utf8"
+  "rust|huge.txt|document_too_large"
+  "rust|SIGKILL|reloaded_whole"
+  "rust|session file truncated.json|session_corrupt"
+  "rust|session file garbage.json|session_corrupt"
+  "rust|full disk|disk_full"
+  "e2e|message with <script>|not_run"
+  "e2e|message with <img onerror>|not_run"
+  "e2e|message with javascript: link|not_run"
+  "e2e|message with data: link|not_run"
+  "e2e|message with SVG with script|not_run"
+  "e2e|message with markdown image off-machine|not_run"
+  "e2e|link clicks|not_followed"
+  "e2e|injected into the DOM|blocked_by_csp"
+  "e2e|truncated, found at start|session_corrupt"
+  "e2e|deep-recursion.pdf dropped on the window|document_crashed"
+  "e2e|endless-loop.pdf dropped on the window|document_timeout"
+)
+
+logs=("$@")
+if [ ${#logs[@]} -eq 0 ]; then
+  RUN="$(mktemp -d)"
+  trap 'rm -rf "$RUN"' EXIT
+  say "hostile tests (Rust)"
+  cargo test "${TEST_PACKAGES[@]}" hostile_ 2>&1 | tee "$RUN/cargo-test.log"
+  logs+=("$RUN/cargo-test.log")
+  if [ -n "${KVLAB_APP_BIN:-}" ]; then
+    say "hostile tests (end to end)"
+    (cd tests/e2e && xvfb-run -a -s "-screen 0 1440x900x24" node --test --test-reporter=spec \
+      --test-reporter-destination=stdout hostile.test.mjs) 2>&1 | tee "$RUN/e2e.log"
+    logs+=("$RUN/e2e.log")
+  fi
+fi
+
+# The ErrorCode vocabulary, from the generated bindings (the engine's enum).
+codes=" $(grep -E '^export type ErrorCode = ' ui/src/lib/bindings.ts | grep -oE '"[a-z0-9_]+"' | tr -d '"' | tr '\n' ' ') "
+rows="$(cat "${logs[@]}" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -E '^HOSTILE .+ -> [a-z0-9_]+$' || true)"
+e2e_tallied=0
+grep -qE '^(ℹ tests|# tests) ' "${logs[@]}" 2>/dev/null && e2e_tallied=1
+
+say "hostile inputs"
+tried=0 coded=0 handled=0
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  fault="${line#HOSTILE }"
+  outcome="${fault##* -> }"
+  fault="${fault% -> *}"
+  tried=$((tried + 1))
+  if [[ "$codes" == *" $outcome "* ]]; then coded=$((coded + 1)); else handled=$((handled + 1)); fi
+  printf '  %-78s → %s\n' "$fault" "$outcome"
+done <<<"$rows"
+
+# Crashes: hostile Rust tests that failed, and failing tests of the hostile e2e file.
+failed_rust="$(cat "${logs[@]}" 2>/dev/null | grep -oE '^test [^ ]*hostile_[^ ]* \.\.\. FAILED' | cut -d' ' -f2 || true)"
+failed_e2e="$(cat "${logs[@]}" 2>/dev/null | grep -oE '^test at hostile\.test\.mjs:[0-9]+' || true)"
+crashes=$(printf '%s\n%s\n' "$failed_rust" "$failed_e2e" | grep -c . || true)
+[ -n "$failed_rust$failed_e2e" ] && printf '  failed: %s\n' $failed_rust $failed_e2e
+
+missing=()
+for want in "${EXPECTED[@]}"; do
+  IFS='|' read -r source text outcome <<<"$want"
+  [ "$source" = e2e ] && [ "$e2e_tallied" -eq 0 ] && continue
+  if ! grep -F -- "$text" <<<"$rows" | grep -qE -- " -> $outcome\$"; then missing+=("$text -> $outcome"); fi
+done
+
+echo "$tried hostile inputs tried, $coded coded errors, $handled handled without an error, $crashes crashes"
+if [ ${#missing[@]} -gt 0 ]; then
+  say "missing rows:"
+  printf '  %s\n' "${missing[@]}"
+fi
+[ "$crashes" -eq 0 ] && [ ${#missing[@]} -eq 0 ] && [ "$tried" -gt 0 ]

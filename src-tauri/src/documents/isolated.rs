@@ -1,0 +1,253 @@
+//! Documents are parsed in a child process (the app binary in its hidden reader mode,
+//! [`super::child`]) under a wall-clock limit and a memory limit, so a file that overflows the
+//! parser's stack, makes it loop or inflates a decompression bomb costs one killed child and a
+//! coded error (`document_crashed`, `document_timeout`, `document_out_of_memory`), never the
+//! app, its window or the conversation. A file over the size limit is refused before it is
+//! sent anywhere.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use wait_timeout::ChildExt;
+
+use super::child::{Reply, FLAG};
+use super::{check_size, Document, MAX_BYTES};
+use crate::error::{CommandError, ErrorCode};
+
+/// How long and how much memory one document may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time from spawn to reply; the child is killed past it.
+    pub wall: Duration,
+    /// Heap and anonymous memory the child may hold (Unix).
+    pub memory_bytes: u64,
+}
+
+impl Default for Limits {
+    /// 20 s is several times what `pdf-extract` takes on a 4 MiB text PDF here; 512 MiB is
+    /// over a hundred times the largest file accepted.
+    fn default() -> Self {
+        Self {
+            wall: Duration::from_secs(20),
+            memory_bytes: 512 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, with `$KVLAB_DOCUMENT_TIMEOUT_MS` as the wall clock when set (the
+    /// end-to-end tests shorten it).
+    pub fn from_env() -> Self {
+        let mut limits = Self::default();
+        if let Some(ms) = std::env::var("KVLAB_DOCUMENT_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+        {
+            limits.wall = Duration::from_millis(ms);
+        }
+        limits
+    }
+}
+
+/// Most bytes of JSON a reply may take: the text limit, escaped, and the other fields.
+const MAX_REPLY: u64 = 8 * MAX_BYTES as u64 + 64 * 1024;
+/// Most bytes of the child's stderr kept to tell a crash's cause.
+const MAX_STDERR: u64 = 256 * 1024;
+
+/// Reads documents through child processes of `program`.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    program: PathBuf,
+    limits: Limits,
+}
+
+impl Reader {
+    /// A reader that runs `program` (a build of the app binary) as its child.
+    pub fn new(program: PathBuf, limits: Limits) -> Self {
+        Self { program, limits }
+    }
+
+    /// A reader that runs this very executable, the app binary, as its child.
+    pub fn this_executable(limits: Limits) -> std::io::Result<Self> {
+        Ok(Self::new(std::env::current_exe()?, limits))
+    }
+
+    /// The file at `path` as a document: refused by its size before a byte of it is read
+    /// (`document_too_large`), not a file (`document_refused`), else as [`Reader::inspect`].
+    pub fn inspect_path(&self, path: &Path) -> Result<Document, CommandError> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let refused = |why: String| CommandError::new(ErrorCode::DocumentRefused, why);
+        let meta = std::fs::metadata(path).map_err(|e| refused(format!("{name}: {e}")))?;
+        if !meta.is_file() {
+            return Err(refused(format!("{name}: not a file")));
+        }
+        check_size(&name, meta.len())?;
+        let bytes = std::fs::read(path).map_err(|e| refused(format!("{name}: {e}")))?;
+        self.inspect(&name, &bytes)
+    }
+
+    /// The document `bytes` named `name`, or its coded refusal: everything
+    /// [`super::inspect`] says, and the child's crash, timeout or memory limit.
+    pub fn inspect(&self, name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
+        check_size(name, bytes.len() as u64)?;
+        let internal = |what: &str, e: std::io::Error| {
+            CommandError::new(
+                ErrorCode::Internal,
+                format!("{name}: could not {what} the document reader: {e}"),
+            )
+        };
+        // CPU seconds: a backstop for a child whose parent died; the wall clock comes first.
+        let cpu_seconds = self.limits.wall.as_secs() + 2;
+        let mut child = Command::new(&self.program)
+            .arg(FLAG)
+            .arg(self.limits.memory_bytes.to_string())
+            .arg(cpu_seconds.to_string())
+            .arg(name)
+            // Crashes are expected here: their one-line cause is enough, no backtrace.
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| internal("start", e))?;
+        let (status, stdout, stderr) =
+            std::thread::scope(|s| -> std::io::Result<(Option<ExitStatus>, _, _)> {
+                let mut stdin = child.stdin.take();
+                let stdout = child
+                    .stdout
+                    .take()
+                    .map(|o| s.spawn(move || capped(o, MAX_REPLY)));
+                let stderr = child
+                    .stderr
+                    .take()
+                    .map(|e| s.spawn(move || capped(e, MAX_STDERR)));
+                // A child that dies early closes its end: a broken pipe here is expected and
+                // its cause comes from the exit status.
+                if let Some(mut pipe) = stdin.take() {
+                    s.spawn(move || {
+                        let _ = pipe.write_all(bytes);
+                    });
+                }
+                let status = wait_or_kill(&mut child, self.limits.wall)?;
+                let join = |h: Option<std::thread::ScopedJoinHandle<'_, Vec<u8>>>| {
+                    h.and_then(|h| h.join().ok()).unwrap_or_default()
+                };
+                Ok((status, join(stdout), join(stderr)))
+            })
+            .map_err(|e| internal("wait for", e))?;
+        let stderr = String::from_utf8_lossy(&stderr);
+        match status {
+            None => Err(CommandError::new(
+                ErrorCode::DocumentTimeout,
+                format!(
+                    "{name}: reading it took longer than {} s, so the reader was stopped (a file \
+                     that makes the parser loop?); the conversation is untouched",
+                    secs(self.limits.wall)
+                ),
+            )),
+            Some(status) if status.success() => {
+                serde_json::from_slice::<Reply>(&stdout).map_err(|e| {
+                    CommandError::new(
+                        ErrorCode::Internal,
+                        format!("{name}: the document reader's reply is unreadable: {e}"),
+                    )
+                })?
+            }
+            Some(status) => Err(failure(name, status, &stderr, &self.limits)),
+        }
+    }
+}
+
+/// Waits for `child` up to `wall`; kills and reaps it past that (`None`).
+fn wait_or_kill(child: &mut Child, wall: Duration) -> std::io::Result<Option<ExitStatus>> {
+    match child.wait_timeout(wall) {
+        Ok(Some(status)) => return Ok(Some(status)),
+        Ok(None) => {}
+        Err(e) => {
+            // Never leave a child behind whose pipes the reader threads would wait on.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    }
+    // It may have exited between the timeout and the kill: either way it is reaped.
+    let _ = child.kill();
+    child.wait()?;
+    Ok(None)
+}
+
+/// Reads up to `cap` bytes of `r`, then drains the rest so the child never blocks on a full
+/// pipe (a reply over the cap is then refused as unreadable JSON).
+fn capped(mut r: impl Read, cap: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = (&mut r).take(cap).read_to_end(&mut out);
+    let _ = std::io::copy(&mut r, &mut std::io::sink());
+    out
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64())
+}
+
+/// The coded error for a child that did not exit cleanly, from what Rust's runtime printed
+/// (a stack overflow, a failed allocation) and how it ended.
+fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> CommandError {
+    if stderr.contains("has overflowed its stack") {
+        return CommandError::new(
+            ErrorCode::DocumentCrashed,
+            format!(
+                "{name}: the document reader crashed on it (a stack overflow: objects nested or \
+                 referring to themselves too deeply); the conversation is untouched"
+            ),
+        );
+    }
+    if stderr.contains("memory allocation of") {
+        return CommandError::new(
+            ErrorCode::DocumentOutOfMemory,
+            format!(
+                "{name}: reading it needed more than {} MiB of memory, so the reader was stopped \
+                 (a compressed stream that inflates without end?); the conversation is untouched",
+                limits.memory_bytes / (1024 * 1024)
+            ),
+        );
+    }
+    if killed_by(status, CPU_SIGNAL) {
+        return CommandError::new(
+            ErrorCode::DocumentTimeout,
+            format!(
+                "{name}: reading it used up its CPU time, so the reader was stopped; the \
+                 conversation is untouched"
+            ),
+        );
+    }
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+    CommandError::new(
+        ErrorCode::DocumentCrashed,
+        format!(
+            "{name}: the document reader crashed on it ({status}{}); the conversation is \
+             untouched",
+            last.map(|l| format!(": {l}")).unwrap_or_default()
+        ),
+    )
+}
+
+#[cfg(unix)]
+const CPU_SIGNAL: i32 = libc::SIGXCPU;
+#[cfg(not(unix))]
+const CPU_SIGNAL: i32 = 0;
+
+#[cfg(unix)]
+fn killed_by(status: ExitStatus, signal: i32) -> bool {
+    std::os::unix::process::ExitStatusExt::signal(&status) == Some(signal)
+}
+
+#[cfg(not(unix))]
+fn killed_by(_status: ExitStatus, _signal: i32) -> bool {
+    false
+}
