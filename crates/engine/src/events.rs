@@ -108,8 +108,25 @@ pub enum ErrorCode {
     Cancelled,
     /// The request is malformed (bad sampling values, bad conversation, bad cache spec).
     InvalidRequest,
-    /// The Hugging Face Hub could not be reached or refused the download.
+    /// The Hugging Face Hub could not be reached.
     Network,
+    /// The Hub wants a token, or the token has no access (a gated repository): the message
+    /// says how to set `HF_TOKEN`.
+    HubAuth,
+    /// The Hub is rate-limiting this client (429); the message says how long to wait.
+    HubRateLimited,
+    /// The Hub kept failing (5xx) after retries with backoff.
+    HubUnavailable,
+    /// A download ended before its last byte after retries; what arrived is kept for resume.
+    DownloadIncomplete,
+    /// A downloaded file is not what the Hub listed (checksum or size); it was discarded.
+    DownloadCorrupt,
+    /// The disk (or the file system's file-size limit) has no room for what is being written.
+    DiskFull,
+    /// The model, or its context, needs more memory than the machine has available.
+    OutOfMemory,
+    /// The model produced NaN or infinite logits (bad weights or an overflow).
+    NonFiniteLogits,
     /// The engine thread is gone.
     EngineStopped,
     /// The model's architecture is not one the engine implements.
@@ -136,7 +153,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -147,6 +164,14 @@ impl ErrorCode {
         ErrorCode::Cancelled,
         ErrorCode::InvalidRequest,
         ErrorCode::Network,
+        ErrorCode::HubAuth,
+        ErrorCode::HubRateLimited,
+        ErrorCode::HubUnavailable,
+        ErrorCode::DownloadIncomplete,
+        ErrorCode::DownloadCorrupt,
+        ErrorCode::DiskFull,
+        ErrorCode::OutOfMemory,
+        ErrorCode::NonFiniteLogits,
         ErrorCode::EngineStopped,
         ErrorCode::UnsupportedModel,
         ErrorCode::Io,
@@ -175,6 +200,14 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Network => "network",
+            ErrorCode::HubAuth => "hub_auth",
+            ErrorCode::HubRateLimited => "hub_rate_limited",
+            ErrorCode::HubUnavailable => "hub_unavailable",
+            ErrorCode::DownloadIncomplete => "download_incomplete",
+            ErrorCode::DownloadCorrupt => "download_corrupt",
+            ErrorCode::DiskFull => "disk_full",
+            ErrorCode::OutOfMemory => "out_of_memory",
+            ErrorCode::NonFiniteLogits => "non_finite_logits",
             ErrorCode::EngineStopped => "engine_stopped",
             ErrorCode::UnsupportedModel => "unsupported_model",
             ErrorCode::Io => "io",

@@ -379,6 +379,29 @@ impl SwitchEvent {
     }
 }
 
+/// Bytes for a message: `512 B`, `3.4 KiB`, `1.25 GiB` (binary units, three significant
+/// digits).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$} {}", UNITS[unit])
+}
+
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -533,6 +556,16 @@ mod tests {
 
     fn policy(spec: &str) -> PrecisionPolicy {
         CacheSpec::parse(spec).expect("spec").to_policy()
+    }
+
+    #[test]
+    fn bytes_read_in_binary_units() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1536), "1.50 KiB");
+        assert_eq!(format_bytes(10 << 20), "10.0 MiB");
+        assert_eq!(format_bytes(300 << 30), "300 GiB");
+        assert_eq!(format_bytes(u64::MAX), "16384 PiB");
     }
 
     #[test]

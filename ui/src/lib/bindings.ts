@@ -213,7 +213,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal";
 
 export type Event = { "type": "loading", 
 /**
