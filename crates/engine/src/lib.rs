@@ -1,6 +1,7 @@
 //! KV Lab engine: loads Gemma models with candle, runs them over a per-layer KV cache whose
 //! layout and precision are separate axes, and reports memory exactly. Knows nothing of Tauri.
 
+pub mod budget;
 pub mod card;
 pub mod chat;
 pub mod compare;

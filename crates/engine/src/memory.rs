@@ -209,14 +209,17 @@ pub fn estimate_kv_bytes(
     let mut total = 0u64;
     for l in config.cache_owning_layers() {
         let held = match l.sliding_window {
-            Some(w) => tokens.min(w.saturating_sub(1) + rewind_margin),
+            Some(w) => tokens.min(w.saturating_sub(1).saturating_add(rewind_margin)),
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
         let b = token_bytes(precision, l.n_kv_heads, l.head_dim)?;
-        total += (b * held) as u64;
+        // Saturating: `tokens` may come from a user (a huge context must read as "too much",
+        // never wrap to a small number).
+        total = total.saturating_add((b as u64).saturating_mul(held as u64));
         if held > 0 {
-            total += layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64;
+            total =
+                total.saturating_add(layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64);
         }
     }
     Ok(total)

@@ -259,6 +259,16 @@ message: string, };
 
 export type Family = "gemma3" | "gemma4";
 
+export type FitOption = { 
+/**
+ * Its cache, as a canonical SPEC.
+ */
+spec: string, 
+/**
+ * Bytes it would need.
+ */
+needed_bytes: number, };
+
 export type FormatOption = { 
 /**
  * The format.
@@ -500,7 +510,55 @@ kv_bytes: number,
 /**
  * Their sum.
  */
-total_bytes: number, };
+total_bytes: number, 
+/**
+ * Whether that fits the memory available now, and what would if it does not.
+ */
+fit: MemoryFit, };
+
+export type MemoryFit = { 
+/**
+ * Bytes the request needs beyond what is held now: weights (for a load) plus KV.
+ */
+needed_bytes: number, 
+/**
+ * Of which weights (0 when growing a context).
+ */
+weights_bytes: number, 
+/**
+ * Of which KV cache.
+ */
+kv_bytes: number, 
+/**
+ * The context asked for, in tokens.
+ */
+context: number, 
+/**
+ * The cache asked for, as a canonical SPEC.
+ */
+spec: string, 
+/**
+ * Memory available now.
+ */
+available_bytes: number, 
+/**
+ * Of which kept free.
+ */
+margin_bytes: number, 
+/**
+ * `needed ≤ available − margin`.
+ */
+fits: boolean, 
+/**
+ * The TurboQuant cache with the most bits that fits the same context, when the asked
+ * cache does not fit and one does.
+ */
+turboquant: FitOption | null, 
+/**
+ * The longest context that fits with the asked cache, when the asked one does not fit
+ * (absent when not even the weights fit).
+ */
+max_context: number | null, };
 
 export type MemorySample = { 
 /**
