@@ -290,8 +290,13 @@ pub fn generate(
     loop {
         hooks.between_steps(model, session);
         let cancelled = cancel.load(Ordering::Relaxed);
-        let Some(id) = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e))?
-        else {
+        let sampled = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e));
+        if let Err(GenerateError::NonFiniteLogits { .. }) = &sampled {
+            // The cached keys and values came from the same broken computation: keep none of
+            // them (the conversation itself lives with the caller).
+            session.reset()?;
+        }
+        let Some(id) = sampled? else {
             break;
         };
         seq.fed(session.forward(model, &[id], Logits::Last)?);
