@@ -29,5 +29,6 @@ pub use error::{EngineError, Result};
 pub use events::ErrorCode;
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
+pub use session::Session;
 pub use source::ModelSource;
 pub use worker::{Engine, EngineHandle, JobError};

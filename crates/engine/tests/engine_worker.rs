@@ -427,20 +427,17 @@ fn the_handle_cancels_a_running_generation() {
     assert!(!s.engine.status().busy);
 }
 
-/// The KV bytes the engine's cache holds at `tokens` tokens of tiny_gemma3 in f32, with the
-/// engine's default rewind margin.
+/// The rewind margin the memory tests set on their engine before loading.
+const MARGIN: usize = 16;
+
+/// The KV bytes the engine's cache holds at `tokens` tokens of tiny_gemma3 in f32, with a
+/// rewind margin of [`MARGIN`].
 fn kv_at(tokens: usize) -> u64 {
     let cfg =
         kvlab_engine::config::hf::load_config(&common::fixture("tiny_gemma3").join("config.json"))
             .expect("config");
     let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
-    kvlab_engine::memory::estimate_kv_bytes(
-        &cfg,
-        &f32,
-        tokens,
-        kvlab_engine::session::REWIND_MARGIN,
-    )
-    .expect("estimate")
+    kvlab_engine::memory::estimate_kv_bytes(&cfg, &f32, tokens, MARGIN).expect("estimate")
 }
 
 #[test]
@@ -513,6 +510,11 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
 fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     use kvlab_engine::budget::MemoryBudget;
     let s = setup("tiny_gemma3");
+    // The margin is the session's from its load: set it, then load again.
+    s.engine.set_rewind_margin(MARGIN);
+    s.engine
+        .load_blocking(load_request("tiny_gemma3", &s.tokenizer), |_| {})
+        .expect("reload");
     let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
     let first = run(
         &s.engine,

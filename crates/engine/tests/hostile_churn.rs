@@ -23,14 +23,17 @@ use kvlab_engine::kv::presets::presets;
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::RssProbe;
 use kvlab_engine::sampling::{Sampler, SamplingParams};
-use kvlab_engine::session::Session;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{
     Engine, EngineHandle, KvPrecision, LoadOptions, Logits, Model, ModelSource, PrecisionPolicy,
+    Session,
 };
 
 const FIXTURE: &str = "tiny_dense";
 const ACTIONS: usize = 200;
+/// The rewind margin of both the engine's session and the replay's (not the default, so a
+/// replay that missed it would diverge in bytes).
+const MARGIN: usize = 24;
 /// A fixed stream of choices (SplitMix64), so a failure replays exactly.
 struct Dice(u64);
 
@@ -149,6 +152,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
     let path = common::fixture(FIXTURE).join("model.safetensors");
     let start = PrecisionPolicy::uniform(KvPrecision::F32);
     let engine = Engine::spawn().expect("spawn");
+    engine.set_rewind_margin(MARGIN);
     engine
         .load_blocking(
             LoadRequest {
@@ -347,6 +351,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
 fn replay(path: &Path, start: &PrecisionPolicy, turns: &[Turn]) -> (usize, Session) {
     let model = Model::load(path, &LoadOptions::default()).expect("model");
     let mut session = Session::new(&model, start).expect("session");
+    session.set_rewind_margin(MARGIN);
     let mut checked = 0;
     for (n, turn) in turns.iter().enumerate() {
         let mut switches = turn.switches.iter().peekable();
