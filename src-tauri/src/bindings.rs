@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use kvlab_engine::budget::{FitOption, MemoryFit};
 use kvlab_engine::card::{HeadShape, LayerCounts, MemoryEstimate, ModelCard};
 use kvlab_engine::chat::{Message, Role};
 use kvlab_engine::compare::{CompareEvent, CompareFidelity};
@@ -61,6 +62,7 @@ pub fn typescript() -> String {
         decl::<ErrorCode>(&cfg),
         decl::<Event>(&cfg),
         decl::<Family>(&cfg),
+        decl::<FitOption>(&cfg),
         decl::<FormatOption>(&cfg),
         decl::<GenStats>(&cfg),
         decl::<GenerateRequest>(&cfg),
@@ -76,6 +78,7 @@ pub fn typescript() -> String {
         decl::<LayerScope>(&cfg),
         decl::<LoadPhase>(&cfg),
         decl::<MemoryEstimate>(&cfg),
+        decl::<MemoryFit>(&cfg),
         decl::<MemorySample>(&cfg),
         decl::<Message>(&cfg),
         decl::<ModelCard>(&cfg),

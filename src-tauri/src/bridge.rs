@@ -82,6 +82,7 @@ impl EngineBridge {
             tokenizer: None,
             options: load_options()?,
             policy: cache.policy()?,
+            context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
         };
         self.handle.load_blocking(request, |_| {})
     }

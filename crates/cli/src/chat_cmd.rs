@@ -129,6 +129,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         tokenizer: args.model.tokenizer.clone(),
         options: args.model.load_options()?,
         policy,
+        context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
     };
     let card = engine
         .load_blocking(request, |ev| {

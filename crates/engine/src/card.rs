@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
+use crate::budget::{MemoryBudget, MemoryFit, Plan};
 use crate::config::{AttentionKind, Family, KvSource, ModelConfig};
 use crate::error::Result;
 use crate::kv::CacheSelection;
@@ -190,27 +191,42 @@ pub struct MemoryEstimate {
     pub kv_bytes: u64,
     /// Their sum.
     pub total_bytes: u64,
+    /// Whether that fits the memory available now, and what would if it does not.
+    pub fit: MemoryFit,
 }
 
 /// The estimate for the model at `path` loaded with `opts`, holding `context` tokens in the
-/// cache `selection` picks, with sliding layers keeping `rewind_margin` extra tokens.
+/// cache `selection` picks, with sliding layers keeping `rewind_margin` extra tokens, and
+/// whether it fits `budget`.
 pub fn estimate(
     path: &Path,
     opts: &LoadOptions,
     context: usize,
     selection: &CacheSelection,
     rewind_margin: usize,
+    budget: &MemoryBudget,
 ) -> Result<MemoryEstimate> {
     let spec = selection.spec()?;
+    let policy = spec.to_policy();
     let Inspection { card, config } = inspect(path, opts)?;
-    let kv_bytes = estimate_kv_bytes(&config, &spec.to_policy(), context, rewind_margin)?;
+    let kv_bytes = estimate_kv_bytes(&config, &policy, context, rewind_margin)?;
+    let fit = Plan {
+        config: &config,
+        weights_bytes: card.weights_bytes,
+        held_kv_bytes: 0,
+        context,
+        policy: &policy,
+        rewind_margin,
+    }
+    .fit(budget)?;
     Ok(MemoryEstimate {
         weights_bytes: card.weights_bytes,
         kv_bytes,
-        total_bytes: card.weights_bytes + kv_bytes,
+        total_bytes: card.weights_bytes.saturating_add(kv_bytes),
         context,
         spec: spec.to_string(),
         card,
+        fit,
     })
 }
 
@@ -278,7 +294,8 @@ mod tests {
         for spec in ["f16", "tq3.5@all", "k4v3@sliding"] {
             for (tokens, margin) in [(5, 0), (40, 0), (40, 16), (200, 256)] {
                 let sel = CacheSelection::Spec(spec.into());
-                let e = estimate(&path, &opts, tokens, &sel, margin).expect("estimate");
+                let e = estimate(&path, &opts, tokens, &sel, margin, &MemoryBudget::default())
+                    .expect("estimate");
                 let mut cache: KvCache = model.new_cache(&sel.policy().unwrap()).expect("cache");
                 cache.set_rewind_margin(margin);
                 cache.fill_synthetic(tokens, 3).expect("fill");
@@ -290,7 +307,15 @@ mod tests {
                 assert_eq!(e.total_bytes, e.kv_bytes + e.weights_bytes);
             }
         }
-        let bad = estimate(&path, &opts, 5, &CacheSelection::Spec("q8".into()), 0);
+        let budget = MemoryBudget::default();
+        let bad = estimate(
+            &path,
+            &opts,
+            5,
+            &CacheSelection::Spec("q8".into()),
+            0,
+            &budget,
+        );
         assert!(bad.is_err());
     }
 }

@@ -12,7 +12,7 @@ use ts_rs::TS;
 
 use crate::events::{ErrorCode, Event};
 use crate::fidelity::compare_caches;
-use crate::generate::{render_checked_prompt, GenerateError, Prompt, Sequence};
+use crate::generate::{grown_context, render_checked_prompt, GenerateError, Prompt, Sequence};
 use crate::kv::PrecisionPolicy;
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
@@ -99,6 +99,17 @@ pub trait CompareHooks {
     fn emit(&mut self, event: CompareEvent);
     /// Called before each round: the place to apply control jobs or set the cancel flag.
     fn between_steps(&mut self) {}
+    /// Called once before anything runs: both panes' caches will hold up to `tokens` tokens
+    /// under `policies`. An error refuses the comparison (the engine thread refuses what
+    /// would not fit in memory).
+    fn admit(
+        &mut self,
+        _model: &Model,
+        _tokens: usize,
+        _policies: &[PrecisionPolicy; 2],
+    ) -> Result<(), GenerateError> {
+        Ok(())
+    }
 }
 
 impl<F: FnMut(CompareEvent)> CompareHooks for F {
@@ -119,6 +130,11 @@ pub fn run(
 ) -> Result<Option<CompareFidelity>, GenerateError> {
     let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
     let max_context = model.config().max_position_embeddings;
+    hooks.admit(
+        model,
+        grown_context(&prompt, req.max_tokens, max_context),
+        &req.policies,
+    )?;
     let mut panes = Vec::with_capacity(2);
     for (i, policy) in req.policies.iter().enumerate() {
         let started = Instant::now();

@@ -108,8 +108,26 @@ pub enum ErrorCode {
     Cancelled,
     /// The request is malformed (bad sampling values, bad conversation, bad cache spec).
     InvalidRequest,
-    /// The Hugging Face Hub could not be reached or refused the download.
+    /// The Hugging Face Hub could not be reached.
     Network,
+    /// The Hub wants a token, or the token has no access (a gated repository): the message
+    /// says how to set `HF_TOKEN`.
+    HubAuth,
+    /// The Hub is rate-limiting this client (429); the message says how long to wait.
+    HubRateLimited,
+    /// The Hub kept failing (5xx) after retries with backoff.
+    HubUnavailable,
+    /// A download ended before its last byte after retries; what arrived is kept for resume.
+    DownloadIncomplete,
+    /// A downloaded file is not what the Hub listed (checksum or size); it was discarded.
+    DownloadCorrupt,
+    /// The disk (or the file system's file-size limit) has no room for what is being written:
+    /// nothing was written, and the previous file is intact.
+    DiskFull,
+    /// The model, or its context, needs more memory than the machine has available.
+    OutOfMemory,
+    /// The model produced NaN or infinite logits (bad weights or an overflow).
+    NonFiniteLogits,
     /// The engine thread is gone.
     EngineStopped,
     /// The model's architecture is not one the engine implements.
@@ -148,13 +166,11 @@ pub enum ErrorCode {
     DocumentCrashed,
     /// A saved session file is truncated or corrupt; it was set aside, renamed, not deleted.
     SessionCorrupt,
-    /// The disk is full: nothing was written, and the previous file is intact.
-    DiskFull,
 }
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 37] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -165,6 +181,14 @@ impl ErrorCode {
         ErrorCode::Cancelled,
         ErrorCode::InvalidRequest,
         ErrorCode::Network,
+        ErrorCode::HubAuth,
+        ErrorCode::HubRateLimited,
+        ErrorCode::HubUnavailable,
+        ErrorCode::DownloadIncomplete,
+        ErrorCode::DownloadCorrupt,
+        ErrorCode::DiskFull,
+        ErrorCode::OutOfMemory,
+        ErrorCode::NonFiniteLogits,
         ErrorCode::EngineStopped,
         ErrorCode::UnsupportedModel,
         ErrorCode::Io,
@@ -184,7 +208,6 @@ impl ErrorCode {
         ErrorCode::DocumentOutOfMemory,
         ErrorCode::DocumentCrashed,
         ErrorCode::SessionCorrupt,
-        ErrorCode::DiskFull,
     ];
 }
 
@@ -202,6 +225,14 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Network => "network",
+            ErrorCode::HubAuth => "hub_auth",
+            ErrorCode::HubRateLimited => "hub_rate_limited",
+            ErrorCode::HubUnavailable => "hub_unavailable",
+            ErrorCode::DownloadIncomplete => "download_incomplete",
+            ErrorCode::DownloadCorrupt => "download_corrupt",
+            ErrorCode::DiskFull => "disk_full",
+            ErrorCode::OutOfMemory => "out_of_memory",
+            ErrorCode::NonFiniteLogits => "non_finite_logits",
             ErrorCode::EngineStopped => "engine_stopped",
             ErrorCode::UnsupportedModel => "unsupported_model",
             ErrorCode::Io => "io",
@@ -221,7 +252,6 @@ impl ErrorCode {
             ErrorCode::DocumentOutOfMemory => "document_out_of_memory",
             ErrorCode::DocumentCrashed => "document_crashed",
             ErrorCode::SessionCorrupt => "session_corrupt",
-            ErrorCode::DiskFull => "disk_full",
         }
     }
 }

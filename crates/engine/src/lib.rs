@@ -18,6 +18,7 @@
 //! re-exported), a conversation's cache and history (`session`, re-exported as [`Session`]),
 //! and the typed error ([`EngineError`]).
 
+pub mod budget;
 pub mod card;
 pub mod chat;
 pub mod compare;

@@ -209,14 +209,17 @@ pub fn estimate_kv_bytes(
     let mut total = 0u64;
     for l in config.cache_owning_layers() {
         let held = match l.sliding_window {
-            Some(w) => tokens.min(w.saturating_sub(1) + rewind_margin),
+            Some(w) => tokens.min(w.saturating_sub(1).saturating_add(rewind_margin)),
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
         let b = token_bytes(precision, l.n_kv_heads, l.head_dim)?;
-        total += (b * held) as u64;
+        // Saturating: `tokens` may come from a user (a huge context must read as "too much",
+        // never wrap to a small number).
+        total = total.saturating_add((b as u64).saturating_mul(held as u64));
         if held > 0 {
-            total += layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64;
+            total =
+                total.saturating_add(layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64);
         }
     }
     Ok(total)
@@ -377,6 +380,29 @@ impl SwitchEvent {
             duration_ms,
         }
     }
+}
+
+/// Bytes for a message: `512 B`, `3.4 KiB`, `1.25 GiB` (binary units, three significant
+/// digits).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$} {}", UNITS[unit])
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
@@ -540,6 +566,16 @@ mod tests {
 
     fn policy(spec: &str) -> PrecisionPolicy {
         CacheSpec::parse(spec).expect("spec").to_policy()
+    }
+
+    #[test]
+    fn bytes_read_in_binary_units() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1536), "1.50 KiB");
+        assert_eq!(format_bytes(10 << 20), "10.0 MiB");
+        assert_eq!(format_bytes(300 << 30), "300 GiB");
+        assert_eq!(format_bytes(u64::MAX), "16384 PiB");
     }
 
     #[test]

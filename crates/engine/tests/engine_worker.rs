@@ -426,3 +426,164 @@ fn the_handle_cancels_a_running_generation() {
     assert!(ids.len() < 200, "{}", ids.len());
     assert!(!s.engine.status().busy);
 }
+
+/// The rewind margin the memory tests set on their engine before loading.
+const MARGIN: usize = 16;
+
+/// The KV bytes the engine's cache holds at `tokens` tokens of tiny_gemma3 in f32, with a
+/// rewind margin of [`MARGIN`].
+fn kv_at(tokens: usize) -> u64 {
+    let cfg =
+        kvlab_engine::config::hf::load_config(&common::fixture("tiny_gemma3").join("config.json"))
+            .expect("config");
+    let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
+    kvlab_engine::memory::estimate_kv_bytes(&cfg, &f32, tokens, MARGIN).expect("estimate")
+}
+
+#[test]
+fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
+    use kvlab_engine::budget::MemoryBudget;
+    use kvlab_engine::kv::CacheSelection;
+    use kvlab_engine::memory::format_bytes;
+    let s = setup("tiny_gemma3");
+    let path = common::fixture("tiny_e").join("model.safetensors");
+    let f32 = CacheSelection::Spec("f32".into());
+    // What the load needs, from the card's estimate with no limit at all.
+    let unlimited = MemoryBudget::fixed(u64::MAX, 0);
+    s.engine.set_memory_budget(unlimited);
+    let opts = kvlab_engine::LoadOptions::default();
+    let need = s
+        .engine
+        .estimate(&path, &opts, 200, &f32)
+        .expect("estimate");
+    assert!(need.fit.fits);
+    // One byte short of it, 64 KiB kept free: refused before a weight is read.
+    let margin = 64 << 10;
+    let available = need.total_bytes + margin - 1;
+    s.engine
+        .set_memory_budget(MemoryBudget::fixed(available, margin));
+    let request = |spec: &str| LoadRequest {
+        tokenizer: Some(s.tokenizer.clone()),
+        policy: CacheSelection::Spec(spec.into()).policy().expect("policy"),
+        context: 200,
+        ..LoadRequest::new(ModelSource::Local { path: path.clone() })
+    };
+    let err = s.engine.load_blocking(request("f32"), |_| {}).unwrap_err();
+    println!("HOSTILE model load larger than memory -> {}", err.code);
+    assert_eq!(err.code, ErrorCode::OutOfMemory, "{err}");
+    for want in [
+        format_bytes(need.total_bytes),
+        format_bytes(available),
+        format_bytes(margin),
+        "200 tokens".into(),
+        "tq4@all".into(),
+        "tokens fits".into(),
+        "the model loaded now stays loaded".into(),
+    ] {
+        assert!(err.message.contains(&want), "{want}: {}", err.message);
+    }
+    // The estimate the panel shows says the same before any load.
+    let shown = s
+        .engine
+        .estimate(&path, &opts, 200, &f32)
+        .expect("estimate");
+    assert!(!shown.fit.fits);
+    let tq = shown
+        .fit
+        .turboquant
+        .clone()
+        .expect("a TurboQuant cache fits");
+    let shorter = shown.fit.max_context.expect("a shorter context fits");
+    assert!(tq.needed_bytes <= available - margin && shorter < 200);
+    // Nothing was lost: the loaded model still answers.
+    assert_eq!(
+        s.engine.status().model.map(|c| c.name),
+        Some("tiny_gemma3".into())
+    );
+    // What it offered really fits: the TurboQuant load passes the same budget.
+    s.engine
+        .load_blocking(request(&tq.spec), |_| {})
+        .expect("the offered cache loads");
+}
+
+#[test]
+fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
+    use kvlab_engine::budget::MemoryBudget;
+    let s = setup("tiny_gemma3");
+    // The margin is the session's from its load: set it, then load again.
+    s.engine.set_rewind_margin(MARGIN);
+    s.engine
+        .load_blocking(load_request("tiny_gemma3", &s.tokenizer), |_| {})
+        .expect("reload");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let first = run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: expect[..12].to_vec(),
+            },
+            20,
+        ),
+    );
+    let mut history = expect[..12].to_vec();
+    history.extend(first.done().1);
+    let held = s.engine.status().kv_bytes as u64;
+    assert_eq!(held, kv_at(31));
+    // Room for the conversation to grow to 52 tokens, not more.
+    let margin = 4096;
+    s.engine
+        .set_memory_budget(MemoryBudget::fixed(margin + kv_at(52) - held, margin));
+    let (code, message) = run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: history.clone(),
+            },
+            100,
+        ),
+    )
+    .error();
+    println!("HOSTILE context growth larger than memory -> {code}");
+    assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
+    assert!(
+        message.contains("132 tokens") && message.contains("up to 52 tokens fits"),
+        "{message}"
+    );
+    // Nothing was touched: the cache holds what it held.
+    assert_eq!(s.engine.status().context_tokens, 31);
+    // What it offered fits: 32 prompt tokens and 20 more make 52.
+    let r = run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: history.clone(),
+            },
+            20,
+        ),
+    );
+    assert_eq!(r.done().1.len(), 20);
+    assert_eq!(r.stats().reused_tokens, 31);
+
+    // A comparison's two fresh caches are checked too.
+    let (rx, _) = s
+        .engine
+        .compare_channel(kvlab_engine::compare::CompareRequest {
+            prompt: Prompt::Ids { ids: history },
+            sampling: SamplingParams::greedy(),
+            max_tokens: 200,
+            policies: [
+                PrecisionPolicy::uniform(KvPrecision::F32),
+                PrecisionPolicy::uniform(KvPrecision::F16),
+            ],
+            prefill_chunk: 512,
+        })
+        .expect("send");
+    let last = rx.into_iter().last().expect("an answer");
+    match last {
+        kvlab_engine::compare::CompareEvent::Error { code, message } => {
+            println!("HOSTILE comparison larger than memory -> {code}");
+            assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

@@ -1,7 +1,13 @@
 //! Hub downloads against a tiny in-test HTTP server that answers the requests hf-hub makes
 //! (`/api/models/<repo>/revision/<rev>`, `/api/models/<repo>/tree/<commit>`, HEAD and ranged
 //! GET on `/<repo>/resolve/<commit>/<file>`): progress, cancellation leaving a partial file,
-//! resume with an HTTP range to the exact bytes, and the offline fallback.
+//! resume with an HTTP range to the exact bytes, and the offline fallback. Then the faults
+//! (tests named `hostile_*`, each printing `HOSTILE <fault> -> <code>`): 401 and 403 saying
+//! how to set `HF_TOKEN`, 404, 429 with `Retry-After` (waited out when short, reported when
+//! long), 5xx retried with backoff, bodies shorter than their `Content-Length`, a wrong
+//! SHA-256, a stale partial that is not a prefix, and a disk that fills up (before the
+//! download, and mid-download in a child process under a file-size rlimit). Each asserts its
+//! code, its message, and that a partial file is kept only when it is a true prefix.
 #![cfg(feature = "hub")]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -9,9 +15,11 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kvlab_engine::events::ErrorCode;
 use kvlab_engine::source::hub::{download_repo, DownloadProgress, HubOptions};
+use kvlab_engine::source::hub_retry::RetryPolicy;
 use kvlab_engine::source::SourceError;
 use sha2::{Digest, Sha256};
 
@@ -38,6 +46,15 @@ struct Request {
     method: String,
     path: String,
     range: Option<String>,
+    at: Instant,
+}
+
+/// A canned answer for requests of one file: `times` answers of `status` with `headers`.
+struct Script {
+    file: String,
+    status: &'static str,
+    headers: Vec<(&'static str, String)>,
+    times: usize,
 }
 
 /// A fake Hub serving one repository at one commit.
@@ -48,6 +65,14 @@ struct FakeHub {
     stall_next: Mutex<Option<String>>,
     /// Answer ranged GETs with the whole file (200), as some servers do.
     ignore_range: bool,
+    /// Canned error answers, taken before the real ones.
+    scripts: Mutex<Vec<Script>>,
+    /// Every GET body of the model stops after this many bytes (its Content-Length whole).
+    truncate_at: Mutex<Option<usize>>,
+    /// Serve the model with one byte changed (its listed SHA-256 stays the real one).
+    corrupt: AtomicBool,
+    /// List the model with this size instead of its own.
+    listed_size: Mutex<Option<u64>>,
 }
 
 impl FakeHub {
@@ -61,7 +86,37 @@ impl FakeHub {
             requests: Mutex::new(Vec::new()),
             stall_next: Mutex::new(None),
             ignore_range,
+            scripts: Mutex::new(Vec::new()),
+            truncate_at: Mutex::new(None),
+            corrupt: AtomicBool::new(false),
+            listed_size: Mutex::new(None),
         })
+    }
+
+    /// Answers the next `times` requests of `file` (HEAD and GET) with `status`.
+    fn script(
+        &self,
+        file: &str,
+        status: &'static str,
+        headers: &[(&'static str, &str)],
+        times: usize,
+    ) {
+        self.scripts.lock().unwrap().push(Script {
+            file: file.into(),
+            status,
+            headers: headers.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            times,
+        });
+    }
+
+    /// The canned answer for `path`, if one is due (used up one at a time).
+    fn scripted(&self, path: &str) -> Option<(&'static str, Vec<(&'static str, String)>)> {
+        let mut scripts = self.scripts.lock().unwrap();
+        let s = scripts
+            .iter_mut()
+            .find(|s| s.times > 0 && path.ends_with(&format!("/{}", s.file)))?;
+        s.times -= 1;
+        Some((s.status, s.headers.clone()))
     }
 
     /// Serves on a free local port; returns the endpoint URL.
@@ -87,12 +142,16 @@ impl FakeHub {
             .files
             .iter()
             .map(|(path, bytes)| {
+                let size = match *self.listed_size.lock().unwrap() {
+                    Some(s) if path == MODEL => s,
+                    _ => bytes.len() as u64,
+                };
                 let mut e = serde_json::json!({
-                    "type": "file", "oid": "0000", "size": bytes.len(), "path": path,
+                    "type": "file", "oid": "0000", "size": size, "path": path,
                 });
                 if path.ends_with(".safetensors") {
                     let sha = sha_hex(bytes);
-                    e["lfs"] = serde_json::json!({"size": bytes.len(), "sha256": sha});
+                    e["lfs"] = serde_json::json!({"size": size, "sha256": sha});
                 }
                 e
             })
@@ -128,7 +187,12 @@ impl FakeHub {
             method: method.clone(),
             path: path.clone(),
             range: range.clone(),
+            at: Instant::now(),
         });
+        if let Some((status, headers)) = self.scripted(&path) {
+            let body = br#"{"error":"scripted fault"}"#;
+            return reply(&mut conn, status, &headers, body, &method);
+        }
         let api = format!("/api/models/{REPO}");
         let resolve = format!("/{REPO}/resolve/{COMMIT}/");
         if path == format!("{api}/revision/main") {
@@ -145,6 +209,12 @@ impl FakeHub {
             let body = br#"{"error":"Repository not found"}"#;
             return reply(&mut conn, "404 Not Found", &[], body, &method);
         };
+        let mut bytes = bytes.clone();
+        if name == MODEL && self.corrupt.load(Ordering::Relaxed) {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x5a;
+        }
+        let bytes = &bytes;
         let commit = ("X-Repo-Commit", COMMIT.to_owned());
         let etag = ("ETag", format!("\"{}\"", sha_hex(bytes)));
         let (status, body, extra) = match range.as_deref().and_then(parse_range) {
@@ -177,6 +247,15 @@ impl FakeHub {
             let _ = reader.read(&mut [0u8; 1]);
             return;
         }
+        let cut = *self.truncate_at.lock().unwrap();
+        if let (Some(cut), true) = (cut, method == "GET" && name == MODEL) {
+            // Promise the whole body, send part of it, hang up.
+            write_head(&mut conn, status, &headers, body.len());
+            let _ = conn.write_all(&body[..cut.min(body.len())]);
+            let _ = conn.flush();
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+            return;
+        }
         reply(&mut conn, status, &headers, body, &method);
     }
 }
@@ -204,11 +283,20 @@ fn reply(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &
     let _ = conn.flush();
 }
 
+/// Tries per request in these tests, and their short waits.
+const ATTEMPTS: u32 = 3;
+
 fn options(endpoint: &str, dir: &Path) -> HubOptions {
     HubOptions {
         endpoint: Some(endpoint.to_owned()),
         dir: Some(dir.to_path_buf()),
         token: Some("test-token".into()),
+        retry: RetryPolicy {
+            attempts: ATTEMPTS,
+            base_delay: Duration::from_millis(40),
+            max_delay: Duration::from_millis(200),
+            max_retry_after: Duration::from_secs(5),
+        },
     }
 }
 
@@ -368,4 +456,341 @@ fn unknown_repository_is_model_not_found() {
     .unwrap_err();
     assert!(matches!(err, SourceError::HubNotFound { .. }), "{err:?}");
     assert_eq!(err.code(), ErrorCode::ModelNotFound);
+}
+
+/// Prints the tally line `scripts/hostile.sh` counts and checks the code.
+fn hostile(row: &str, err: &SourceError, want: ErrorCode) {
+    println!("HOSTILE {row} -> {}", err.code());
+    assert_eq!(err.code(), want, "{row}: {err}");
+}
+
+/// A fresh fake Hub, its options and a download folder.
+fn hub_and_dir() -> (Arc<FakeHub>, HubOptions, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::new(false);
+    let opts = options(&hub.serve(), dir.path());
+    (hub, opts, dir)
+}
+
+fn snapshot(dir: &Path) -> PathBuf {
+    dir.join("tiny--gemma3").join(COMMIT)
+}
+
+/// Asserts the model's `.part` file is a true prefix of the model and returns its length
+/// (0 when there is none).
+fn prefix_kept(dir: &Path) -> u64 {
+    let part = snapshot(dir).join("model.safetensors.part");
+    let Ok(bytes) = std::fs::read(&part) else {
+        return 0;
+    };
+    let model = fixture(MODEL);
+    assert!(bytes.len() <= model.len(), "partial longer than the file");
+    assert_eq!(bytes, model[..bytes.len()], "the partial is not a prefix");
+    bytes.len() as u64
+}
+
+/// What the user had stays: config.json, fetched before the fault, is complete.
+fn config_kept(dir: &Path) {
+    assert_eq!(
+        std::fs::read(snapshot(dir).join("config.json")).unwrap(),
+        fixture("config.json")
+    );
+}
+
+fn model_requests(hub: &FakeHub) -> Vec<Request> {
+    let path = format!("/{REPO}/resolve/{COMMIT}/{MODEL}");
+    hub.requests()
+        .into_iter()
+        .filter(|r| r.path == path)
+        .collect()
+}
+
+#[test]
+fn hostile_hub_401_says_how_to_set_hf_token() {
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(MODEL, "401 Unauthorized", &[], usize::MAX);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub 401 (token needed)", &err, ErrorCode::HubAuth);
+    let msg = err.to_string();
+    for want in ["401", "HF_TOKEN", "settings/tokens", REPO] {
+        assert!(msg.contains(want), "{want} missing: {msg}");
+    }
+    // Retrying cannot help: one request.
+    assert_eq!(model_requests(&hub).len(), 1);
+    config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_403_gated_says_to_accept_the_license() {
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(MODEL, "403 Forbidden", &[], usize::MAX);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub 403 (gated)", &err, ErrorCode::HubAuth);
+    let msg = err.to_string();
+    for want in ["403", "license", "HF_TOKEN", "gated"] {
+        assert!(msg.contains(want), "{want} missing: {msg}");
+    }
+    assert_eq!(model_requests(&hub).len(), 1);
+    config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_404_is_model_not_found() {
+    let (hub, opts, _dir) = hub_and_dir();
+    hub.script(MODEL, "404 Not Found", &[], usize::MAX);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub 404", &err, ErrorCode::ModelNotFound);
+    assert!(err.to_string().contains(MODEL), "{err}");
+    assert_eq!(model_requests(&hub).len(), 1);
+}
+
+#[test]
+fn hostile_hub_429_short_retry_after_is_waited_out() {
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(MODEL, "429 Too Many Requests", &[("Retry-After", "1")], 1);
+    run(&opts, false)
+        .0
+        .expect("the download succeeds after the wait");
+    let reqs = model_requests(&hub);
+    // The 429, then the HEAD and GET of the real transfer, the first at least 1 s later.
+    assert_eq!(reqs.len(), 3, "{reqs:?}");
+    let gap = reqs[1].at - reqs[0].at;
+    assert!(gap >= Duration::from_secs(1), "waited only {gap:?}");
+    assert_eq!(
+        std::fs::read(snapshot(dir.path()).join(MODEL)).unwrap(),
+        fixture(MODEL)
+    );
+}
+
+#[test]
+fn hostile_hub_429_long_retry_after_fails_at_once_saying_how_long() {
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(
+        MODEL,
+        "429 Too Many Requests",
+        &[("Retry-After", "3600")],
+        usize::MAX,
+    );
+    let t = Instant::now();
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub 429 with Retry-After", &err, ErrorCode::HubRateLimited);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "it waited: {:?}",
+        t.elapsed()
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("60 minutes") && msg.contains("429"), "{msg}");
+    assert_eq!(model_requests(&hub).len(), 1);
+    config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_5xx_is_retried_with_backoff() {
+    // Two failures, then the real answer: the download succeeds on the third try, each wait
+    // longer than the one before.
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(MODEL, "503 Service Unavailable", &[], 2);
+    run(&opts, false).0.expect("succeeds on the third try");
+    println!("HOSTILE hub 5xx twice -> recovered");
+    let reqs = model_requests(&hub);
+    assert_eq!(reqs.len(), 4, "503, 503, HEAD, GET: {reqs:?}");
+    let (w1, w2) = (reqs[1].at - reqs[0].at, reqs[2].at - reqs[1].at);
+    assert!(w1 >= Duration::from_millis(40), "first wait {w1:?}");
+    assert!(w2 >= Duration::from_millis(80), "second wait {w2:?}");
+    assert_eq!(
+        std::fs::read(snapshot(dir.path()).join(MODEL)).unwrap(),
+        fixture(MODEL)
+    );
+
+    // Failing every time: hub_unavailable after the policy's tries, config.json kept.
+    let (hub, opts, dir) = hub_and_dir();
+    hub.script(MODEL, "502 Bad Gateway", &[], usize::MAX);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub 5xx after retries", &err, ErrorCode::HubUnavailable);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("502") && msg.contains(&format!("{ATTEMPTS} tries")),
+        "{msg}"
+    );
+    assert_eq!(model_requests(&hub).len(), ATTEMPTS as usize);
+    config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_body_shorter_than_content_length_keeps_a_true_prefix() {
+    const CUT: usize = 100_000;
+    let (hub, opts, dir) = hub_and_dir();
+    *hub.truncate_at.lock().unwrap() = Some(CUT);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile(
+        "hub body shorter than Content-Length",
+        &err,
+        ErrorCode::DownloadIncomplete,
+    );
+    // Each try resumed where the last one stopped, so every try added CUT bytes.
+    let kept = prefix_kept(dir.path());
+    assert_eq!(kept, (CUT * ATTEMPTS as usize) as u64);
+    let gets: Vec<_> = model_requests(&hub)
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .collect();
+    assert_eq!(gets.len(), ATTEMPTS as usize);
+    assert_eq!(gets[0].range, None);
+    let len = fixture(MODEL).len();
+    assert_eq!(
+        gets[1].range.as_deref(),
+        Some(format!("bytes={CUT}-{}", len - 1).as_str())
+    );
+    assert!(
+        err.to_string().contains(&format!("{kept} of {len} bytes")),
+        "{err}"
+    );
+    config_kept(dir.path());
+
+    // The Hub behaves again: the next run resumes from the kept bytes and finishes.
+    *hub.truncate_at.lock().unwrap() = None;
+    run(&opts, false).0.expect("resumes");
+    let last = model_requests(&hub).pop().unwrap();
+    assert_eq!(last.range, Some(format!("bytes={kept}-{}", len - 1)));
+    assert_eq!(
+        std::fs::read(snapshot(dir.path()).join(MODEL)).unwrap(),
+        fixture(MODEL)
+    );
+}
+
+#[test]
+fn hostile_hub_wrong_sha256_discards_the_file() {
+    let (hub, opts, dir) = hub_and_dir();
+    hub.corrupt.store(true, Ordering::Relaxed);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub wrong sha256", &err, ErrorCode::DownloadCorrupt);
+    assert!(err.to_string().contains("SHA-256"), "{err}");
+    // Not a prefix of the listed file: nothing of it is kept.
+    let snap = snapshot(dir.path());
+    assert!(!snap.join("model.safetensors.part").exists());
+    assert!(!snap.join(MODEL).exists());
+    config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_partial_that_is_not_a_prefix_is_refetched_whole() {
+    // A partial left by some earlier run with wrong bytes: the resumed file fails its
+    // checksum, so it is dropped and fetched again from byte 0, once, without the user.
+    let (hub, opts, dir) = hub_and_dir();
+    let snap = snapshot(dir.path());
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("model.safetensors.part"), vec![0xAB; 5000]).unwrap();
+    run(&opts, false).0.expect("recovers");
+    println!("HOSTILE hub stale partial that is not a prefix -> recovered");
+    assert_eq!(std::fs::read(snap.join(MODEL)).unwrap(), fixture(MODEL));
+    let gets: Vec<_> = model_requests(&hub)
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .map(|r| r.range)
+        .collect();
+    let len = fixture(MODEL).len();
+    assert_eq!(gets, [Some(format!("bytes=5000-{}", len - 1)), None]);
+    // A partial longer than the file is no prefix either: dropped before any request.
+    std::fs::remove_file(snap.join(MODEL)).unwrap();
+    std::fs::write(snap.join("model.safetensors.part"), vec![0u8; len + 10]).unwrap();
+    run(&opts, false).0.expect("starts over");
+    assert_eq!(std::fs::read(snap.join(MODEL)).unwrap(), fixture(MODEL));
+    assert_eq!(model_requests(&hub).pop().unwrap().range, None);
+}
+
+#[test]
+fn hostile_hub_disk_too_small_is_refused_before_downloading() {
+    let (hub, opts, dir) = hub_and_dir();
+    // The listing claims a 1 PiB model: no disk here has room for it.
+    *hub.listed_size.lock().unwrap() = Some(1 << 50);
+    let err = run(&opts, false).0.unwrap_err();
+    hostile(
+        "hub download larger than the free disk",
+        &err,
+        ErrorCode::DiskFull,
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("1.00 PiB still to download") && msg.contains("free there"),
+        "{msg}"
+    );
+    assert!(model_requests(&hub).is_empty(), "fetched anyway");
+    // Nothing was written yet, and nothing the user had is touched.
+    assert!(!snapshot(dir.path()).join("config.json").exists());
+}
+
+/// Environment of the child in [`hostile_hub_disk_full_mid_download`].
+const CHILD_URL: &str = "KVLAB_TEST_HUB_URL";
+const CHILD_DIR: &str = "KVLAB_TEST_HUB_DIR";
+/// The child's file-size limit: the model's part file stops growing here.
+const FSIZE_LIMIT: u64 = 200_000;
+
+#[cfg(unix)]
+#[test]
+#[ignore = "the child process of hostile_hub_disk_full_mid_download"]
+fn disk_full_child() {
+    let (Ok(url), Ok(dir)) = (std::env::var(CHILD_URL), std::env::var(CHILD_DIR)) else {
+        panic!("run by hostile_hub_disk_full_mid_download only");
+    };
+    // SAFETY: plain libc calls on this process: writes past FSIZE_LIMIT now fail with EFBIG
+    // (instead of raising SIGXFSZ, which is ignored).
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let lim = libc::rlimit {
+            rlim_cur: FSIZE_LIMIT as libc::rlim_t,
+            rlim_max: FSIZE_LIMIT as libc::rlim_t,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+    }
+    let err = run(&options(&url, Path::new(&dir)), false).0.unwrap_err();
+    println!("CHILD_RESULT {}\t{err}", err.code());
+}
+
+#[cfg(unix)]
+#[test]
+fn hostile_hub_disk_full_mid_download() {
+    let (hub, _opts, dir) = hub_and_dir();
+    let url = hub.serve();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "disk_full_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, &url)
+        .env(CHILD_DIR, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("CHILD_RESULT ").map(|(_, r)| r))
+        .unwrap_or_else(|| {
+            panic!(
+                "no result from the child: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let (code, message) = line.split_once('\t').unwrap();
+    println!("HOSTILE hub disk full mid-download -> {code}");
+    assert_eq!(code, "disk_full", "{message}");
+    assert!(
+        message.contains("model.safetensors.part") && message.contains("KVLAB_CACHE"),
+        "{message}"
+    );
+    // The bytes written before the disk filled are a true prefix, kept for resume.
+    assert_eq!(prefix_kept(dir.path()), FSIZE_LIMIT);
+    config_kept(dir.path());
+    // With room again, the download resumes from there and completes.
+    run(&options(&url, dir.path()), false).0.expect("resumes");
+    let last = model_requests(&hub).pop().unwrap();
+    let len = fixture(MODEL).len();
+    assert_eq!(last.range, Some(format!("bytes={FSIZE_LIMIT}-{}", len - 1)));
+    assert_eq!(
+        std::fs::read(snapshot(dir.path()).join(MODEL)).unwrap(),
+        fixture(MODEL)
+    );
 }

@@ -213,7 +213,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "disk_full";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt";
 
 export type Event = { "type": "loading", 
 /**
@@ -258,6 +258,16 @@ code: ErrorCode,
 message: string, };
 
 export type Family = "gemma3" | "gemma4";
+
+export type FitOption = { 
+/**
+ * Its cache, as a canonical SPEC.
+ */
+spec: string, 
+/**
+ * Bytes it would need.
+ */
+needed_bytes: number, };
 
 export type FormatOption = { 
 /**
@@ -500,7 +510,55 @@ kv_bytes: number,
 /**
  * Their sum.
  */
-total_bytes: number, };
+total_bytes: number, 
+/**
+ * Whether that fits the memory available now, and what would if it does not.
+ */
+fit: MemoryFit, };
+
+export type MemoryFit = { 
+/**
+ * Bytes the request needs beyond what is held now: weights (for a load) plus KV.
+ */
+needed_bytes: number, 
+/**
+ * Of which weights (0 when growing a context).
+ */
+weights_bytes: number, 
+/**
+ * Of which KV cache.
+ */
+kv_bytes: number, 
+/**
+ * The context asked for, in tokens.
+ */
+context: number, 
+/**
+ * The cache asked for, as a canonical SPEC.
+ */
+spec: string, 
+/**
+ * Memory available now.
+ */
+available_bytes: number, 
+/**
+ * Of which kept free.
+ */
+margin_bytes: number, 
+/**
+ * `needed ≤ available − margin`.
+ */
+fits: boolean, 
+/**
+ * The TurboQuant cache with the most bits that fits the same context, when the asked
+ * cache does not fit and one does.
+ */
+turboquant: FitOption | null, 
+/**
+ * The longest context that fits with the asked cache, when the asked one does not fit
+ * (absent when not even the weights fit).
+ */
+max_context: number | null, };
 
 export type MemorySample = { 
 /**

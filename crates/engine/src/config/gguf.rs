@@ -155,6 +155,7 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         warnings.push(format!("unknown GGUF key `{k}` ignored"));
     }
     let n = m.usize_req("block_count")?;
+    super::resolve::check_layer_count(n)?;
     let hidden = m.usize_req("embedding_length")?;
     let heads = m.usize_req("attention.head_count")?;
     let kv = m

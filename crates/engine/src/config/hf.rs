@@ -393,6 +393,7 @@ impl Fields<'_> {
             }
         }
         let num_layers = self.usize_req("num_hidden_layers")?;
+        super::resolve::check_layer_count(num_layers)?;
         let hidden_size = self.usize_req("hidden_size")?;
         let vocab_size = self.usize_req("vocab_size")?;
         let num_heads = self.usize_req("num_attention_heads")?;

@@ -53,12 +53,87 @@ fn contradiction(msg: String) -> EngineError {
     EngineError::ConfigContradiction(msg)
 }
 
+/// Most decoder layers a config may declare (the deepest open models have ~130): per-layer
+/// tables are built from this count before any tensor is looked at.
+pub(crate) const MAX_LAYERS: usize = 1024;
+
+/// Caps on the other sizes, far above any real model, so that byte counts derived from them
+/// (a token's KV bytes, a layer's weights) cannot overflow.
+const MAX_WIDTH: usize = 1 << 20;
+const MAX_HEADS: usize = 1 << 12;
+const MAX_HEAD_DIM: usize = 1 << 14;
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_CONTEXT: usize = 1 << 28;
+
+/// Refuses a layer count no model has, before anything is built per layer.
+pub(crate) fn check_layer_count(n: usize) -> Result<()> {
+    if n > MAX_LAYERS {
+        return Err(contradiction(format!(
+            "the config declares {n} layers (at most {MAX_LAYERS})"
+        )));
+    }
+    Ok(())
+}
+
 impl RawConfig {
     /// Resolves every layer and checks the invariants the decoder relies on.
     pub fn resolve(mut self) -> Result<ModelConfig> {
         let l = self.num_layers;
         if l == 0 {
             return Err(contradiction("num_hidden_layers is 0".into()));
+        }
+        check_layer_count(l)?;
+        let widths = self.intermediate_size.iter().copied().max().unwrap_or(0);
+        for (name, v, cap) in [
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", widths, MAX_WIDTH),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("num_attention_heads", self.num_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_kv_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            (
+                "global_head_dim",
+                self.global_head_dim.unwrap_or(0),
+                MAX_HEAD_DIM,
+            ),
+            (
+                "num_global_key_value_heads",
+                self.num_global_kv_heads.unwrap_or(0),
+                MAX_HEADS,
+            ),
+            ("sliding_window", self.sliding_window, MAX_CONTEXT),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_CONTEXT,
+            ),
+            (
+                "per-layer input width",
+                self.ple.map_or(0, |p| p.dim),
+                MAX_WIDTH,
+            ),
+            (
+                "per-layer vocabulary",
+                self.ple.map_or(0, |p| p.vocab_size),
+                MAX_VOCAB,
+            ),
+            ("experts", self.moe.map_or(0, |m| m.num_experts), MAX_HEADS),
+            (
+                "expert width",
+                self.moe.map_or(0, |m| m.expert_width),
+                MAX_WIDTH,
+            ),
+        ] {
+            if v > cap {
+                return Err(contradiction(format!("{name} is {v} (at most {cap})")));
+            }
+        }
+        for o in self.overrides.values() {
+            if o.head_dim.unwrap_or(0) > MAX_HEAD_DIM || o.n_kv_heads.unwrap_or(0) > MAX_HEADS {
+                return Err(contradiction(format!(
+                    "a per-layer override is out of range: {o:?}"
+                )));
+            }
         }
         if self.layer_types.len() != l {
             return Err(contradiction(format!(

@@ -19,6 +19,24 @@ pub enum GenerateError {
         /// Maximum context.
         max: usize,
     },
+    /// The context would outgrow the memory available (the message has the numbers and
+    /// what would fit).
+    #[error("{0}")]
+    OutOfMemory(String),
+    /// The model's output holds NaN or infinite values.
+    #[error(
+        "the model produced {bad} non-finite logits (NaN or infinite, of {vocab}) at position \
+         {position}: its weights hold NaN or Inf values, or the computation overflowed; the \
+         cache was cleared and the conversation is kept"
+    )]
+    NonFiniteLogits {
+        /// Non-finite entries.
+        bad: usize,
+        /// Vocabulary size.
+        vocab: usize,
+        /// Context position of the token whose logits they are.
+        position: usize,
+    },
     /// Nothing to run.
     #[error("the prompt is empty")]
     EmptyPrompt,
@@ -47,6 +65,8 @@ impl GenerateError {
     pub fn code(&self) -> ErrorCode {
         match self {
             GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
+            GenerateError::OutOfMemory(_) => ErrorCode::OutOfMemory,
+            GenerateError::NonFiniteLogits { .. } => ErrorCode::NonFiniteLogits,
             GenerateError::EmptyPrompt
             | GenerateError::NoTokens
             | GenerateError::Chat(_)

@@ -143,6 +143,17 @@ pub trait Hooks {
     /// Called before every token and between prefill chunks, with the cache at a token
     /// boundary: the place to apply control jobs (cache switches) or set the cancel flag.
     fn between_steps(&mut self, _model: &Model, _session: &mut Session) {}
+    /// Called once before anything runs, with the context the request may grow the session
+    /// to (`tokens`): an error refuses the request, leaving the session untouched (the
+    /// engine thread refuses what would not fit in memory).
+    fn admit(
+        &mut self,
+        _model: &Model,
+        _session: &Session,
+        _tokens: usize,
+    ) -> Result<(), GenerateError> {
+        Ok(())
+    }
 }
 
 impl<F: FnMut(Event)> Hooks for F {
@@ -213,6 +224,17 @@ pub fn render_prompt(
     })
 }
 
+/// The context a request may reach: the prompt and every token it may generate, within the
+/// model's context (`0`: no limit).
+pub fn grown_context(prompt: &[u32], max_tokens: usize, max_context: usize) -> usize {
+    let tokens = prompt.len().saturating_add(max_tokens);
+    if max_context > 0 {
+        tokens.min(max_context)
+    } else {
+        tokens
+    }
+}
+
 /// Tokens per second (0 when nothing ran or no time passed).
 pub(crate) fn per_second(tokens: usize, secs: f64) -> f64 {
     if tokens == 0 || secs <= 0.0 {
@@ -239,6 +261,11 @@ pub fn generate(
     }
     let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
     let max_context = model.config().max_position_embeddings;
+    hooks.admit(
+        model,
+        session,
+        grown_context(&prompt, req.max_tokens, max_context),
+    )?;
     let prepared = session.prepare(&prompt)?;
     let mut seq = Sequence::new(
         tokenizer,
@@ -263,8 +290,13 @@ pub fn generate(
     loop {
         hooks.between_steps(model, session);
         let cancelled = cancel.load(Ordering::Relaxed);
-        let Some(id) = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e))?
-        else {
+        let sampled = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e));
+        if let Err(GenerateError::NonFiniteLogits { .. }) = &sampled {
+            // The cached keys and values came from the same broken computation: keep none of
+            // them (the conversation itself lives with the caller).
+            session.reset()?;
+        }
+        let Some(id) = sampled? else {
             break;
         };
         seq.fed(session.forward(model, &[id], Logits::Last)?);

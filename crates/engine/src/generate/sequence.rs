@@ -135,7 +135,18 @@ impl Sequence {
             self.done = Some(DoneReason::Length);
             return Ok(None);
         }
-        let id = self.sampler.sample(&current.to_vec1::<f32>()?)?;
+        let logits = current.to_vec1::<f32>()?;
+        // The model's logits are soft-capped and never masked, so a NaN or an infinity means
+        // broken weights or an overflow: sampling around it would print noise.
+        let bad = logits.iter().filter(|v| !v.is_finite()).count();
+        if bad > 0 {
+            return Err(GenerateError::NonFiniteLogits {
+                bad,
+                vocab: logits.len(),
+                position: context_len,
+            });
+        }
+        let id = self.sampler.sample(&logits)?;
         self.first_token.get_or_insert_with(Instant::now);
         self.ids.push(id);
         let step = self.splitter.push(tokenizer, id)?;

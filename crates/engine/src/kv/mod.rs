@@ -207,6 +207,11 @@ impl KvCache {
         self.rewind_margin = margin;
     }
 
+    /// Tokens sliding layers keep beyond their window ([`KvCache::set_rewind_margin`]).
+    pub fn rewind_margin(&self) -> usize {
+        self.rewind_margin
+    }
+
     /// Tokens processed so far (the position of the next token).
     pub fn seq_len(&self) -> usize {
         self.seq_len

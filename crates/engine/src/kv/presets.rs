@@ -72,6 +72,11 @@ impl SideFormat {
         matches!(self, SideFormat::F32 | SideFormat::F16 | SideFormat::Bf16)
     }
 
+    /// Whether the side is TurboQuant codes.
+    pub fn is_turboquant(self) -> bool {
+        !self.is_dense()
+    }
+
     /// What a menu shows (`FP16`, `TQ 3.5`).
     pub fn label(self) -> String {
         match self {

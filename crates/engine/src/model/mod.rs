@@ -48,16 +48,38 @@ use rope::RopeTables;
 /// (plus the `rope_freqs` fix-up for Gemma 4), or the `config.json` beside safetensors.
 /// Loading and inspecting both read it here, so the two can never disagree.
 pub fn read_config(ws: &WeightStore) -> Result<ModelConfig> {
-    match ws.gguf_content() {
+    let cfg = match ws.gguf_content() {
         Some(content) => {
             let mut cfg = config::gguf::config_from_gguf(content)?;
             if cfg.family == config::Family::Gemma4 && ws.contains("rope_freqs.weight") {
                 proportional_from_freq_factors(&mut cfg, ws)?;
             }
-            Ok(cfg)
+            cfg
         }
-        None => config::hf::load_config(&checkpoint_dir(ws.path()).join("config.json")),
+        None => config::hf::load_config(&checkpoint_dir(ws.path()).join("config.json"))?,
+    };
+    check_layers_present(&cfg, ws)?;
+    Ok(cfg)
+}
+
+/// The config's layer count against the checkpoint's: each of its layers must have tensors,
+/// and no tensors may belong to a layer past them. Checked from the headers, before any
+/// weight is read or any per-layer state is built.
+fn check_layers_present(cfg: &ModelConfig, ws: &WeightStore) -> Result<()> {
+    let n = cfg.num_layers();
+    let present = ws.layer_indices();
+    let expected: std::collections::BTreeSet<usize> = (0..n).collect();
+    if present == expected {
+        return Ok(());
     }
+    let span = match (present.first(), present.last()) {
+        (Some(a), Some(b)) => format!("layers {a} to {b}"),
+        _ => "no layer".into(),
+    };
+    Err(EngineError::ConfigContradiction(format!(
+        "the config declares {n} layers, but the checkpoint holds tensors for {} ({span})",
+        present.len()
+    )))
 }
 
 fn proportional_from_freq_factors(cfg: &mut ModelConfig, ws: &WeightStore) -> Result<()> {

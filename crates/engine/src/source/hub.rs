@@ -12,7 +12,8 @@ use futures::StreamExt;
 use hf_hub::repository::{HFRepository, RepoTreeEntry, RepoTypeModel};
 use hf_hub::{HFClient, HFError};
 
-use super::hub_fetch::{self, Fetch, FileJob};
+use super::hub_fetch::{write_error, Fetch, FileJob};
+use super::hub_retry::{self, to_source_error, RetryPolicy};
 use super::SourceError;
 
 /// Files of a text model; everything else (images, ONNX, GGUF variants) is skipped.
@@ -33,6 +34,8 @@ pub struct HubOptions {
     pub dir: Option<PathBuf>,
     /// Access token (gated repos such as Gemma); `None` reads `HF_TOKEN` or the HF token file.
     pub token: Option<String>,
+    /// How failed requests are retried (listing and transfers alike).
+    pub retry: RetryPolicy,
 }
 
 /// One progress report: the file being fetched and the whole download.
@@ -73,22 +76,6 @@ fn net(repo: &str, reason: impl Into<String>) -> SourceError {
     }
 }
 
-pub(super) fn classify(repo: &str, e: HFError) -> SourceError {
-    match e {
-        HFError::RepoNotFound { .. }
-        | HFError::RevisionNotFound { .. }
-        | HFError::EntryNotFound { .. } => SourceError::HubNotFound {
-            repo: repo.to_owned(),
-            reason: e.to_string(),
-        },
-        HFError::AuthRequired { .. } | HFError::Forbidden { .. } => net(
-            repo,
-            format!("{e}: gated repositories need a Hugging Face token with access (set HF_TOKEN)"),
-        ),
-        other => net(repo, other.to_string()),
-    }
-}
-
 /// `owner--name`, the folder of a repository under the download root.
 fn repo_folder(repo: &str) -> String {
     repo.replace('/', "--")
@@ -110,8 +97,8 @@ fn completed_snapshot(root: &Path, revision: &str) -> Option<PathBuf> {
     dir.join(COMPLETE_MARKER).exists().then_some(dir)
 }
 
-fn io(repo: &str, path: &Path, e: std::io::Error) -> SourceError {
-    net(repo, format!("cannot write {}: {e}", path.display()))
+fn io(path: &Path, e: std::io::Error) -> SourceError {
+    write_error(path, e, None)
 }
 
 /// Downloads the model files of `repo` at `revision` (default `main`) and returns the local
@@ -138,25 +125,35 @@ pub fn download_repo(
         .enable_all()
         .build()
         .map_err(|e| net(repo, format!("cannot start the download runtime: {e}")))?;
-    let mut builder = HFClient::builder().cache_enabled(false);
+    // One retry policy, ours (see hub_retry): hf-hub's own retries would multiply it.
+    let mut builder = HFClient::builder()
+        .cache_enabled(false)
+        .retry_max_attempts(0);
     if let Some(e) = &options.endpoint {
         builder = builder.endpoint(e.clone());
     }
     if let Some(t) = &options.token {
         builder = builder.token(t.clone());
     }
-    let client = builder.build().map_err(|e| classify(repo, e))?;
+    let client = builder
+        .build()
+        .map_err(|e| to_source_error(repo, e, Default::default()))?;
     let handle = client.model(owner, name);
-    let listed = runtime.block_on(hub_fetch::cancellable(
-        list_files(&handle, revision),
-        cancel,
-    ))?;
+    let listed = runtime.block_on(hub_retry::retry(&options.retry, cancel, || {
+        list_files(&handle, revision)
+    }))?;
     let (commit, files) = match listed {
         Ok(v) => v,
-        Err(e) => {
-            let err = classify(repo, e);
-            // Offline: a finished snapshot of the same revision is as good as a download.
-            if matches!(err, SourceError::Network { .. }) {
+        Err((e, tries)) => {
+            let err = to_source_error(repo, e, tries);
+            // Offline, or the Hub failing: a finished snapshot of the same revision is as
+            // good as a download.
+            if matches!(
+                err,
+                SourceError::Network { .. }
+                    | SourceError::HubUnavailable { .. }
+                    | SourceError::RateLimited { .. }
+            ) {
                 if let Some(dir) = completed_snapshot(&root, revision) {
                     return Ok(dir);
                 }
@@ -186,16 +183,17 @@ pub fn download_repo(
         handle: &handle,
         commit: &commit,
         cancel,
+        retry: &options.retry,
     };
     runtime.block_on(fetch.all(&jobs, on_progress))?;
     let marker = dir.join(COMPLETE_MARKER);
-    std::fs::write(&marker, commit.as_bytes()).map_err(|e| io(repo, &marker, e))?;
+    std::fs::write(&marker, commit.as_bytes()).map_err(|e| io(&marker, e))?;
     let refs = root.join("refs");
-    std::fs::create_dir_all(&refs).map_err(|e| io(repo, &refs, e))?;
+    std::fs::create_dir_all(&refs).map_err(|e| io(&refs, e))?;
     // A revision containing `/` (branch `a/b`) gets no offline ref; the download still works.
     if safe_relative(repo, revision).is_ok_and(|p| p.components().count() == 1) {
         let r = refs.join(revision);
-        std::fs::write(&r, commit.as_bytes()).map_err(|e| io(repo, &r, e))?;
+        std::fs::write(&r, commit.as_bytes()).map_err(|e| io(&r, e))?;
     }
     Ok(dir)
 }

@@ -8,6 +8,8 @@
 pub mod hub;
 #[cfg(feature = "hub")]
 mod hub_fetch;
+#[cfg(feature = "hub")]
+pub mod hub_retry;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -52,13 +54,100 @@ pub enum SourceError {
     /// The explicit tokenizer path does not exist.
     #[error("tokenizer not found: {0} does not exist")]
     TokenizerNotFound(PathBuf),
-    /// The Hub could not be reached, or refused.
+    /// The Hub could not be reached (or answered something unusable).
     #[error("Hugging Face Hub download of {repo} failed: {reason}")]
     Network {
         /// The repository.
         repo: String,
         /// What went wrong.
         reason: String,
+    },
+    /// The Hub wants a token (401), or the token has no access (403: a gated repository).
+    #[error("the Hugging Face Hub refused {repo} ({status}): {advice}")]
+    HubAuth {
+        /// The repository.
+        repo: String,
+        /// 401 or 403.
+        status: u16,
+        /// What to do (how to set `HF_TOKEN`).
+        advice: String,
+    },
+    /// The Hub answered 429 and kept doing so, or asked for a wait too long to sit through.
+    #[error(
+        "the Hugging Face Hub is rate-limiting downloads of {repo} (429, {tries} tries): {}; \
+         requests with a token (HF_TOKEN) get higher limits",
+        wait_advice(*retry_after_s)
+    )]
+    RateLimited {
+        /// The repository.
+        repo: String,
+        /// The server's `Retry-After`, in seconds, when it sent one.
+        retry_after_s: Option<u64>,
+        /// Tries made.
+        tries: u32,
+    },
+    /// The Hub kept failing with a server error.
+    #[error(
+        "the Hugging Face Hub kept failing for {repo}: HTTP {status} on each of {tries} tries \
+         over {waited} of backoff; the Hub or the mirror in HF_ENDPOINT is having trouble, \
+         try again later (what was downloaded is kept)"
+    )]
+    HubUnavailable {
+        /// The repository.
+        repo: String,
+        /// The last status.
+        status: u16,
+        /// Tries made.
+        tries: u32,
+        /// Time spent waiting between them.
+        waited: String,
+    },
+    /// A file's transfer kept ending early; the bytes that arrived are kept for resume.
+    #[error(
+        "the download of {file} from {repo} kept ending early: {have} of {size} bytes after \
+         {tries} tries; the {have} bytes are kept and the next try resumes from there"
+    )]
+    Incomplete {
+        /// The repository.
+        repo: String,
+        /// The repository path of the file.
+        file: String,
+        /// Bytes on disk.
+        have: u64,
+        /// Bytes listed.
+        size: u64,
+        /// Tries made.
+        tries: u32,
+    },
+    /// A downloaded file is not the one the Hub listed; it was discarded.
+    #[error("{file} from {repo} is corrupt ({reason}); it was discarded, try again")]
+    Corrupt {
+        /// The repository.
+        repo: String,
+        /// The repository path of the file.
+        file: String,
+        /// What did not match.
+        reason: String,
+    },
+    /// No room on the disk (or past the file system's file-size limit).
+    #[error("{}", disk_full_text(path, *needed, *available, reason))]
+    DiskFull {
+        /// Where the write went.
+        path: PathBuf,
+        /// Bytes still to write, when known.
+        needed: Option<u64>,
+        /// Bytes free there, when known.
+        available: Option<u64>,
+        /// The system's words.
+        reason: String,
+    },
+    /// A local file could not be written or read while downloading.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
     },
     /// The Hub has no such repository or revision.
     #[error("Hugging Face Hub has no {repo}: {reason}")]
@@ -90,10 +179,54 @@ impl SourceError {
                 ErrorCode::TokenizerNotFound
             }
             SourceError::Network { .. } | SourceError::HubDisabled(_) => ErrorCode::Network,
+            SourceError::HubAuth { .. } => ErrorCode::HubAuth,
+            SourceError::RateLimited { .. } => ErrorCode::HubRateLimited,
+            SourceError::HubUnavailable { .. } => ErrorCode::HubUnavailable,
+            SourceError::Incomplete { .. } => ErrorCode::DownloadIncomplete,
+            SourceError::Corrupt { .. } => ErrorCode::DownloadCorrupt,
+            SourceError::DiskFull { .. } => ErrorCode::DiskFull,
+            SourceError::Io { .. } => ErrorCode::Io,
             SourceError::Cancelled => ErrorCode::Cancelled,
             SourceError::NoCacheDir => ErrorCode::Internal,
         }
     }
+}
+
+/// What a rate-limited client should do, given the server's `Retry-After` in seconds.
+fn wait_advice(retry_after_s: Option<u64>) -> String {
+    match retry_after_s {
+        Some(s) if s >= 120 => format!(
+            "the Hub asks to wait {} minutes before retrying",
+            s.div_ceil(60)
+        ),
+        Some(s) => format!("the Hub asks to wait {s} s before retrying"),
+        None => "wait a minute before retrying".into(),
+    }
+}
+
+/// The disk-full message: where, how much is missing, and what to do.
+fn disk_full_text(
+    path: &Path,
+    needed: Option<u64>,
+    available: Option<u64>,
+    reason: &str,
+) -> String {
+    use crate::memory::format_bytes;
+    let mut s = format!("no room to write {}: {reason}", path.display());
+    match (needed, available) {
+        (Some(n), Some(a)) => s.push_str(&format!(
+            " ({} still to download, {} free there)",
+            format_bytes(n),
+            format_bytes(a)
+        )),
+        (Some(n), None) => s.push_str(&format!(" ({} still to download)", format_bytes(n))),
+        _ => {}
+    }
+    s.push_str(
+        "; free some space (or set KVLAB_CACHE to a disk with room) and retry: what was \
+         downloaded is kept and resumes",
+    );
+    s
 }
 
 /// Local files ready for [`crate::Model::load`] and [`crate::tokenizer::GemmaTokenizer`].

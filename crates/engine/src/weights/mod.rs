@@ -3,9 +3,13 @@
 //! matrices kept quantized). Every lookup checks the shape and names the tensor on failure.
 
 mod gguf;
+pub(crate) mod gguf_check;
 mod repack;
 mod safetensors;
+pub(crate) mod safetensors_check;
 
+use std::collections::BTreeSet;
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,6 +162,26 @@ impl WeightStore {
         }
     }
 
+    /// The decoder layers the checkpoint holds tensors for (`blk.N.` in GGUF, `layers.N.`
+    /// under the language model's prefix in safetensors), from the headers alone.
+    pub fn layer_indices(&self) -> BTreeSet<usize> {
+        let index = |rest: &str| rest.split('.').next().and_then(|n| n.parse().ok());
+        match &self.backend {
+            Backend::Gguf { content, .. } => content
+                .tensor_infos
+                .keys()
+                .filter_map(|n| n.strip_prefix("blk.").and_then(index))
+                .collect(),
+            Backend::Safetensors { st, prefix } => {
+                let lead = format!("{prefix}layers.");
+                st.tensors()
+                    .into_iter()
+                    .filter_map(|(n, _)| n.strip_prefix(lead.as_str()).and_then(index))
+                    .collect()
+            }
+        }
+    }
+
     /// Parameters in the language model's tensors, counted from the headers.
     pub fn param_count(&self) -> u64 {
         self.header_tensors().iter().map(|t| t.elements).sum()
@@ -204,10 +228,18 @@ impl WeightStore {
     /// Opens a GGUF file; returns the store and its parsed header (metadata + tensor
     /// directory), which [`crate::config::gguf::config_from_gguf`] turns into a config.
     pub fn open_gguf(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let mut file = std::fs::File::open(path).map_err(|source| EngineError::Io {
+        let io = |source| EngineError::Io {
             path: path.to_path_buf(),
             source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        // Our own check first: candle's reader must never see a header that lies.
+        gguf_check::check(&mut file, len).map_err(|reason| EngineError::CorruptFile {
+            path: path.to_path_buf(),
+            reason,
         })?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
         let content =
             gguf_file::Content::read(&mut file).map_err(|e| EngineError::CorruptFile {
                 path: path.to_path_buf(),

@@ -39,6 +39,7 @@ pub(super) fn open(path: &Path) -> Result<(MmapedSafetensors, PathBuf)> {
         let dir = path.parent().unwrap_or(Path::new("."));
         return open_sharded(dir, path);
     }
+    super::safetensors_check::check_file(path).map_err(|e| corrupt(path, e))?;
     // SAFETY: the mapping is read-only; a file modified while mapped is the caller's
     // responsibility, as with every memory-mapped loader.
     let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| corrupt(path, e))?;
@@ -74,6 +75,7 @@ fn open_sharded(dir: &Path, index: &Path) -> Result<(MmapedSafetensors, PathBuf)
     let shards: Vec<PathBuf> = shards.into_iter().collect();
     for s in &shards {
         ensure_readable(s)?;
+        super::safetensors_check::check_file(s).map_err(|e| corrupt(s, e))?;
     }
     // SAFETY: as in `open`: read-only mappings.
     let st = unsafe { MmapedSafetensors::multi(&shards) }.map_err(|e| corrupt(index, e))?;

@@ -26,6 +26,9 @@ pub enum LoadError {
     /// The cache could not be created.
     #[error("cannot create the KV cache: {0}")]
     Cache(EngineError),
+    /// The weights and the cache would not fit the memory available (nothing was read).
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl LoadError {
@@ -41,6 +44,7 @@ impl LoadError {
             LoadError::Tokenizer(_) => ErrorCode::BadTokenizer,
             LoadError::Cache(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
             LoadError::Cache(_) => ErrorCode::Internal,
+            LoadError::OutOfMemory(_) => ErrorCode::OutOfMemory,
         }
     }
 }

@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{JobError, LoadError};
 
+pub use crate::budget::MemoryBudget;
+
 use crate::card::MemoryEstimate;
 use crate::compare::{CompareEvent, CompareRequest};
 use crate::config::ModelConfig;
@@ -84,16 +86,25 @@ pub struct LoadRequest {
     pub options: LoadOptions,
     /// KV storage precision per layer.
     pub policy: PrecisionPolicy,
+    /// Tokens the caller means to hold (clipped to the model's context): the load is refused,
+    /// before any weight is read, when the weights and the KV cache of this context do not
+    /// fit the memory available ([`MemoryBudget`]).
+    pub context: usize,
 }
 
+/// The context a load is checked for unless the caller says otherwise.
+pub const DEFAULT_LOAD_CONTEXT: usize = 4096;
+
 impl LoadRequest {
-    /// Loads `source` on the CPU in f32 with an f16 KV cache.
+    /// Loads `source` on the CPU in f32 with an f16 KV cache, checked for a context of
+    /// [`DEFAULT_LOAD_CONTEXT`] tokens.
     pub fn new(source: ModelSource) -> Self {
         Self {
             source,
             tokenizer: None,
             options: LoadOptions::default(),
             policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            context: DEFAULT_LOAD_CONTEXT,
         }
     }
 }
@@ -191,6 +202,8 @@ pub(crate) struct Shared {
     listener: Mutex<Option<ActivityListener>>,
     /// Tokens the next loaded session keeps beyond the sliding windows.
     rewind_margin: AtomicUsize,
+    /// What loads and growing contexts must fit in.
+    budget: Mutex<MemoryBudget>,
 }
 
 /// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
@@ -221,6 +234,7 @@ impl Engine {
             config: Mutex::new(None),
             listener: Mutex::new(None),
             rewind_margin: AtomicUsize::new(REWIND_MARGIN),
+            budget: Mutex::new(MemoryBudget::default()),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -356,6 +370,17 @@ impl EngineHandle {
         self.shared.rewind_margin.store(tokens, Ordering::Relaxed);
     }
 
+    /// Sets what loads and growing contexts must fit in (the system's available memory by
+    /// default; a fixed figure makes tests independent of the machine).
+    pub fn set_memory_budget(&self, budget: MemoryBudget) {
+        *lock(&self.shared.budget) = budget;
+    }
+
+    /// What loads and growing contexts must fit in now.
+    pub fn memory_budget(&self) -> MemoryBudget {
+        *lock(&self.shared.budget)
+    }
+
     /// A memory timeline point from the status snapshot (never waits for a generation):
     /// the conversation's exact KV bytes, the weights, and the process's resident set.
     pub fn memory_sample(&self, t_ms: u64, probe: &mut RssProbe) -> MemorySample {
@@ -439,8 +464,8 @@ impl EngineHandle {
     }
 
     /// The memory the model at `path`, loaded with `options`, would need for `context`
-    /// tokens in the cache `selection` picks, with this engine's rewind margin. Reads
-    /// headers only, on the calling thread.
+    /// tokens in the cache `selection` picks, with this engine's rewind margin, and whether
+    /// that fits its [`MemoryBudget`]. Reads headers only, on the calling thread.
     pub fn estimate(
         &self,
         path: &std::path::Path,
@@ -454,6 +479,7 @@ impl EngineHandle {
             context,
             selection,
             self.rewind_margin(),
+            &self.memory_budget(),
         )?)
     }
 

@@ -9,12 +9,15 @@ use std::time::Instant;
 
 use super::error::{JobError, LoadError};
 use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
+use crate::budget::Plan;
 use crate::card::inspect;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
 use crate::events::{Activity, Event, LoadPhase, ModelCard};
-use crate::generate::{self, tokenizer_family, GenerateRequest, Hooks};
+use crate::generate::{self, tokenizer_family, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
-use crate::memory::{release_free_memory, KvBytes, RssProbe, SwitchEvent};
+use crate::memory::{
+    estimate_kv_bytes, format_bytes, release_free_memory, KvBytes, RssProbe, SwitchEvent,
+};
 use crate::model::Model;
 use crate::session::Session;
 use crate::source::ModelSource;
@@ -270,9 +273,9 @@ impl Worker {
             cancel.flag(),
         )?;
         sink(loading(LoadPhase::Weights));
-        let mut card = inspect(&resolved.weights, &request.options)
-            .map_err(LoadError::Model)?
-            .card;
+        let inspection = inspect(&resolved.weights, &request.options).map_err(LoadError::Model)?;
+        self.admit_load(&inspection, &request, &resolved.name)?;
+        let mut card = inspection.card;
         let model = Model::load(&resolved.weights, &request.options).map_err(LoadError::Model)?;
         card.name = resolved.name.clone();
         card.weights_bytes = model.weights_bytes() as u64;
@@ -291,6 +294,40 @@ impl Worker {
             card: card.clone(),
         });
         Ok(card)
+    }
+
+    /// Refuses a load whose weights and KV cache (at the request's context) would not fit the
+    /// memory available, before a weight is read.
+    fn admit_load(
+        &self,
+        inspection: &crate::card::Inspection,
+        request: &LoadRequest,
+        name: &str,
+    ) -> Result<(), LoadError> {
+        let max = inspection.card.max_context;
+        let context = if max > 0 {
+            request.context.min(max)
+        } else {
+            request.context
+        };
+        let fit = Plan {
+            config: &inspection.config,
+            weights_bytes: inspection.card.weights_bytes,
+            held_kv_bytes: 0,
+            context,
+            policy: &request.policy,
+            rewind_margin: self.shared.rewind_margin.load(Ordering::Relaxed),
+        }
+        .fit(&lock(&self.shared.budget))
+        .map_err(LoadError::Model)?;
+        if fit.fits {
+            return Ok(());
+        }
+        let mut message = fit.message(&format!("load {name}"));
+        if self.loaded.is_some() {
+            message.push_str(" (the model loaded now stays loaded)");
+        }
+        Err(LoadError::OutOfMemory(message))
     }
 
     fn generate(
@@ -485,6 +522,29 @@ impl Hooks for GenHooks<'_> {
     fn between_steps(&mut self, model: &Model, session: &mut Session) {
         self.queue.between_steps(model, session);
     }
+
+    fn admit(
+        &mut self,
+        model: &Model,
+        session: &Session,
+        tokens: usize,
+    ) -> Result<(), GenerateError> {
+        let fit = Plan {
+            config: model.config(),
+            weights_bytes: 0,
+            held_kv_bytes: session.memory().total.0 as u64,
+            context: tokens,
+            policy: session.policy(),
+            rewind_margin: session.cache().rewind_margin(),
+        }
+        .fit(&lock(&self.queue.shared.budget))?;
+        if fit.fits {
+            return Ok(());
+        }
+        Err(GenerateError::OutOfMemory(
+            fit.message("grow the conversation's context"),
+        ))
+    }
 }
 
 /// A comparison's view of the engine: forwards its events and drains the queue between
@@ -503,5 +563,30 @@ impl CompareHooks for CmpHooks<'_> {
 
     fn between_steps(&mut self) {
         self.queue.between_steps(self.model, self.session);
+    }
+
+    fn admit(
+        &mut self,
+        model: &Model,
+        tokens: usize,
+        policies: &[PrecisionPolicy; 2],
+    ) -> Result<(), GenerateError> {
+        // Two fresh caches of `tokens` each, on top of what is held now.
+        let budget = *lock(&self.queue.shared.budget);
+        let mut needed = 0u64;
+        for policy in policies {
+            needed = needed.saturating_add(estimate_kv_bytes(model.config(), policy, tokens, 0)?);
+        }
+        let usable = budget.available().saturating_sub(budget.margin());
+        if needed <= usable {
+            return Ok(());
+        }
+        Err(GenerateError::OutOfMemory(format!(
+            "not enough memory to compare two caches of {tokens} tokens: they need {}, {} is \
+             available and {} of it is kept free; ask for fewer tokens",
+            format_bytes(needed),
+            format_bytes(budget.available()),
+            format_bytes(budget.margin()),
+        )))
     }
 }

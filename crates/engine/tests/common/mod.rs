@@ -99,3 +99,63 @@ pub fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
         .to_scalar::<f32>()
         .expect("scalar")
 }
+
+/// A minimal Gemma 3 GGUF with a vocabulary (one layer, hidden 32, 64 tokens) that declares
+/// `blocks` layers.
+pub fn write_tiny_gguf(path: &Path, blocks: u32) {
+    use candle_core::quantized::gguf_file::{self, Value};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{DType, Device, Tensor};
+    let dev = Device::Cpu;
+    let (h, v, ff, hd) = (32usize, 64usize, 64usize, 16usize);
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut add = |name: &str, dims: &[usize]| {
+        let t = Tensor::ones(dims, DType::F32, &dev).expect("ones");
+        let q = QTensor::quantize(&t, GgmlDType::F32).expect("q");
+        tensors.push((name.to_string(), q));
+    };
+    add("token_embd.weight", &[v, h]);
+    add("output_norm.weight", &[h]);
+    for (n, d) in [
+        ("attn_norm.weight", vec![h]),
+        ("attn_q.weight", vec![2 * hd, h]),
+        ("attn_k.weight", vec![hd, h]),
+        ("attn_v.weight", vec![hd, h]),
+        ("attn_output.weight", vec![h, 2 * hd]),
+        ("attn_q_norm.weight", vec![hd]),
+        ("attn_k_norm.weight", vec![hd]),
+        ("post_attention_norm.weight", vec![h]),
+        ("ffn_norm.weight", vec![h]),
+        ("ffn_gate.weight", vec![ff, h]),
+        ("ffn_up.weight", vec![ff, h]),
+        ("ffn_down.weight", vec![h, ff]),
+        ("post_ffw_norm.weight", vec![h]),
+    ] {
+        add(&format!("blk.0.{n}"), &d);
+    }
+    let pieces: Vec<Value> = (0..v).map(|i| Value::String(format!("t{i}"))).collect();
+    let md: Vec<(String, Value)> = vec![
+        (
+            "general.architecture".into(),
+            Value::String("gemma3".into()),
+        ),
+        ("gemma3.block_count".into(), Value::U32(blocks)),
+        ("gemma3.embedding_length".into(), Value::U32(h as u32)),
+        ("gemma3.feed_forward_length".into(), Value::U32(ff as u32)),
+        ("gemma3.attention.head_count".into(), Value::U32(2)),
+        ("gemma3.attention.head_count_kv".into(), Value::U32(1)),
+        ("gemma3.attention.key_length".into(), Value::U32(hd as u32)),
+        ("gemma3.attention.sliding_window".into(), Value::U32(4)),
+        ("gemma3.context_length".into(), Value::U32(128)),
+        ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(pieces)),
+        (
+            "tokenizer.ggml.scores".into(),
+            Value::Array(vec![Value::F32(0.0); v]),
+        ),
+    ];
+    let mut f = std::fs::File::create(path).expect("create");
+    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut f, &md_refs, &t_refs).expect("write gguf");
+}
