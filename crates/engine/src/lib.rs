@@ -29,4 +29,5 @@ pub use events::ErrorCode;
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
 pub use source::ModelSource;
+pub use weights::{WeightsChoice, WEIGHTS_CHOICES};
 pub use worker::{Engine, EngineHandle, JobError};

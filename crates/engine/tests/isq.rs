@@ -148,3 +148,18 @@ fn bf16_tables_stay_16_bit_and_bf16_weights_compute_like_their_f32_expansion() {
     println!("tiny_e bf16: held bf16 vs expanded f32 max |Δ logit| {d:.2e}");
     assert!(d <= 1e-3, "bf16 held vs expanded: {d}");
 }
+
+#[test]
+fn the_270m_estimate_equals_what_it_holds() {
+    let Some(gguf) = kvlab_assets::require_asset!("gemma3-270m") else {
+        return;
+    };
+    // A GGUF keeps its own types whatever the choice (Q5_0 repacked to Q8_0 on the CPU).
+    for w in [WeightsChoice::Q8_0, WeightsChoice::F32] {
+        let card = inspect(&gguf, &opts(w)).expect("inspect").card;
+        let model = Model::load(&gguf, &opts(w)).expect("load");
+        let (est, held) = (card.weights_bytes as f64, model.weights_bytes() as f64);
+        println!("270M {w}: estimate {est}, held {held}");
+        assert!((est - held).abs() <= 0.05 * held, "{w}: {est} vs {held}");
+    }
+}
