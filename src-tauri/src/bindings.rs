@@ -20,6 +20,7 @@ use kvlab_engine::memory::{
     SwitchEvent, TokenCost,
 };
 use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::source::gguf_quants::GgufQuant;
 use kvlab_engine::weights::WeightFormat;
 use kvlab_engine::JobError;
 use ts_rs::{Config, TS};
@@ -64,6 +65,7 @@ pub fn typescript() -> String {
         decl::<FormatOption>(&cfg),
         decl::<GenStats>(&cfg),
         decl::<GenerateRequest>(&cfg),
+        decl::<GgufQuant>(&cfg),
         decl::<HeadShape>(&cfg),
         decl::<HubModel>(&cfg),
         decl::<InspectedDocument>(&cfg),

@@ -17,6 +17,7 @@ import type {
   Downloaded,
   Event,
   GenerateRequest,
+  GgufQuant,
   HubModel,
   InspectedDocument,
   JobError,
@@ -95,11 +96,17 @@ export function onEngineStatus(cb: (s: Activity) => void): Promise<UnlistenFn> {
 // Model downloads from the Hugging Face Hub (src-tauri/src/download).
 
 export const hubModels = () => invoke<HubModel[]>("hub_models");
+export const hubQuants = (repo: string) => invoke<GgufQuant[]>("hub_quants", { repo });
 export const cancelDownload = (repo: string) => invoke<boolean>("cancel_download", { repo });
 
-/** Downloads (or resumes) a Hub repository; resolves with the local folder to load. */
-export function startDownload(repo: string, onProgress: (u: DownloadUpdate) => void): Promise<Downloaded> {
+/** Downloads (or resumes) a Hub repository (of a GGUF repository, the quant given);
+ * resolves with the local folder or file to load. */
+export function startDownload(
+  repo: string,
+  quant: string | null,
+  onProgress: (u: DownloadUpdate) => void,
+): Promise<Downloaded> {
   const channel = new Channel<DownloadUpdate>();
   channel.onmessage = onProgress;
-  return invoke<Downloaded>("start_download", { repo, onProgress: channel });
+  return invoke<Downloaded>("start_download", { repo, quant, onProgress: channel });
 }
