@@ -22,7 +22,7 @@ use kvlab_engine::memory::{
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::source::gguf_quants::GgufQuant;
 use kvlab_engine::weights::WeightFormat;
-use kvlab_engine::JobError;
+use kvlab_engine::{JobError, WeightsChoice};
 use ts_rs::{Config, TS};
 
 use crate::bridge::CompareRequest;
@@ -91,6 +91,7 @@ pub fn typescript() -> String {
         decl::<SystemInfo>(&cfg),
         decl::<TokenCost>(&cfg),
         decl::<WeightFormat>(&cfg),
+        decl::<WeightsChoice>(&cfg),
     ];
     decls.sort();
     let mut out = String::from(

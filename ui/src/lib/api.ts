@@ -27,6 +27,7 @@ import type {
   SessionSummary,
   SwitchEvent,
   SystemInfo,
+  WeightsChoice,
 } from "./bindings";
 
 export type * from "./bindings";
@@ -45,9 +46,10 @@ export const engineStatus = () => invoke<Activity>("engine_status");
 /** The theme KVLAB_THEME forces ("light" or "dark"), or null to follow the system. */
 export const uiTheme = () => invoke<"light" | "dark" | null>("ui_theme");
 export const defaultModel = () => invoke<DefaultModel>("default_model");
-export const inspectModel = (path: string, context: number, cache: CacheSelection) =>
-  invoke<MemoryEstimate>("inspect_model", { path, context, cache });
-export const loadModel = (path: string, cache: CacheSelection) => invoke<ModelCard>("load_model", { path, cache });
+export const inspectModel = (path: string, context: number, cache: CacheSelection, weights: WeightsChoice | null) =>
+  invoke<MemoryEstimate>("inspect_model", { path, context, cache, weights });
+export const loadModel = (path: string, cache: CacheSelection, weights: WeightsChoice | null) =>
+  invoke<ModelCard>("load_model", { path, cache, weights });
 export const pickModel = (folder: boolean) => invoke<string | null>("pick_model", { folder });
 export const stopGeneration = () => invoke<void>("stop_generation");
 export const resetConversation = () => invoke<void>("reset_conversation");

@@ -753,3 +753,5 @@ full_bytes_per_token: number,
 sliding_bytes_per_token: number, };
 
 export type WeightFormat = "gguf" | "safetensors";
+
+export type WeightsChoice = "q4_k" | "q8_0" | "f16" | "bf16" | "f32";
