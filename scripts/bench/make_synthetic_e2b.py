@@ -11,7 +11,6 @@ Fixed seed, so two runs write the same bytes. Needs numpy only.
 """
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +171,12 @@ def main():
     (args.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     (args.out / "config.json").write_text(json.dumps(CONFIG, indent=1))
     if args.tokenizer:
-        shutil.copy(args.tokenizer, args.out / "tokenizer.json")
+        # Gemma 3's tokenizer.json adds <image_soft_token> at id 262144, past the 262144-row
+        # embedding; llama.cpp rejects a vocabulary larger than the embedding, so it is
+        # dropped (Gemma 4's own tokenizer has exactly 262144 ids).
+        tok = json.loads(args.tokenizer.read_text(encoding="utf-8"))
+        tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] < VOCAB]
+        (args.out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
         # Lets llama.cpp's converter (transformers' AutoTokenizer) read tokenizer.json without
         # a transformers release that knows `gemma4`.
         (args.out / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=1))
