@@ -21,8 +21,8 @@ use kvlab_engine::memory::{
     SwitchEvent, TokenCost,
 };
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::JobError;
-use kvlab_engine::WeightFormat;
+use kvlab_engine::source::gguf_quants::GgufQuant;
+use kvlab_engine::{JobError, WeightFormat, WeightsChoice};
 use ts_rs::{Config, TS};
 
 use crate::bridge::CompareRequest;
@@ -66,6 +66,7 @@ pub fn typescript() -> String {
         decl::<FormatOption>(&cfg),
         decl::<GenStats>(&cfg),
         decl::<GenerateRequest>(&cfg),
+        decl::<GgufQuant>(&cfg),
         decl::<HeadShape>(&cfg),
         decl::<HubModel>(&cfg),
         decl::<InspectedDocument>(&cfg),
@@ -94,6 +95,7 @@ pub fn typescript() -> String {
         decl::<TokenCost>(&cfg),
         decl::<UnreadableSession>(&cfg),
         decl::<WeightFormat>(&cfg),
+        decl::<WeightsChoice>(&cfg),
     ];
     decls.sort();
     let mut out = String::from(

@@ -15,7 +15,9 @@ use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{ActivityListener, JobError, LoadRequest};
-use kvlab_engine::{Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelCard, ModelSource};
+use kvlab_engine::{
+    Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelCard, ModelSource, WeightsChoice,
+};
 use serde::Deserialize;
 use ts_rs::TS;
 
@@ -48,9 +50,14 @@ pub struct EngineBridge {
     handle: EngineHandle,
 }
 
-/// Where models load: the best device this build and machine offer.
-fn load_options() -> Res<LoadOptions> {
-    Ok(LoadOptions::on(DeviceChoice::Auto)?)
+/// Where models load: the best device this build and machine offer, with a safetensors
+/// checkpoint's weights held as `weights` says (`None`: what suits that device).
+fn load_options(weights: Option<WeightsChoice>) -> Res<LoadOptions> {
+    let mut options = LoadOptions::on(DeviceChoice::Auto)?;
+    if let Some(w) = weights {
+        options.weights = w;
+    }
+    Ok(options)
 }
 
 impl EngineBridge {
@@ -68,19 +75,26 @@ impl EngineBridge {
         path: &Path,
         context: usize,
         cache: &CacheSelection,
+        weights: Option<WeightsChoice>,
     ) -> Res<MemoryEstimate> {
-        self.handle.estimate(path, &load_options()?, context, cache)
+        self.handle
+            .estimate(path, &load_options(weights)?, context, cache)
     }
 
     /// Loads `path` with the cache `cache` selects and returns its card. Blocks until the
     /// engine has loaded it (or kept the previous model on failure).
-    pub fn load(&self, path: &Path, cache: &CacheSelection) -> Res<ModelCard> {
+    pub fn load(
+        &self,
+        path: &Path,
+        cache: &CacheSelection,
+        weights: Option<WeightsChoice>,
+    ) -> Res<ModelCard> {
         let request = LoadRequest {
             source: ModelSource::Local {
                 path: path.to_path_buf(),
             },
             tokenizer: None,
-            options: load_options()?,
+            options: load_options(weights)?,
             policy: cache.policy()?,
             context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
         };

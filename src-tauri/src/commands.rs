@@ -10,7 +10,7 @@ use kvlab_engine::events::{Activity, Event};
 use kvlab_engine::generate::GenerateRequest;
 use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
 use kvlab_engine::memory::{ContextCost, DocumentFit, SwitchEvent};
-use kvlab_engine::{MemoryEstimate, ModelCard};
+use kvlab_engine::{MemoryEstimate, ModelCard, WeightsChoice};
 use serde::Serialize;
 use serde_json::Value;
 use tauri::ipc::Channel;
@@ -79,16 +79,18 @@ pub fn default_model() -> Res<DefaultModel> {
     crate::state::default_model(std::env::var_os("KVLAB_DEFAULT_MODEL"))
 }
 
-/// The card and the memory `context` tokens would take under `cache`, before loading.
+/// The card and the memory `context` tokens would take under `cache`, before loading, with
+/// a safetensors checkpoint's weights held as `weights` says (`None`: the device's default).
 #[tauri::command]
 pub async fn inspect_model(
     state: State<'_, AppState>,
     path: String,
     context: usize,
     cache: CacheSelection,
+    weights: Option<WeightsChoice>,
 ) -> Res<MemoryEstimate> {
     let engine = state.engine.clone();
-    blocking(move || engine.estimate(&PathBuf::from(path), context, &cache)).await
+    blocking(move || engine.estimate(&PathBuf::from(path), context, &cache, weights)).await
 }
 
 /// Loads a model on the engine thread; returns its card.
@@ -97,9 +99,10 @@ pub async fn load_model(
     state: State<'_, AppState>,
     path: String,
     cache: CacheSelection,
+    weights: Option<WeightsChoice>,
 ) -> Res<ModelCard> {
     let engine = state.engine.clone();
-    blocking(move || engine.load(&PathBuf::from(path), &cache)).await
+    blocking(move || engine.load(&PathBuf::from(path), &cache, weights)).await
 }
 
 /// Opens the system file dialog for a GGUF file or a model folder.

@@ -63,6 +63,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::delete_session,
             commands::export_file,
             download::hub_models,
+            download::hub_quants,
             download::start_download,
             download::cancel_download,
             window::ui_theme,

@@ -16,6 +16,7 @@ pub const UI_COMMANDS: &[&str] = &[
     "export_file",
     "generate",
     "hub_models",
+    "hub_quants",
     "inspect_document_bytes",
     "inspect_document_path",
     "inspect_model",

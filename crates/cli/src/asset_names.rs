@@ -102,7 +102,8 @@ mod tests {
             model_source("google/gemma-3-270m").unwrap(),
             ModelSource::Hub {
                 repo: "google/gemma-3-270m".into(),
-                revision: None
+                revision: None,
+                quant: None
             }
         );
         assert_eq!(

@@ -11,6 +11,7 @@ use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec};
 use kvlab_engine::model::golden::{check_golden, GoldenReport};
+use kvlab_engine::WeightsChoice;
 use kvlab_engine::{LoadOptions, Model};
 use serde::Serialize;
 
@@ -44,6 +45,12 @@ enum BenchCommand {
     /// One configuration of `bench memory`, in this process (used by `bench memory`).
     #[command(hide = true)]
     MemoryRun(crate::bench_memory_cmd::MemoryRunArgs),
+    /// Load time, peak and resident memory against the byte formula, and prefill / decode
+    /// speed, per `--choices` weights choice (one process each).
+    Load(crate::bench_load_cmd::BenchLoadArgs),
+    /// One configuration of `bench load`, in this process (used by `bench load`).
+    #[command(hide = true)]
+    LoadRun(crate::bench_load_cmd::LoadRunArgs),
     /// Time of one decode-step attention call per context and cache SPEC.
     Attention(crate::bench_attention_cmd::BenchAttentionArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens greedily; report tok/s.
@@ -103,6 +110,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Memory(a) => crate::bench_memory_cmd::run(a),
         BenchCommand::MemoryRun(a) => crate::bench_memory_cmd::run_one(a),
+        BenchCommand::Load(a) => crate::bench_load_cmd::run(a),
+        BenchCommand::LoadRun(a) => crate::bench_load_cmd::run_one(a),
         BenchCommand::Attention(a) => crate::bench_attention_cmd::run(a),
         BenchCommand::Decode {
             model,
@@ -132,7 +141,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 DtypeArg::F16 => DType::F16,
                 DtypeArg::Bf16 => DType::BF16,
             };
-            let opts = LoadOptions { dtype, device };
+            let opts = LoadOptions {
+                dtype,
+                weights: WeightsChoice::default_for(&device),
+                device,
+            };
             let path = model_path(&model)?;
             let t0 = std::time::Instant::now();
             let m =

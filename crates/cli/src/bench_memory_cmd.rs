@@ -17,7 +17,7 @@ use kvlab_engine::memory::{
     peak_rss_bytes, release_free_memory, reset_peak_rss, switch_precision, RssProbe, SwitchEvent,
 };
 use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::{Logits, Model};
+use kvlab_engine::Logits;
 use serde::{Deserialize, Serialize};
 
 use crate::chat_cmd::ModelArgs;
@@ -146,7 +146,7 @@ pub fn parse_contexts(s: &str) -> anyhow::Result<Vec<usize>> {
         .collect()
 }
 
-fn model_flags(m: &ModelArgs) -> Vec<String> {
+pub fn model_flags(m: &ModelArgs) -> Vec<String> {
     let mut v = vec![
         "--model".into(),
         m.model.clone(),
@@ -156,6 +156,10 @@ fn model_flags(m: &ModelArgs) -> Vec<String> {
     if let Some(t) = &m.tokenizer {
         v.push("--tokenizer".into());
         v.push(t.display().to_string());
+    }
+    if let Some(w) = m.weights {
+        v.push("--weights".into());
+        v.push(w.to_string());
     }
     v
 }
@@ -317,8 +321,7 @@ pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
         .source()?
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
-    let model = Model::load(&resolved.weights, &args.model.load_options()?)
-        .with_context(|| format!("loading {}", resolved.weights.display()))?;
+    let model = args.model.load(&resolved.weights)?;
     let tokenizer =
         GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
     // The decoded tokens must fit in the model's positions too.

@@ -13,7 +13,15 @@ use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::WeightsChoice;
 use kvlab_engine::{Engine, LoadOptions, ModelSource, PrecisionPolicy};
+
+/// The loader's warnings, one `warning: …` line each on stderr.
+pub fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
 
 /// Options shared by the commands that load a model.
 #[derive(Args, Debug, Clone)]
@@ -29,6 +37,11 @@ pub struct ModelArgs {
     /// Device: cpu, auto, metal, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// How a safetensors checkpoint's matrices are held, quantized while loading: q4_k,
+    /// q8_0, f16, bf16 or f32 (default: q8_0 on the CPU, bf16 on a GPU). GGUF files keep
+    /// their own types.
+    #[arg(long)]
+    pub weights: Option<WeightsChoice>,
 }
 
 impl ModelArgs {
@@ -47,8 +60,20 @@ impl ModelArgs {
         let device = select_device(choice)?;
         Ok(LoadOptions {
             dtype: preferred_dtype(&device),
+            weights: self
+                .weights
+                .unwrap_or_else(|| WeightsChoice::default_for(&device)),
             device,
         })
+    }
+
+    /// Loads the model at `weights` with these options and prints the loader's warnings
+    /// (assumptions made, keys ignored) on stderr, as every model-taking command does.
+    pub fn load(&self, weights: &std::path::Path) -> anyhow::Result<kvlab_engine::Model> {
+        let model = kvlab_engine::Model::load(weights, &self.load_options()?)
+            .with_context(|| format!("loading {}", weights.display()))?;
+        print_warnings(&model.config().warnings);
+        Ok(model)
     }
 
     /// The model source, asset names resolved to their files.
@@ -150,9 +175,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         card.layers,
         card.params as f64 / 1e6
     );
-    for w in &card.warnings {
-        eprintln!("warning: {w}");
-    }
+    print_warnings(&card.warnings);
     let sampling = SamplingParams {
         temperature: args.temp,
         top_k: (args.top_k > 0).then_some(args.top_k),

@@ -9,7 +9,6 @@ use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
-use kvlab_engine::Model;
 
 use crate::chat_cmd::{kv_policy, ModelArgs};
 
@@ -69,8 +68,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         .source()?
         .weights(&mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
-    let model = Model::load(&weights, &args.model.load_options()?)
-        .with_context(|| format!("loading {}", weights.display()))?;
+    let model = args.model.load(&weights)?;
     let mut cache = model.new_cache(&kv_policy(&args.kv)?)?;
     let logits = chunked_logits(&model, &mut cache, &ids, &schedule)?
         .to_dtype(DType::F32)?

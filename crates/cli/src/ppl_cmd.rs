@@ -122,8 +122,7 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
         .source()?
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
-    let model = Model::load(&resolved.weights, &args.model.load_options()?)
-        .with_context(|| format!("loading {}", resolved.weights.display()))?;
+    let model = args.model.load(&resolved.weights)?;
     let tokenizer =
         GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
     if let Some(reference) = &args.reference {

@@ -72,7 +72,9 @@ pub struct ModelCard {
     /// the rest in `weights_dtype`. Estimated from the headers before loading, measured
     /// after (see `weights_measured`).
     pub weights_bytes: u64,
-    /// The dtype dense weights are held in (`f32` on CPU).
+    /// How the weights are held: for a safetensors checkpoint the weights choice (`q4_k`,
+    /// `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file the dtype its unquantized tensors take
+    /// (`f32` on CPU), its quantized matrices staying as stored.
     pub weights_dtype: String,
     /// True once `weights_bytes` is what the loaded model holds.
     pub weights_measured: bool,
@@ -100,7 +102,7 @@ pub struct Inspection {
 /// weights: configuration, parameter count, chat template, and the bytes the weights will
 /// take when loaded with `opts`.
 pub fn inspect(path: &Path, opts: &LoadOptions) -> Result<Inspection> {
-    let ws = WeightStore::open(path, &opts.device, opts.dtype)?;
+    let ws = WeightStore::open(path, opts)?;
     let config = read_config(&ws)?;
     let card = build(&ws, path, &config);
     Ok(Inspection { card, config })
@@ -150,7 +152,10 @@ fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
         sliding_window: config.sliding_window,
         heads,
         weights_bytes: ws.held_bytes_estimate(),
-        weights_dtype: format!("{:?}", ws.dtype()).to_lowercase(),
+        weights_dtype: match ws.format() {
+            WeightFormat::Safetensors => ws.weights_choice().to_string(),
+            WeightFormat::Gguf => format!("{:?}", ws.dtype()).to_lowercase(),
+        },
         weights_measured: false,
         supports_thinking: config.family == Family::Gemma4,
         has_chat_template: has_chat_template(ws),

@@ -48,5 +48,5 @@ pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
 pub use session::Session;
 pub use source::ModelSource;
-pub use weights::{gguf_name, WeightFormat};
+pub use weights::{gguf_name, WeightFormat, WeightsChoice, WEIGHTS_CHOICES};
 pub use worker::{Engine, EngineHandle, JobError};

@@ -1,7 +1,8 @@
 //! The same tiny models through the other weight layouts: sharded safetensors with the
 //! multimodal `model.language_model.` prefix (vision tensors skipped), and Gemma 4 GGUF files
-//! written with llama.cpp's naming. The GGUF names are this project's reading of llama.cpp
-//! (no real Gemma 4 GGUF was available), so these tests pin the plumbing, not the naming.
+//! written with llama.cpp's naming by this project's own writer. They pin the plumbing (quantized
+//! types, per-layer keys); the naming itself is proven on llama.cpp's converter output in
+//! tests/gguf_converted.rs.
 
 mod common;
 

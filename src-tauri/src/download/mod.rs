@@ -2,7 +2,8 @@
 //! speed and ETA over a channel), cancel it, and start it again later to resume where it
 //! stopped (the engine keeps partial files). The transfer runs on a blocking-pool thread,
 //! never on Tauri's async workers nor on the engine thread. `HF_ENDPOINT` and `HF_TOKEN`
-//! are honoured (hf-hub reads them); files go under `$KVLAB_CACHE/hub`.
+//! are honoured (hf-hub reads them); files go under `$KVLAB_CACHE/hub`. A GGUF repository
+//! is listed by quantization first (sizes from the Hub listing) and one quant is fetched.
 
 mod catalog;
 mod rate;
@@ -12,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvlab_engine::source::hub::{download_repo, DownloadProgress, HubOptions};
+use kvlab_engine::source::gguf_quants::GgufQuant;
+use kvlab_engine::source::hub::{download_model, list_gguf_quants, DownloadProgress, HubOptions};
 use kvlab_engine::source::SourceError;
 use kvlab_engine::ModelSource;
 use serde::Serialize;
@@ -113,7 +115,7 @@ pub struct DownloadUpdate {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, TS)]
 pub struct Downloaded {
     pub repo: String,
-    /// The snapshot directory.
+    /// The snapshot directory, or the GGUF file of the quant chosen.
     pub path: String,
 }
 
@@ -159,10 +161,17 @@ impl<F: FnMut(DownloadUpdate)> Reporter<F> {
     }
 }
 
-/// `owner/name[@revision]` as (repo, revision), or an `invalid_request` error.
-fn parse_repo(s: &str) -> Result<(String, Option<String>), CommandError> {
+/// A Hub id as the app takes it.
+type RepoId = (String, Option<String>, Option<String>);
+
+/// `owner/name[:QUANT][@revision]` as (repo, revision, quant), or an `invalid_request` error.
+fn parse_repo(s: &str) -> Result<RepoId, CommandError> {
     match ModelSource::parse(s.trim()) {
-        ModelSource::Hub { repo, revision } => Ok((repo, revision)),
+        ModelSource::Hub {
+            repo,
+            revision,
+            quant,
+        } => Ok((repo, revision, quant)),
         _ => Err(CommandError::new(
             ErrorCode::InvalidRequest,
             format!("`{s}` is not a Hugging Face repository id (owner/name)"),
@@ -182,14 +191,31 @@ pub fn hub_models() -> Vec<HubModel> {
     catalog()
 }
 
-/// Downloads (or resumes) `repo` and returns its local folder; progress goes to `on_progress`.
+/// The GGUF quantizations `repo` offers, smallest first, with their sizes; nothing is
+/// downloaded. Empty for a repository without GGUF files.
+#[tauri::command]
+pub async fn hub_quants(repo: String) -> Result<Vec<GgufQuant>, CommandError> {
+    let (repo, revision, _) = parse_repo(&repo)?;
+    tauri::async_runtime::spawn_blocking(move || {
+        let never = AtomicBool::new(false);
+        list_gguf_quants(&repo, revision.as_deref(), &HubOptions::default(), &never)
+            .map_err(command_error)
+    })
+    .await
+    .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?
+}
+
+/// Downloads (or resumes) `repo` (for a GGUF repository, the `quant` chosen) and returns
+/// what to load: its folder, or the GGUF file; progress goes to `on_progress`.
 #[tauri::command]
 pub async fn start_download(
     downloads: State<'_, Downloads>,
     repo: String,
+    quant: Option<String>,
     on_progress: Channel<DownloadUpdate>,
 ) -> Result<Downloaded, CommandError> {
-    let (repo, revision) = parse_repo(&repo)?;
+    let (repo, revision, typed) = parse_repo(&repo)?;
+    let quant = quant.or(typed);
     let running = downloads.begin(&repo)?;
     tauri::async_runtime::spawn_blocking(move || {
         let mut reporter = Reporter::new(&running.repo, |u| {
@@ -197,9 +223,10 @@ pub async fn start_download(
             let _ = on_progress.send(u);
         });
         let start = reporter.start;
-        let dir = download_repo(
+        let dir = download_model(
             &running.repo,
             revision.as_deref(),
+            quant.as_deref(),
             &HubOptions::default(),
             &mut |p| reporter.on(p, start.elapsed()),
             &running.cancel,
@@ -220,7 +247,7 @@ pub fn cancel_download(
     downloads: State<'_, Downloads>,
     repo: String,
 ) -> Result<bool, CommandError> {
-    let (repo, _) = parse_repo(&repo)?;
+    let (repo, _, _) = parse_repo(&repo)?;
     downloads.cancel(&repo)
 }
 
@@ -266,7 +293,15 @@ mod tests {
     fn repo_ids_are_checked_and_errors_keep_engine_codes() {
         assert_eq!(
             parse_repo(" google/gemma-4-E2B-it@main ").unwrap(),
-            ("google/gemma-4-E2B-it".into(), Some("main".into()))
+            ("google/gemma-4-E2B-it".into(), Some("main".into()), None)
+        );
+        assert_eq!(
+            parse_repo("unsloth/gemma-4-E4B-it-GGUF:Q8_0").unwrap(),
+            (
+                "unsloth/gemma-4-E4B-it-GGUF".into(),
+                None,
+                Some("Q8_0".into())
+            )
         );
         assert_eq!(
             parse_repo("not a repo").unwrap_err().code,

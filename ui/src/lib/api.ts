@@ -17,6 +17,7 @@ import type {
   Downloaded,
   Event,
   GenerateRequest,
+  GgufQuant,
   HubModel,
   InspectedDocument,
   JobError,
@@ -27,6 +28,7 @@ import type {
   SessionSummary,
   SwitchEvent,
   SystemInfo,
+  WeightsChoice,
 } from "./bindings";
 
 export type * from "./bindings";
@@ -45,9 +47,10 @@ export const engineStatus = () => invoke<Activity>("engine_status");
 /** The theme KVLAB_THEME forces ("light" or "dark"), or null to follow the system. */
 export const uiTheme = () => invoke<"light" | "dark" | null>("ui_theme");
 export const defaultModel = () => invoke<DefaultModel>("default_model");
-export const inspectModel = (path: string, context: number, cache: CacheSelection) =>
-  invoke<MemoryEstimate>("inspect_model", { path, context, cache });
-export const loadModel = (path: string, cache: CacheSelection) => invoke<ModelCard>("load_model", { path, cache });
+export const inspectModel = (path: string, context: number, cache: CacheSelection, weights: WeightsChoice | null) =>
+  invoke<MemoryEstimate>("inspect_model", { path, context, cache, weights });
+export const loadModel = (path: string, cache: CacheSelection, weights: WeightsChoice | null) =>
+  invoke<ModelCard>("load_model", { path, cache, weights });
 export const pickModel = (folder: boolean) => invoke<string | null>("pick_model", { folder });
 export const stopGeneration = () => invoke<void>("stop_generation");
 export const resetConversation = () => invoke<void>("reset_conversation");
@@ -97,11 +100,17 @@ export function onEngineStatus(cb: (s: Activity) => void): Promise<UnlistenFn> {
 // Model downloads from the Hugging Face Hub (src-tauri/src/download).
 
 export const hubModels = () => invoke<HubModel[]>("hub_models");
+export const hubQuants = (repo: string) => invoke<GgufQuant[]>("hub_quants", { repo });
 export const cancelDownload = (repo: string) => invoke<boolean>("cancel_download", { repo });
 
-/** Downloads (or resumes) a Hub repository; resolves with the local folder to load. */
-export function startDownload(repo: string, onProgress: (u: DownloadUpdate) => void): Promise<Downloaded> {
+/** Downloads (or resumes) a Hub repository (of a GGUF repository, the quant given);
+ * resolves with the local folder or file to load. */
+export function startDownload(
+  repo: string,
+  quant: string | null,
+  onProgress: (u: DownloadUpdate) => void,
+): Promise<Downloaded> {
   const channel = new Channel<DownloadUpdate>();
   channel.onmessage = onProgress;
-  return invoke<Downloaded>("start_download", { repo, onProgress: channel });
+  return invoke<Downloaded>("start_download", { repo, quant, onProgress: channel });
 }

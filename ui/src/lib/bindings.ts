@@ -209,7 +209,7 @@ eta_secs: number | null, };
 
 export type Downloaded = { repo: string, 
 /**
- * The snapshot directory.
+ * The snapshot directory, or the GGUF file of the quant chosen.
  */
 path: string, };
 
@@ -347,6 +347,21 @@ max_tokens: number,
  */
 prefill_chunk?: number, };
 
+export type GgufQuant = { 
+/**
+ * The quant as named in the file (`Q4_K_M`, `Q8_0`, `UD-Q4_K_XL`, `BF16`), or the file
+ * stem when the name carries none.
+ */
+name: string, 
+/**
+ * Repository paths of its file(s), shards in order.
+ */
+files: Array<string>, 
+/**
+ * Bytes of all its files, from the Hub listing.
+ */
+bytes: number, };
+
 export type HeadShape = { 
 /**
  * Which layers.
@@ -377,7 +392,11 @@ label: string,
 /**
  * The model family (`gemma4`, `gemma3`).
  */
-family: string, };
+family: string, 
+/**
+ * A repository of GGUF files: the picker lists its quantizations to choose one.
+ */
+gguf: boolean, };
 
 export type InspectedDocument = { tokens: number, name: string, kind: DocumentKind, bytes: number, 
 /**
@@ -646,7 +665,9 @@ heads: Array<HeadShape>,
  */
 weights_bytes: number, 
 /**
- * The dtype dense weights are held in (`f32` on CPU).
+ * How the weights are held: for a safetensors checkpoint the weights choice (`q4_k`,
+ * `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file the dtype its unquantized tensors take
+ * (`f32` on CPU), its quantized matrices staying as stored.
  */
 weights_dtype: string, 
 /**
@@ -812,3 +833,5 @@ set_aside_as?: string,
 code: ErrorCode, message: string, };
 
 export type WeightFormat = "gguf" | "safetensors";
+
+export type WeightsChoice = "q4_k" | "q8_0" | "f16" | "bf16" | "f32";

@@ -64,6 +64,8 @@ export class AppStore {
   generating = $state(false);
   /** The cache as the engine names it (canonical SPEC). */
   cacheSpec = $state("f16");
+  /** How a safetensors checkpoint's weights are held; null: the device's default. */
+  weights: api.WeightsChoice | null = $state(null);
   switchError = $state("");
 
   attachments: InspectedDocument[] = $state([]);
@@ -128,7 +130,7 @@ export class AppStore {
 
   async estimateFor(path: string): Promise<void> {
     try {
-      this.estimate = await api.inspectModel(path, this.context, this.cacheSpec);
+      this.estimate = await api.inspectModel(path, this.context, this.cacheSpec, this.weights);
       this.loadError = "";
     } catch (e) {
       this.estimate = null;
@@ -141,7 +143,7 @@ export class AppStore {
     this.modelPath = path;
     await this.estimateFor(path);
     try {
-      this.card = await api.loadModel(path, this.cacheSpec);
+      this.card = await api.loadModel(path, this.cacheSpec, this.weights);
       if (!this.card.supports_thinking) this.settings.thinking = false;
       await this.refreshContextCosts();
     } catch (e) {

@@ -1,6 +1,7 @@
 //! Builds a [`ModelConfig`] from GGUF metadata: llama.cpp's `gemma3` keys (checked against
-//! a real Gemma 3 270M file) and its `gemma4` keys (*unverified*: written from descriptions of
-//! llama.cpp's converter, no real Gemma 4 GGUF was available to test against).
+//! a real Gemma 3 270M file) and its `gemma4` keys (checked against llama.cpp's own converter
+//! output, tests/gguf_converted.rs). What a Gemma 3 file cannot say (layer types,
+//! `query_pre_attn_scalar`) is assumed as llama.cpp assumes it, with a warning.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -116,6 +117,60 @@ impl Meta<'_> {
     }
 }
 
+/// Gemma 3's layer kinds as llama.cpp's loader reads them: no sliding window means every layer
+/// is full; else `sliding_window_pattern` is either a per-layer bool array (true = sliding)
+/// or a period `p` (layer `i` full iff `i % p == p − 1`, every layer sliding for 0), 6 when
+/// absent, which the file cannot contradict and so gets a warning.
+fn gemma3_layer_types(
+    m: &Meta<'_>,
+    n: usize,
+    window: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<AttentionKind>> {
+    let kind = |sliding: bool| {
+        if sliding {
+            AttentionKind::Sliding
+        } else {
+            AttentionKind::Full
+        }
+    };
+    if window == 0 {
+        return Ok(vec![AttentionKind::Full; n]);
+    }
+    let key = "attention.sliding_window_pattern";
+    if let Some(Value::Array(a)) = m.md.get(&m.key(key)) {
+        if a.len() != n {
+            return Err(EngineError::ConfigContradiction(format!(
+                "`{}` has {} entries but block_count is {n}",
+                m.key(key),
+                a.len()
+            )));
+        }
+        return a
+            .iter()
+            .map(|v| {
+                num(v)
+                    .map(|f| kind(f != 0.0))
+                    .ok_or_else(|| m.err(key, "expected booleans"))
+            })
+            .collect();
+    }
+    let period = match m.usize_opt(key)? {
+        Some(p) => p,
+        None => {
+            warnings.push(
+                "GGUF carries no layer types: every 6th layer assumed full attention, the rest \
+                 sliding, as llama.cpp does"
+                    .into(),
+            );
+            6
+        }
+    };
+    Ok((0..n)
+        .map(|i| kind(period == 0 || i % period < period - 1))
+        .collect())
+}
+
 fn token_id(md: &HashMap<String, Value>, key: &str) -> Option<u32> {
     md.get(key).and_then(num).map(|f| f as u32)
 }
@@ -191,20 +246,7 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
 
     let raw = match family {
         Family::Gemma3 => {
-            // llama.cpp: every 6th Gemma 3 layer is global unless the file says otherwise.
-            let pattern = m
-                .usize_opt("attention.sliding_window_pattern")?
-                .unwrap_or(6)
-                .max(1);
-            let layer_types = (0..n)
-                .map(|i| {
-                    if (i + 1) % pattern == 0 {
-                        AttentionKind::Full
-                    } else {
-                        AttentionKind::Sliding
-                    }
-                })
-                .collect();
+            let layer_types = gemma3_layer_types(&m, n, window, &mut warnings)?;
             let head_dim = m
                 .usize_opt("attention.key_length")?
                 .unwrap_or(hidden / heads.max(1));
@@ -221,10 +263,17 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             // llama.cpp's rule: query_pre_attn_scalar is head_dim, except for the 27B model
             // (62 layers) where it is hidden/heads. GGUF carries no key for it.
             let qpas = if n == 62 {
-                warnings
-                    .push("Gemma 3 27B: attention scale from hidden/heads (llama.cpp rule)".into());
+                warnings.push(
+                    "GGUF carries no query_pre_attn_scalar: attention scale 1/√(hidden/heads) \
+                     assumed for the 62-layer Gemma 3 27B, as llama.cpp does"
+                        .into(),
+                );
                 (hidden / heads.max(1)) as f64
             } else {
+                warnings.push(format!(
+                    "GGUF carries no query_pre_attn_scalar: attention scale 1/√head_dim \
+                     (1/√{head_dim}) assumed, as llama.cpp does"
+                ));
                 head_dim as f64
             };
             for (i, &k) in kv.iter().enumerate() {
@@ -277,10 +326,6 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             }
         }
         Family::Gemma4 => {
-            warnings.push(
-                "Gemma 4 GGUF support follows llama.cpp's key/tensor naming as documented, unverified against a real file"
-                    .into(),
-            );
             let swa: Vec<bool> = match content.metadata.get(&m.key("attention.sliding_window_pattern")) {
                 Some(Value::Array(a)) if a.len() == n => a
                     .iter()
@@ -389,4 +434,102 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         }
     };
     raw.resolve()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::gguf_file::{TensorInfo, VersionedMagic};
+    use candle_core::quantized::GgmlDType;
+
+    /// A 6-layer Gemma 3 header with `extra` metadata.
+    fn gemma3(extra: &[(&str, Value)]) -> Content {
+        let mut md = HashMap::new();
+        md.insert(
+            "general.architecture".into(),
+            Value::String("gemma3".into()),
+        );
+        for (k, v) in [
+            ("block_count", 6),
+            ("embedding_length", 64),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 16),
+            ("attention.sliding_window", 8),
+        ] {
+            md.insert(format!("gemma3.{k}"), Value::U32(v));
+        }
+        for (k, v) in extra {
+            md.insert(format!("gemma3.{k}"), v.clone());
+        }
+        let mut tensor_infos = HashMap::new();
+        tensor_infos.insert(
+            "token_embd.weight".into(),
+            TensorInfo {
+                ggml_dtype: GgmlDType::F32,
+                shape: (512, 64).into(),
+                offset: 0,
+            },
+        );
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata: md,
+            tensor_infos,
+            tensor_data_offset: 0,
+        }
+    }
+
+    fn kinds(c: &ModelConfig) -> String {
+        c.layers
+            .iter()
+            .map(|l| match l.kind {
+                AttentionKind::Sliding => 'S',
+                AttentionKind::Full => 'F',
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gemma3_layer_kinds_as_llama_cpp_reads_them() {
+        // No pattern: every 6th layer full, and the assumption is stated.
+        let c = config_from_gguf(&gemma3(&[])).expect("config");
+        assert_eq!(kinds(&c), "SSSSSF");
+        assert!(c.warnings.iter().any(|w| w.contains("no layer types")));
+        assert!(c
+            .warnings
+            .iter()
+            .any(|w| w.contains("query_pre_attn_scalar") && w.contains("1/√16")));
+        assert_eq!(c.layers[0].attn_scale, 0.25);
+        // A period.
+        let c = config_from_gguf(&gemma3(&[(
+            "attention.sliding_window_pattern",
+            Value::U32(3),
+        )]))
+        .expect("config");
+        assert_eq!(kinds(&c), "SSFSSF");
+        assert!(!c.warnings.iter().any(|w| w.contains("no layer types")));
+        // A per-layer bool array (true = sliding), as llama.cpp's loader also accepts.
+        let bools = [true, false, true, true, false, false]
+            .map(Value::Bool)
+            .to_vec();
+        let c = config_from_gguf(&gemma3(&[(
+            "attention.sliding_window_pattern",
+            Value::Array(bools),
+        )]))
+        .expect("config");
+        assert_eq!(kinds(&c), "SFSSFF");
+        // The wrong length is a clear contradiction, not a panic.
+        let short = Value::Array(vec![Value::Bool(true); 4]);
+        let err =
+            config_from_gguf(&gemma3(&[("attention.sliding_window_pattern", short)])).unwrap_err();
+        assert!(err.to_string().contains("4 entries"), "{err}");
+        // Period 0: every layer sliding (llama.cpp's rule).
+        let c = config_from_gguf(&gemma3(&[(
+            "attention.sliding_window_pattern",
+            Value::U32(0),
+        )]))
+        .expect("config");
+        assert_eq!(kinds(&c), "SSSSSS");
+    }
 }

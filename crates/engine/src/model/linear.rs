@@ -48,6 +48,12 @@ impl Linear {
                 let y = self.0.forward(&x.to_dtype(DType::F32)?)?;
                 Ok(y.to_dtype(x.dtype())?)
             }
+            // A dense weight held in another dtype than the activations (`--weights bf16` with
+            // f16 activations on a GPU): multiply in the weight's dtype.
+            QMatMul::Tensor(w) | QMatMul::TensorF16(w) if w.dtype() != x.dtype() => {
+                let y = self.0.forward(&x.to_dtype(w.dtype())?)?;
+                Ok(y.to_dtype(x.dtype())?)
+            }
             _ => Ok(self.0.forward(x)?),
         }
     }

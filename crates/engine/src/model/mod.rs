@@ -35,7 +35,7 @@ pub use linear::{Linear, RmsNorm};
 use crate::config::{self, ModelConfig, RopeSpec};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, PrecisionPolicy};
-use crate::weights::{checkpoint_dir, Table, WeightStore};
+use crate::weights::{checkpoint_dir, Table, WeightStore, WeightsChoice};
 use layer::DecoderLayer;
 use ple::{scale_in, PleInputs};
 use rope::RopeTables;
@@ -120,20 +120,26 @@ fn proportional_from_freq_factors(cfg: &mut ModelConfig, ws: &WeightStore) -> Re
     Ok(())
 }
 
-/// Where and in which dtype to run.
+/// Where, in which dtype and with which held weights to run.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Device for weights and activations.
     pub device: Device,
     /// Activation / dense-weight dtype (f32 on CPU; quantized GGUF matrices stay quantized).
     pub dtype: DType,
+    /// How a safetensors checkpoint's matrices are held (quantized while loading, or dense);
+    /// GGUF files keep their own types.
+    pub weights: WeightsChoice,
 }
 
 impl Default for LoadOptions {
+    /// CPU, f32, dense f32 weights: the reference setting the parity tests use. The apps take
+    /// [`LoadOptions::on`], whose weights suit the device.
     fn default() -> Self {
         Self {
             device: Device::Cpu,
             dtype: DType::F32,
+            weights: WeightsChoice::F32,
         }
     }
 }
@@ -168,7 +174,7 @@ impl Model {
     /// Loads a model from a `.gguf` file, a `.safetensors` file (with `config.json` beside
     /// it), a `model.safetensors.index.json`, or a Hugging Face model directory.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self> {
-        let ws = WeightStore::open(path, &opts.device, opts.dtype)?;
+        let ws = WeightStore::open(path, opts)?;
         let cfg = read_config(&ws)?;
         Self::from_parts(cfg, &ws)
     }
@@ -177,7 +183,7 @@ impl Model {
     /// checkpoint's own, in parity tests).
     pub fn from_hf(config_path: &Path, weights: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = config::hf::load_config(config_path)?;
-        let ws = WeightStore::open_safetensors(weights, &opts.device, opts.dtype)?;
+        let ws = WeightStore::open_safetensors(weights, opts)?;
         Self::from_parts(cfg, &ws)
     }
 

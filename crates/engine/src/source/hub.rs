@@ -4,6 +4,8 @@
 //! from byte 0, so each file is fetched here with its ranged stream API into `<file>.part`,
 //! continuing from the bytes already on disk. The async client runs on a private tokio
 //! runtime driven by the calling thread; no async code leaks out of this module.
+//! A repository of GGUF files (`*-GGUF`) is listed by quantization ([`list_gguf_quants`]) and
+//! one quantization is fetched ([`download_model`]); projectors (`mmproj-*`) never are.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -12,6 +14,7 @@ use futures::StreamExt;
 use hf_hub::repository::{HFRepository, RepoTreeEntry, RepoTypeModel};
 use hf_hub::{HFClient, HFError};
 
+use super::gguf_quants::{group_quants, pick, GgufQuant};
 use super::hub_fetch::{write_error, Fetch, FileJob};
 use super::hub_retry::{self, to_source_error, RetryPolicy};
 use super::SourceError;
@@ -101,25 +104,39 @@ fn io(path: &Path, e: std::io::Error) -> SourceError {
     write_error(path, e, None)
 }
 
-/// Downloads the model files of `repo` at `revision` (default `main`) and returns the local
-/// snapshot directory. Files already complete are kept; partial files are resumed. When the
-/// Hub cannot be reached, a snapshot completed earlier for the same revision is returned.
-pub fn download_repo(
+/// The marker of one finished GGUF quantization in a snapshot; it holds the path of the
+/// quant's (first) file, relative to the snapshot.
+fn gguf_marker(quant: &str) -> String {
+    let safe: String = quant
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{COMPLETE_MARKER}-{safe}")
+}
+
+/// A GGUF quantization completed earlier for `revision`: its (first) file.
+fn completed_gguf(root: &Path, revision: &str, quant: &str) -> Option<PathBuf> {
+    let commit = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
+    let dir = root.join(commit.trim());
+    let file = std::fs::read_to_string(dir.join(gguf_marker(quant))).ok()?;
+    let path = dir.join(file.trim());
+    path.is_file().then_some(path)
+}
+
+/// A private runtime and a client for `repo`, as `options` say.
+fn connect(
     repo: &str,
-    revision: Option<&str>,
     options: &HubOptions,
-    on_progress: &mut dyn FnMut(&DownloadProgress),
-    cancel: &AtomicBool,
-) -> Result<PathBuf, SourceError> {
+) -> Result<(tokio::runtime::Runtime, HFRepository<RepoTypeModel>), SourceError> {
     let (owner, name) = repo
         .split_once('/')
         .ok_or_else(|| net(repo, format!("`{repo}` is not owner/name")))?;
-    let revision = revision.unwrap_or("main");
-    let base = match &options.dir {
-        Some(d) => d.clone(),
-        None => default_download_dir()?,
-    };
-    let root = base.join(repo_folder(repo));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -138,11 +155,66 @@ pub fn download_repo(
     let client = builder
         .build()
         .map_err(|e| to_source_error(repo, e, Default::default()))?;
-    let handle = client.model(owner, name);
+    Ok((runtime, client.model(owner, name)))
+}
+
+/// The GGUF quantizations `repo` offers at `revision` (default `main`), smallest first,
+/// with their sizes from the listing; nothing is downloaded. Empty for a repository without
+/// GGUF files.
+pub fn list_gguf_quants(
+    repo: &str,
+    revision: Option<&str>,
+    options: &HubOptions,
+    cancel: &AtomicBool,
+) -> Result<Vec<GgufQuant>, SourceError> {
+    let (runtime, handle) = connect(repo, options)?;
+    let revision = revision.unwrap_or("main");
     let listed = runtime.block_on(hub_retry::retry(&options.retry, cancel, || {
         list_files(&handle, revision)
     }))?;
-    let (commit, files) = match listed {
+    let (_, files) = listed.map_err(|(e, tries)| to_source_error(repo, e, tries))?;
+    Ok(group_quants(files.iter().map(|(p, s, _)| (p.as_str(), *s))))
+}
+
+/// Downloads the model files of `repo` at `revision` (default `main`) and returns the local
+/// snapshot directory; for a repository of GGUF files only, the default quantization
+/// ([`download_model`]). Files already complete are kept; partial files are resumed. When
+/// the Hub cannot be reached, a snapshot completed earlier for the same revision is
+/// returned.
+pub fn download_repo(
+    repo: &str,
+    revision: Option<&str>,
+    options: &HubOptions,
+    on_progress: &mut dyn FnMut(&DownloadProgress),
+    cancel: &AtomicBool,
+) -> Result<PathBuf, SourceError> {
+    download_model(repo, revision, None, options, on_progress, cancel)
+}
+
+/// [`download_repo`] with a GGUF quantization: with `quant` (`Q4_K_M`, `Q8_0`, …; see
+/// [`list_gguf_quants`]), only that quant's file(s) are fetched and the path of its (first)
+/// file is returned; without it, a repository with safetensors gives its snapshot
+/// directory and one of GGUF files only gives [`super::gguf_quants::DEFAULT_QUANT`] (else
+/// the smallest). A quant the repository lacks is `model_not_found`, naming those it has.
+pub fn download_model(
+    repo: &str,
+    revision: Option<&str>,
+    quant: Option<&str>,
+    options: &HubOptions,
+    on_progress: &mut dyn FnMut(&DownloadProgress),
+    cancel: &AtomicBool,
+) -> Result<PathBuf, SourceError> {
+    let revision = revision.unwrap_or("main");
+    let base = match &options.dir {
+        Some(d) => d.clone(),
+        None => default_download_dir()?,
+    };
+    let root = base.join(repo_folder(repo));
+    let (runtime, handle) = connect(repo, options)?;
+    let listed = runtime.block_on(hub_retry::retry(&options.retry, cancel, || {
+        list_files(&handle, revision)
+    }))?;
+    let (commit, all) = match listed {
         Ok(v) => v,
         Err((e, tries)) => {
             let err = to_source_error(repo, e, tries);
@@ -154,12 +226,45 @@ pub fn download_repo(
                     | SourceError::HubUnavailable { .. }
                     | SourceError::RateLimited { .. }
             ) {
-                if let Some(dir) = completed_snapshot(&root, revision) {
-                    return Ok(dir);
+                let done = match quant {
+                    Some(q) => completed_gguf(&root, revision, q),
+                    None => completed_snapshot(&root, revision).or_else(|| {
+                        completed_gguf(&root, revision, super::gguf_quants::DEFAULT_QUANT)
+                    }),
+                };
+                if let Some(found) = done {
+                    return Ok(found);
                 }
             }
             return Err(err);
         }
+    };
+    let has_safetensors = all.iter().any(|(p, _, _)| p.ends_with(".safetensors"));
+    // (marker name, what the marker holds, what is returned relative to the snapshot)
+    let (files, marker, returned) = if quant.is_none() && has_safetensors {
+        let files: Vec<_> = all.into_iter().filter(|(p, _, _)| wanted(p)).collect();
+        (files, COMPLETE_MARKER.to_owned(), None)
+    } else {
+        let quants = group_quants(all.iter().map(|(p, s, _)| (p.as_str(), *s)));
+        let Some(chosen) = pick(&quants, quant) else {
+            let offered: Vec<_> = quants.iter().map(|q| q.name.as_str()).collect();
+            return Err(SourceError::HubNotFound {
+                repo: repo.to_owned(),
+                reason: match quant {
+                    Some(q) if !offered.is_empty() => format!(
+                        "no {q} GGUF in the repository; it offers {}",
+                        offered.join(", ")
+                    ),
+                    _ => "the repository has no model files (*.safetensors, *.gguf)".into(),
+                },
+            });
+        };
+        let first = chosen.files.first().cloned().unwrap_or_default();
+        let files: Vec<_> = all
+            .into_iter()
+            .filter(|(p, _, _)| chosen.files.contains(p))
+            .collect();
+        (files, gguf_marker(&chosen.name), Some(first))
     };
     if files.is_empty() {
         return Err(SourceError::HubNotFound {
@@ -186,8 +291,9 @@ pub fn download_repo(
         retry: &options.retry,
     };
     runtime.block_on(fetch.all(&jobs, on_progress))?;
-    let marker = dir.join(COMPLETE_MARKER);
-    std::fs::write(&marker, commit.as_bytes()).map_err(|e| io(&marker, e))?;
+    let marker_path = dir.join(&marker);
+    let content = returned.as_deref().unwrap_or(&commit);
+    std::fs::write(&marker_path, content.as_bytes()).map_err(|e| io(&marker_path, e))?;
     let refs = root.join("refs");
     std::fs::create_dir_all(&refs).map_err(|e| io(&refs, e))?;
     // A revision containing `/` (branch `a/b`) gets no offline ref; the download still works.
@@ -195,10 +301,13 @@ pub fn download_repo(
         let r = refs.join(revision);
         std::fs::write(&r, commit.as_bytes()).map_err(|e| io(&r, e))?;
     }
-    Ok(dir)
+    match returned {
+        Some(file) => Ok(dir.join(safe_relative(repo, &file)?)),
+        None => Ok(dir),
+    }
 }
 
-/// The commit `revision` points at and the wanted files there: (path, size, sha256).
+/// The commit `revision` points at and every file there: (path, size, sha256).
 type Listing = (String, Vec<(String, u64, Option<String>)>);
 
 async fn list_files(
@@ -221,9 +330,7 @@ async fn list_files(
             path, size, lfs, ..
         } = entry?
         {
-            if wanted(&path) {
-                files.push((path, size, lfs.and_then(|l| l.sha256)));
-            }
+            files.push((path, size, lfs.and_then(|l| l.sha256)));
         }
     }
     Ok((commit, files))

@@ -4,6 +4,7 @@
 //! [`SourceError`] with a code. Offline test assets are named by the CLI, which resolves them
 //! to paths itself (crate `kvlab-assets`); the engine knows nothing of them.
 
+pub mod gguf_quants;
 #[cfg(feature = "hub")]
 pub mod hub;
 #[cfg(feature = "hub")]
@@ -27,12 +28,17 @@ pub enum ModelSource {
         /// The path.
         path: PathBuf,
     },
-    /// A Hugging Face Hub repository (`owner/name`, optionally `@revision`).
+    /// A Hugging Face Hub repository (`owner/name`, optionally `:QUANT` for a GGUF
+    /// repository, as llama.cpp's `-hf` takes it, and `@revision`).
     Hub {
         /// `owner/name`.
         repo: String,
         /// Branch, tag or commit; `None` for the default branch.
         revision: Option<String>,
+        /// The GGUF quantization to fetch (`Q4_K_M`, `Q8_0`, …); `None`: the safetensors,
+        /// or in a GGUF-only repository its default quant.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quant: Option<String>,
     },
 }
 
@@ -256,8 +262,8 @@ fn is_hub_id(s: &str) -> bool {
 }
 
 impl ModelSource {
-    /// Reads a user string: an existing path is `Local`; `owner/name[@revision]` is `Hub`;
-    /// anything else is a (missing) `Local`.
+    /// Reads a user string: an existing path is `Local`; `owner/name[:QUANT][@revision]` is
+    /// `Hub`; anything else is a (missing) `Local`.
     pub fn parse(s: &str) -> Self {
         let path = Path::new(s);
         if path.exists() {
@@ -267,10 +273,15 @@ impl ModelSource {
             Some((r, rev)) if !rev.is_empty() => (r, Some(rev.to_owned())),
             _ => (s, None),
         };
+        let (repo, quant) = match repo.split_once(':') {
+            Some((r, q)) if !q.is_empty() => (r, Some(q.to_owned())),
+            _ => (repo, None),
+        };
         if is_hub_id(repo) {
             return Self::Hub {
                 repo: repo.into(),
                 revision,
+                quant,
             };
         }
         Self::Local { path: path.into() }
@@ -294,10 +305,20 @@ impl ModelSource {
                     _ => path.display().to_string(),
                 }
             }
-            ModelSource::Hub { repo, revision } => match revision {
-                Some(r) => format!("{repo}@{r}"),
-                None => repo.clone(),
-            },
+            ModelSource::Hub {
+                repo,
+                revision,
+                quant,
+            } => {
+                let mut name = repo.clone();
+                if let Some(q) = quant {
+                    name = format!("{name}:{q}");
+                }
+                match revision {
+                    Some(r) => format!("{name}@{r}"),
+                    None => name,
+                }
+            }
         }
     }
 
@@ -332,9 +353,11 @@ impl ModelSource {
                 }
                 path.clone()
             }
-            ModelSource::Hub { repo, revision } => {
-                hub_download(repo, revision.as_deref(), emit, cancel)?
-            }
+            ModelSource::Hub {
+                repo,
+                revision,
+                quant,
+            } => hub_download(repo, revision.as_deref(), quant.as_deref(), emit, cancel)?,
         })
     }
 }
@@ -343,6 +366,7 @@ impl ModelSource {
 fn hub_download(
     repo: &str,
     revision: Option<&str>,
+    quant: Option<&str>,
     emit: &mut dyn FnMut(Event),
     cancel: &AtomicBool,
 ) -> Result<PathBuf, SourceError> {
@@ -353,9 +377,10 @@ fn hub_download(
             total: Some(p.total),
         })
     };
-    hub::download_repo(
+    hub::download_model(
         repo,
         revision,
+        quant,
         &hub::HubOptions::default(),
         &mut forward,
         cancel,
@@ -366,6 +391,7 @@ fn hub_download(
 fn hub_download(
     repo: &str,
     _revision: Option<&str>,
+    _quant: Option<&str>,
     _emit: &mut dyn FnMut(Event),
     _cancel: &AtomicBool,
 ) -> Result<PathBuf, SourceError> {
@@ -423,15 +449,30 @@ mod tests {
             ModelSource::parse("google/gemma-3-270m-it"),
             ModelSource::Hub {
                 repo: "google/gemma-3-270m-it".into(),
-                revision: None
+                revision: None,
+                quant: None
             }
         );
         assert_eq!(
             ModelSource::parse("google/gemma-3-270m@main"),
             ModelSource::Hub {
                 repo: "google/gemma-3-270m".into(),
-                revision: Some("main".into())
+                revision: Some("main".into()),
+                quant: None
             }
+        );
+        let gguf = ModelSource::parse("ggml-org/gemma-4-E4B-it-GGUF:Q8_0@main");
+        assert_eq!(
+            gguf,
+            ModelSource::Hub {
+                repo: "ggml-org/gemma-4-E4B-it-GGUF".into(),
+                revision: Some("main".into()),
+                quant: Some("Q8_0".into())
+            }
+        );
+        assert_eq!(
+            gguf.display_name(),
+            "ggml-org/gemma-4-E4B-it-GGUF:Q8_0@main"
         );
         // Not a repo id: missing paths stay local so the error names the path. Asset names
         // mean nothing here (the CLI resolves them before the engine sees a source).
@@ -531,7 +572,8 @@ mod tests {
         assert_eq!(
             serde_json::to_value(ModelSource::Hub {
                 repo: "a/b".into(),
-                revision: None
+                revision: None,
+                quant: None
             })
             .unwrap(),
             serde_json::json!({"kind": "hub", "repo": "a/b", "revision": null})

@@ -242,9 +242,16 @@ impl GgufVocab {
     pub fn build(&self) -> Result<Tokenizer, String> {
         match self.model.as_str() {
             "llama" => self.build_sentencepiece(),
+            // Gemma 4's converter writes its tokenizer.json as `gemma4`: the same byte-fallback
+            // BPE over `▁`-marked pieces, with the merges listed (llama.cpp requires them).
+            "gemma4" if self.merges.is_some() => self.build_sentencepiece(),
+            "gemma4" => Err("`tokenizer.ggml.model` is `gemma4` but the file has no \
+                 `tokenizer.ggml.merges`; pass a tokenizer.json"
+                .into()),
             other => Err(format!(
-                "`tokenizer.ggml.model` is `{other}`; only SentencePiece-style (`llama`) \
-                 vocabularies, which Gemma GGUF files carry, are built here: pass a tokenizer.json"
+                "`tokenizer.ggml.model` is `{other}`; only SentencePiece-style (`llama`, \
+                 `gemma4`) vocabularies, which Gemma GGUF files carry, are built here: pass a \
+                 tokenizer.json"
             )),
         }
     }
@@ -291,8 +298,12 @@ impl GgufVocab {
             Some(list) => list
                 .iter()
                 .map(|m| {
-                    m.split_once(' ')
-                        .map(|(l, r)| (l.to_owned(), r.to_owned()))
+                    // As llama.cpp splits them: at the first space after the first character,
+                    // so a left part that is itself a space survives.
+                    m.char_indices()
+                        .skip(1)
+                        .find(|(_, c)| *c == ' ')
+                        .map(|(at, _)| (m[..at].to_owned(), m[at + 1..].to_owned()))
                         .ok_or_else(|| format!("merge `{m}` is not `left right`"))
                 })
                 .collect::<Result<Vec<_>, _>>()?,

@@ -1,9 +1,12 @@
 //! Weight access by Hugging Face logical name (`layers.3.self_attn.q_proj.weight`, no
-//! `model.` prefix) over safetensors (memory-mapped, single or sharded) and GGUF (quantized
-//! matrices kept quantized). Every lookup checks the shape and names the tensor on failure.
+//! `model.` prefix) over safetensors (memory-mapped, single or sharded; matrices held as the
+//! [`WeightsChoice`] says, quantized while loading) and GGUF (quantized matrices kept
+//! quantized). Every lookup checks the shape and names the tensor on failure.
 
+mod choice;
 mod gguf;
 pub(crate) mod gguf_check;
+mod isq;
 mod repack;
 mod safetensors;
 pub(crate) mod safetensors_check;
@@ -22,7 +25,17 @@ use ts_rs::TS;
 
 use crate::error::{EngineError, Result};
 
+pub use choice::{Held, WeightsChoice, WEIGHTS_CHOICES};
 pub use gguf::gguf_name;
+
+use crate::model::LoadOptions;
+
+/// Logical names of the lookup tables (row reads; the token table is also the tied output
+/// projection): held as [`WeightsChoice::table`] says.
+const TABLES: [&str; 2] = ["embed_tokens.weight", "embed_tokens_per_layer.weight"];
+/// Matrices the model keeps dense in f32 whatever the choice (the MoE router: its top-k
+/// choice is sensitive to rounding).
+const DENSE_MATRICES: [&str; 1] = ["router.proj.weight"];
 
 /// Where the weights live.
 enum Backend {
@@ -30,6 +43,8 @@ enum Backend {
         st: candle_core::safetensors::MmapedSafetensors,
         /// `model.language_model.`, `model.` or empty.
         prefix: String,
+        /// Where each tensor's bytes are, for quantizing while reading.
+        index: isq::Index,
     },
     Gguf {
         content: gguf_file::Content,
@@ -43,12 +58,20 @@ pub struct WeightStore {
     path: PathBuf,
     device: Device,
     dtype: DType,
+    /// How safetensors matrices are held.
+    choice: WeightsChoice,
     /// Bytes of every tensor handed out so far (what the model holds once built).
     loaded_bytes: AtomicUsize,
 }
 
 /// One tensor as its file header describes it.
 struct HeaderTensor {
+    /// Logical name (prefix stripped), for safetensors.
+    name: String,
+    /// Rank of the tensor.
+    rank: usize,
+    /// The stored dtype, for safetensors.
+    stored: Option<DType>,
     elements: u64,
     /// Length of the innermost (row) dimension: quantized blocks run along it.
     cols: usize,
@@ -81,6 +104,7 @@ impl std::fmt::Debug for WeightStore {
                 },
             )
             .field("dtype", &self.dtype)
+            .field("weights", &self.choice)
             .finish()
     }
 }
@@ -115,9 +139,9 @@ pub fn checkpoint_dir(path: &Path) -> PathBuf {
 impl WeightStore {
     /// Opens any checkpoint: a `.gguf` file, or safetensors (a folder, a `.safetensors` file
     /// or a `model.safetensors.index.json`). The one place that tells the formats apart.
-    pub fn open(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+    pub fn open(path: &Path, opts: &LoadOptions) -> Result<Self> {
         if is_gguf_path(path) {
-            return Self::open_gguf(path, device, dtype);
+            return Self::open_gguf(path, opts);
         }
         // Without its config a safetensors folder is not a model: say that first.
         let config = checkpoint_dir(path).join("config.json");
@@ -125,7 +149,7 @@ impl WeightStore {
             path: config,
             source,
         })?;
-        Self::open_safetensors(path, device, dtype)
+        Self::open_safetensors(path, opts)
     }
 
     /// The checkpoint's format.
@@ -144,16 +168,22 @@ impl WeightStore {
                 .tensor_infos
                 .values()
                 .map(|t| HeaderTensor {
+                    name: String::new(),
+                    rank: t.shape.rank(),
+                    stored: None,
                     elements: t.shape.elem_count() as u64,
                     cols: t.shape.dims().last().copied().unwrap_or(0),
                     ggml: Some(t.ggml_dtype),
                 })
                 .collect(),
-            Backend::Safetensors { st, prefix } => st
+            Backend::Safetensors { st, prefix, index } => st
                 .tensors()
                 .into_iter()
                 .filter(|(n, _)| n.starts_with(prefix.as_str()) || n == "lm_head.weight")
-                .map(|(_, v)| HeaderTensor {
+                .map(|(n, v)| HeaderTensor {
+                    name: n.strip_prefix(prefix.as_str()).unwrap_or(&n).to_owned(),
+                    rank: v.shape().len(),
+                    stored: index.dtype(&n),
                     elements: v.shape().iter().product::<usize>() as u64,
                     cols: v.shape().last().copied().unwrap_or(0),
                     ggml: None,
@@ -187,11 +217,25 @@ impl WeightStore {
         self.header_tensors().iter().map(|t| t.elements).sum()
     }
 
-    /// The bytes the weights will take once loaded on this store's device and dtype, from the
+    /// How a safetensors tensor of the language model is held, from its header alone: the
+    /// one rule [`WeightStore::held_bytes_estimate`] and the loader share.
+    fn st_held(&self, name: &str, rank: usize, cols: usize, stored: Option<DType>) -> Held {
+        if rank < 2 || DENSE_MATRICES.iter().any(|d| name.ends_with(d)) {
+            Held::Dense(self.dtype)
+        } else if TABLES.contains(&name) {
+            self.choice
+                .table(cols, stored.unwrap_or(DType::F32), &self.device)
+        } else {
+            self.choice.matrix(cols, &self.device)
+        }
+    }
+
+    /// The bytes the weights will take once loaded with this store's options, from the
     /// headers alone: quantized GGUF matrices at their block size (Q5_0 repacked to Q8_0 on
-    /// CPU, as [`WeightStore::linear`] does), everything else dense in the load dtype. Equals
-    /// [`WeightStore::loaded_bytes`] after a full load up to the few small vectors the loader
-    /// keeps in f32 (tested within 1%).
+    /// CPU, as [`WeightStore::linear`] does); safetensors matrices and tables as the
+    /// [`WeightsChoice`] holds them; vectors dense in the load dtype. Vision and audio towers
+    /// are left out (they are never read). Equals [`WeightStore::loaded_bytes`] after a full
+    /// load up to the few small vectors the loader keeps in f32 (tested within 5%).
     pub fn held_bytes_estimate(&self) -> u64 {
         use candle_core::quantized::GgmlDType as G;
         let dense = self.dtype.size_in_bytes() as u64;
@@ -206,28 +250,33 @@ impl WeightStore {
                     };
                     t.elements / q.block_size() as u64 * q.type_size() as u64
                 }
-                _ => t.elements * dense,
+                Some(_) => t.elements * dense,
+                None => self
+                    .st_held(&t.name, t.rank, t.cols, t.stored)
+                    .bytes(t.elements),
             })
             .sum()
     }
 
     /// Opens safetensors weights: a `.safetensors` file, or a directory holding
     /// `model.safetensors` or a sharded `model.safetensors.index.json`.
-    pub fn open_safetensors(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let (st, origin) = safetensors::open(path)?;
+    pub fn open_safetensors(path: &Path, opts: &LoadOptions) -> Result<Self> {
+        let (st, origin, shards) = safetensors::open(path)?;
         let prefix = safetensors::detect_prefix(&st);
+        let index = isq::Index::open(&shards)?;
         Ok(Self {
-            backend: Backend::Safetensors { st, prefix },
+            backend: Backend::Safetensors { st, prefix, index },
             path: origin,
-            device: device.clone(),
-            dtype,
+            device: opts.device.clone(),
+            dtype: opts.dtype,
+            choice: opts.weights,
             loaded_bytes: AtomicUsize::new(0),
         })
     }
 
     /// Opens a GGUF file; returns the store and its parsed header (metadata + tensor
     /// directory), which [`crate::config::gguf::config_from_gguf`] turns into a config.
-    pub fn open_gguf(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+    pub fn open_gguf(path: &Path, opts: &LoadOptions) -> Result<Self> {
         let io = |source| EngineError::Io {
             path: path.to_path_buf(),
             source,
@@ -251,8 +300,9 @@ impl WeightStore {
                 file: Mutex::new(file),
             },
             path: path.to_path_buf(),
-            device: device.clone(),
-            dtype,
+            device: opts.device.clone(),
+            dtype: opts.dtype,
+            choice: opts.weights,
             loaded_bytes: AtomicUsize::new(0),
         })
     }
@@ -289,6 +339,11 @@ impl WeightStore {
     /// The dtype dense tensors are converted to.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// How safetensors matrices are held (GGUF files keep their own types).
+    pub fn weights_choice(&self) -> WeightsChoice {
+        self.choice
     }
 
     /// The file (or directory) the weights come from.
@@ -380,6 +435,42 @@ impl WeightStore {
         )?)
     }
 
+    /// Rows `[first, first + rows)` of a safetensors tensor quantized to `held`, read chunk by
+    /// chunk from the file (see [`isq`]); `None` when `held` is dense (or the stored type is
+    /// one the reader does not convert), for the caller's dense path. `dims` is the result's
+    /// shape; for a whole tensor it is checked against the header.
+    fn st_quantized(
+        &self,
+        name: &str,
+        dims: &[usize],
+        held: Held,
+        first: usize,
+        rows: usize,
+    ) -> Result<Option<QTensor>> {
+        let Backend::Safetensors { st, index, .. } = &self.backend else {
+            return Ok(None);
+        };
+        let Held::Quantized(q) = held else {
+            return Ok(None);
+        };
+        let n = self.file_name(name);
+        let view = st.get(&n).map_err(|_| self.missing(name))?;
+        if first == 0 && dims.len() == view.shape().len() {
+            self.check_shape(name, view.shape(), dims)?;
+        }
+        if index.dtype(&n).is_none() {
+            return Ok(None);
+        }
+        let t = index
+            .quantize(&n, first, rows, dims, q, &self.device)
+            .map_err(|e| match e {
+                EngineError::CorruptFile { .. } => e,
+                other => self.corrupt(format!("tensor `{n}`: {other}")),
+            })?;
+        self.note(t.storage_size_in_bytes());
+        Ok(Some(t))
+    }
+
     /// A dense tensor in the store's dtype (dequantized if the file stores it quantized).
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         self.tensor_as(name, shape, self.dtype)
@@ -411,7 +502,17 @@ impl WeightStore {
     /// A `[out, inp]` matrix for `x·Wᵀ`: quantized matrices stay quantized.
     pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<QMatMul> {
         match &self.backend {
-            Backend::Safetensors { .. } => Ok(QMatMul::Tensor(self.tensor(name, &[out, inp])?)),
+            Backend::Safetensors { .. } => {
+                let held = self.st_held(name, 2, inp, None);
+                match self.st_quantized(name, &[out, inp], held, 0, out)? {
+                    Some(q) => Ok(QMatMul::QTensor(Arc::new(q))),
+                    None => Ok(QMatMul::Tensor(self.tensor_as(
+                        name,
+                        &[out, inp],
+                        dense_dtype(held, self.dtype),
+                    )?)),
+                }
+            }
             Backend::Gguf { .. } => {
                 let q = self.cpu_kernel_friendly(self.gguf_qtensor(name, &[out, inp])?)?;
                 let m = QMatMul::from_qtensor(q)?;
@@ -430,7 +531,18 @@ impl WeightStore {
     /// (token embeddings: row lookups and the tied output projection stay quantized).
     pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Table> {
         match &self.backend {
-            Backend::Safetensors { .. } => Ok(Table::Dense(self.tensor(name, &[rows, cols])?)),
+            Backend::Safetensors { index, .. } => {
+                let stored = index.dtype(&self.file_name(name));
+                let held = self.st_held(name, 2, cols, stored);
+                match self.st_quantized(name, &[rows, cols], held, 0, rows)? {
+                    Some(q) => Ok(Table::Quantized(Arc::new(q))),
+                    None => Ok(Table::Dense(self.tensor_as(
+                        name,
+                        &[rows, cols],
+                        dense_dtype(held, self.dtype),
+                    )?)),
+                }
+            }
             Backend::Gguf { .. } => {
                 let q = self.gguf_qtensor(name, &[rows, cols])?;
                 if q.dtype().block_size() > 1 && cols.is_multiple_of(q.dtype().block_size()) {
@@ -455,7 +567,24 @@ impl WeightStore {
     ) -> Result<Vec<QMatMul>> {
         match &self.backend {
             Backend::Safetensors { .. } => {
-                let t = self.tensor(name, &[n, out, inp])?;
+                let held = self.st_held(name, 3, inp, None);
+                if let Held::Quantized(_) = held {
+                    let n_file = self.file_name(name);
+                    let Backend::Safetensors { st, .. } = &self.backend else {
+                        unreachable!("matched above")
+                    };
+                    let view = st.get(&n_file).map_err(|_| self.missing(name))?;
+                    self.check_shape(name, view.shape(), &[n, out, inp])?;
+                    return (0..n)
+                        .map(|e| {
+                            let q = self
+                                .st_quantized(name, &[out, inp], held, e * out, out)?
+                                .ok_or_else(|| self.missing(name))?;
+                            Ok(QMatMul::QTensor(Arc::new(q)))
+                        })
+                        .collect();
+                }
+                let t = self.tensor_as(name, &[n, out, inp], dense_dtype(held, self.dtype))?;
                 (0..n)
                     .map(|e| Ok(QMatMul::Tensor(t.get(e)?.contiguous()?)))
                     .collect()
@@ -486,6 +615,15 @@ impl WeightStore {
     }
 }
 
+/// The dtype a dense-held tensor is loaded in (quantized holds that fall back to dense use
+/// the compute dtype).
+fn dense_dtype(held: Held, compute: DType) -> DType {
+    match held {
+        Held::Dense(d) => d,
+        Held::Quantized(_) => compute,
+    }
+}
+
 /// A lookup table (token embedding) that may stay quantized.
 #[derive(Debug, Clone)]
 pub enum Table {
@@ -502,7 +640,9 @@ impl Table {
             Table::Dense(w) => {
                 let mut dims = ids.dims().to_vec();
                 dims.push(w.dim(1)?);
-                w.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?
+                w.index_select(&ids.flatten_all()?, 0)?
+                    .reshape(dims)?
+                    .to_dtype(dtype)?
             }
             Table::Quantized(q) => q.embedding(ids)?.to_dtype(dtype)?,
         })
@@ -512,7 +652,8 @@ impl Table {
     pub fn as_linear(&self) -> Result<QMatMul> {
         Ok(match self {
             Table::Dense(w) => QMatMul::Tensor(w.clone()),
-            Table::Quantized(q) => QMatMul::from_arc(q.clone())?,
+            // Not `from_arc`: it would expand f16/bf16 rows to a dense f32 copy of the table.
+            Table::Quantized(q) => QMatMul::QTensor(q.clone()),
         })
     }
 }

@@ -24,9 +24,12 @@ fn ensure_readable(path: &Path) -> Result<()> {
         })
 }
 
+/// An open checkpoint: the mapping, the path to cite in errors, and its shard files.
+pub(super) type Opened = (MmapedSafetensors, PathBuf, Vec<PathBuf>);
+
 /// Maps a single file, a directory with `model.safetensors`, or a directory with a sharded
-/// index. Returns the mapping and the path to cite in errors.
-pub(super) fn open(path: &Path) -> Result<(MmapedSafetensors, PathBuf)> {
+/// index.
+pub(super) fn open(path: &Path) -> Result<Opened> {
     ensure_readable(path)?;
     if path.is_dir() {
         let index = path.join("model.safetensors.index.json");
@@ -43,10 +46,10 @@ pub(super) fn open(path: &Path) -> Result<(MmapedSafetensors, PathBuf)> {
     // SAFETY: the mapping is read-only; a file modified while mapped is the caller's
     // responsibility, as with every memory-mapped loader.
     let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| corrupt(path, e))?;
-    Ok((st, path.to_path_buf()))
+    Ok((st, path.to_path_buf(), vec![path.to_path_buf()]))
 }
 
-fn open_sharded(dir: &Path, index: &Path) -> Result<(MmapedSafetensors, PathBuf)> {
+fn open_sharded(dir: &Path, index: &Path) -> Result<Opened> {
     let text = std::fs::read_to_string(index).map_err(|source| EngineError::Io {
         path: index.to_path_buf(),
         source,
@@ -79,7 +82,7 @@ fn open_sharded(dir: &Path, index: &Path) -> Result<(MmapedSafetensors, PathBuf)
     }
     // SAFETY: as in `open`: read-only mappings.
     let st = unsafe { MmapedSafetensors::multi(&shards) }.map_err(|e| corrupt(index, e))?;
-    Ok((st, index.to_path_buf()))
+    Ok((st, index.to_path_buf(), shards))
 }
 
 /// `model.language_model.` (multimodal checkpoints), `model.` (text-only) or nothing.
