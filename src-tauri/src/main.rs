@@ -7,6 +7,13 @@ fn main() {
     if let Some(code) = kvlab_app::documents::child::main_if_asked(&args) {
         std::process::exit(code);
     }
+    // Before any other thread starts: one core fewer than the machine has (the webview
+    // renders every streamed token), unless KVLAB_THREADS says otherwise.
+    let threads =
+        kvlab_engine::threads::from_env().unwrap_or_else(kvlab_engine::threads::desktop_default);
+    if let Err(e) = kvlab_engine::threads::set_compute_threads(threads) {
+        eprintln!("kvlab: {e}");
+    }
     kvlab_app::platform::ensure_valid_locale();
     kvlab_app::run();
 }

@@ -13,6 +13,7 @@ mod ppl_cmd;
 mod ppl_fidelity;
 
 use clap::{Parser, Subcommand};
+use kvlab_engine::threads;
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +22,11 @@ use clap::{Parser, Subcommand};
     about = "KV Lab: local language models and their KV cache, headless"
 )]
 struct Cli {
+    /// Compute threads (default: `KVLAB_THREADS`, else the physical cores). With another
+    /// busy process on the machine, one fewer than the cores decodes faster: every parallel
+    /// op waits for its slowest thread.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -45,6 +51,12 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // First, before any thread or model op: candle sizes its pools once per process.
+    let threads = cli
+        .threads
+        .or_else(threads::from_env)
+        .unwrap_or_else(threads::physical_cores);
+    threads::set_compute_threads(threads)?;
     match cli.command {
         Command::Version => println!("kvlab {}", env!("CARGO_PKG_VERSION")),
         Command::Assets(args) => kvlab_assets::cli::run(args.command)?,

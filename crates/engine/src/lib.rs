@@ -36,6 +36,7 @@ pub mod sampling;
 mod session;
 pub mod source;
 pub mod stream;
+pub mod threads;
 pub mod tokenizer;
 mod weights;
 pub mod worker;
