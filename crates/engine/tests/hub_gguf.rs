@@ -162,6 +162,7 @@ fn options(endpoint: &str, dir: &Path) -> HubOptions {
         endpoint: Some(endpoint.to_owned()),
         dir: Some(dir.to_path_buf()),
         token: Some("test-token".into()),
+        ..HubOptions::default()
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 use common::{fixture, golden, ids, max_diff};
 use kvlab_engine::card::inspect;
-use kvlab_engine::weights::{WeightsChoice, WEIGHTS_CHOICES};
+use kvlab_engine::{WeightsChoice, WEIGHTS_CHOICES};
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
 const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use kvlab_assets::require_asset;
-use kvlab_engine::weights::{gguf_name, WeightsChoice};
+use kvlab_engine::{gguf_name, WeightsChoice};
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
 /// Q8_0 against the dense model, max |Δ logit| over 24 greedy steps × 262144 ids (decode

@@ -282,7 +282,7 @@ fn metal_shaped_decode_crosses_with_queries_only_and_never_converts_to_dense() {
         let opts = LoadOptions {
             device: Device::Cpu,
             dtype: DType::F16,
-            weights: kvlab_engine::weights::WeightsChoice::F16,
+            weights: kvlab_engine::WeightsChoice::F16,
         };
         let model = Model::load(&dir, &opts).expect("load fixture in f16");
         // Every layer attends once per step, shared layers into their producer's storage.

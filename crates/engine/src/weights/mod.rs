@@ -202,7 +202,7 @@ impl WeightStore {
                 .keys()
                 .filter_map(|n| n.strip_prefix("blk.").and_then(index))
                 .collect(),
-            Backend::Safetensors { st, prefix } => {
+            Backend::Safetensors { st, prefix, .. } => {
                 let lead = format!("{prefix}layers.");
                 st.tensors()
                     .into_iter()
