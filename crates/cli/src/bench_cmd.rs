@@ -76,6 +76,11 @@ enum BenchCommand {
         /// Activation dtype (`auto`: what suits the device).
         #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
         dtype: DtypeArg,
+        /// How a safetensors checkpoint's matrices are held: q4_k, q8_0, f16, bf16 or f32
+        /// (default: the device's, q8_0 on the CPU; with `--golden`, dense in `--dtype`, as
+        /// the reference logits were computed). GGUF files keep their own types.
+        #[arg(long)]
+        weights: Option<WeightsChoice>,
         /// Also check the model's logits against a golden file (`input_ids`, `logits_full`,
         /// optional `chunk_sizes` + `logits_incremental`, as in the engine's tiny fixtures),
         /// with this device, dtype and cache; fails when they differ by more than
@@ -121,6 +126,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             kv,
             device,
             dtype,
+            weights,
             golden,
             golden_tol,
             json,
@@ -141,9 +147,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 DtypeArg::F16 => DType::F16,
                 DtypeArg::Bf16 => DType::BF16,
             };
+            // A golden check compares with the reference's dense logits: quantizing the
+            // weights by default would only measure the quantization.
+            let weights = weights.unwrap_or_else(|| match (&golden, dtype) {
+                (Some(_), DType::BF16) => WeightsChoice::Bf16,
+                (Some(_), DType::F16) => WeightsChoice::F16,
+                (Some(_), _) => WeightsChoice::F32,
+                (None, _) => WeightsChoice::default_for(&device),
+            });
             let opts = LoadOptions {
                 dtype,
-                weights: WeightsChoice::default_for(&device),
+                weights,
                 device,
             };
             let path = model_path(&model)?;

@@ -11,6 +11,7 @@ use clap::Args;
 use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
 
 use crate::chat_cmd::{kv_policy, ModelArgs};
+use kvlab_engine::WeightsChoice;
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
@@ -68,7 +69,11 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         .source()?
         .weights(&mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
-    let model = args.model.load(&weights)?;
+    // Logits are for comparing with a reference: dense weights unless `--weights` says
+    // otherwise (the device default would quantize a safetensors checkpoint).
+    let mut model_args = args.model.clone();
+    model_args.weights.get_or_insert(WeightsChoice::F32);
+    let model = model_args.load(&weights)?;
     let mut cache = model.new_cache(&kv_policy(&args.kv)?)?;
     let logits = chunked_logits(&model, &mut cache, &ids, &schedule)?
         .to_dtype(DType::F32)?

@@ -5,6 +5,9 @@
 
 mod common;
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -469,7 +472,11 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
         ..LoadRequest::new(ModelSource::Local { path: path.clone() })
     };
     let err = s.engine.load_blocking(request("f32"), |_| {}).unwrap_err();
-    println!("HOSTILE model load larger than memory -> {}", err.code);
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE model load larger than memory -> {}",
+        err.code
+    );
     assert_eq!(err.code, ErrorCode::OutOfMemory, "{err}");
     for want in [
         format_bytes(need.total_bytes),
@@ -543,7 +550,10 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         ),
     )
     .error();
-    println!("HOSTILE context growth larger than memory -> {code}");
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE context growth larger than memory -> {code}"
+    );
     assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
     assert!(
         message.contains("132 tokens") && message.contains("up to 52 tokens fits"),
@@ -581,7 +591,10 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     let last = rx.into_iter().last().expect("an answer");
     match last {
         kvlab_engine::compare::CompareEvent::Error { code, message } => {
-            println!("HOSTILE comparison larger than memory -> {code}");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "HOSTILE comparison larger than memory -> {code}"
+            );
             assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
         }
         other => panic!("expected a refusal, got {other:?}"),

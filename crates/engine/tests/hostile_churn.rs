@@ -12,6 +12,9 @@
 
 mod common;
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
@@ -327,10 +330,11 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
         "the replay's KV bytes"
     );
     assert_eq!(sample.kv.total_used, replayed.memory().total.0 as u64);
-    println!(
+    let _ = writeln!(
+        std::io::stderr().lock(),
         "HOSTILE generation under churn: {actions} actions over {} turns ({} switches, {} stops, \
          {} regenerations, {} busy refusals, {} comparisons, {} queries), {tokens} tokens \
-         replayed -> no corruption",
+         replayed -> no_corruption",
         turns.len(),
         tally.switches,
         tally.stops,

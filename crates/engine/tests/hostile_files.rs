@@ -7,7 +7,10 @@
 
 mod common;
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
@@ -65,7 +68,7 @@ impl Lab {
             .engine
             .load_blocking(request(path, &self.tokenizer), |_| {})
             .expect_err("a lying file must be refused");
-        println!("HOSTILE {row} -> {}", err.code);
+        let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {}", err.code);
         assert_eq!(err.code, code, "{row}: {err}");
         assert!(err.message.contains(says), "{row}: {}", err.message);
         let after = self.engine.status().model.expect("the model is kept");
@@ -492,7 +495,7 @@ fn non_finite(lab: &Lab, row: &str, path: &Path) {
         .load_blocking(request(path, &lab.tokenizer), |_| {})
         .expect("a NaN is a valid f32: the file loads");
     let code = try_generate(&lab.engine).expect_err("non-finite logits are refused");
-    println!("HOSTILE {row} -> {code}");
+    let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {code}");
     assert_eq!(code, ErrorCode::NonFiniteLogits, "{row}");
     let status = lab.engine.status();
     assert_eq!(

@@ -14,8 +14,11 @@
 
 mod common;
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::io::Write as _;
 use std::path::Path;
 
 use kvlab_engine::events::ErrorCode;
@@ -267,7 +270,8 @@ fn campaign(
         }
         Ok(())
     });
-    println!(
+    let _ = writeln!(
+        std::io::stderr().lock(),
         "HOSTILE {row}: {} mutants, {} refused, the rest load -> {}",
         tried.get(),
         refused.get(),

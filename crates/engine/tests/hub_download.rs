@@ -10,6 +10,9 @@
 //! code, its message, and that a partial file is kept only when it is a true prefix.
 #![cfg(feature = "hub")]
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
+use std::io::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -460,7 +463,7 @@ fn unknown_repository_is_model_not_found() {
 
 /// Prints the tally line `scripts/hostile.sh` counts and checks the code.
 fn hostile(row: &str, err: &SourceError, want: ErrorCode) {
-    println!("HOSTILE {row} -> {}", err.code());
+    let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {}", err.code());
     assert_eq!(err.code(), want, "{row}: {err}");
 }
 
@@ -592,7 +595,10 @@ fn hostile_hub_5xx_is_retried_with_backoff() {
     let (hub, opts, dir) = hub_and_dir();
     hub.script(MODEL, "503 Service Unavailable", &[], 2);
     run(&opts, false).0.expect("succeeds on the third try");
-    println!("HOSTILE hub 5xx twice -> recovered");
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE hub 5xx twice -> recovered"
+    );
     let reqs = model_requests(&hub);
     assert_eq!(reqs.len(), 4, "503, 503, HEAD, GET: {reqs:?}");
     let (w1, w2) = (reqs[1].at - reqs[0].at, reqs[2].at - reqs[1].at);
@@ -682,7 +688,10 @@ fn hostile_hub_partial_that_is_not_a_prefix_is_refetched_whole() {
     std::fs::create_dir_all(&snap).unwrap();
     std::fs::write(snap.join("model.safetensors.part"), vec![0xAB; 5000]).unwrap();
     run(&opts, false).0.expect("recovers");
-    println!("HOSTILE hub stale partial that is not a prefix -> recovered");
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE hub stale partial that is not a prefix -> recovered"
+    );
     assert_eq!(std::fs::read(snap.join(MODEL)).unwrap(), fixture(MODEL));
     let gets: Vec<_> = model_requests(&hub)
         .into_iter()
@@ -775,7 +784,10 @@ fn hostile_hub_disk_full_mid_download() {
             )
         });
     let (code, message) = line.split_once('\t').unwrap();
-    println!("HOSTILE hub disk full mid-download -> {code}");
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE hub disk full mid-download -> {code}"
+    );
     assert_eq!(code, "disk_full", "{message}");
     assert!(
         message.contains("model.safetensors.part") && message.contains("KVLAB_CACHE"),

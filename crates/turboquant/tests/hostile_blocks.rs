@@ -7,7 +7,10 @@
 
 mod common;
 
+// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
+// scripts/hostile.sh finds them in an ordinary `cargo test` log.
 use std::cell::Cell;
+use std::io::Write as _;
 
 use common::TestRng;
 use kvlab_turboquant::{Bits, CodeBlock, Codec, Error, RotationKind, Spec, Variant};
@@ -127,7 +130,8 @@ fn hostile_arbitrary_block_bytes_decode_or_are_truncated_block() {
         }
         Ok(())
     });
-    println!(
+    let _ = writeln!(
+        std::io::stderr().lock(),
         "HOSTILE arbitrary KV code block bytes: {} blocks, {} truncated -> truncated_block",
         tried.get(),
         truncated.get()
