@@ -10,9 +10,6 @@
 //! code, its message, and that a partial file is kept only when it is a true prefix.
 #![cfg(feature = "hub")]
 
-// HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
-// scripts/hostile.sh finds them in an ordinary `cargo test` log.
-use std::io::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
