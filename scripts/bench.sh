@@ -12,10 +12,14 @@
 #            -d D -fa on; kvlab bench decode --ctx D --decode 32), f16 KV on both sides, and
 #            KV Lab's TurboQuant 4-bit cache (tq4@all) against llama.cpp's f16;
 #   prefill  tok/s over a D-token prompt (llama-bench -p D -n 0; kvlab's prefill of --ctx D).
+# and then the app against the CLI: the built app driven over WebDriver under Xvfb (as the
+# end-to-end tests drive it, tests/e2e/bench-app.mjs), greedy answers of 128 tokens whose
+# stats line gives the decode rate, against `kvlab bench decode --ctx 32 --decode 128` from the
+# same release build, at BENCH_THREADS and at the app's own default (physical cores - 1).
 # Each figure is the best of BENCH_ROUNDS alternating rounds (the machine is shared: the best
 # is the least disturbed). llama.cpp is built once from the llama-cpp-python 0.3.36 sdist on
 # PyPI (its vendored llama.cpp), tools only, into $KVLAB_CACHE/llama.cpp; never committed.
-# Not measured here yet: the app against the CLI (issue 12).
+# BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
@@ -47,9 +51,12 @@ build_llama_cpp() {
 }
 
 build_llama_cpp
-say "building kvlab (release)"
-cargo build --release --quiet -p kvlab-cli
+# The app and the CLI from one release build with the test run's packages and features, so
+# the two share every compiled crate and differ only in their thin front ends.
+say "building kvlab and kvlab-app (release)"
+cargo build --release --quiet "${TEST_PACKAGES[@]}"
 KVLAB="$CARGO_TARGET_DIR/release/kvlab"
+APP_BENCH="${BENCH_APP:-1}"
 MODEL="${BENCH_MODEL:-$("$KVLAB" assets path gemma3-270m)}"
 say "model $MODEL, $THREADS threads, depths ${DEPTHS[*]}, best of $ROUNDS rounds"
 
@@ -83,14 +90,41 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+# The app against the CLI: decode rates of 128-token answers at ~32 tokens of context.
+app_decode() { # threads|"" -> best decode tok/s of BENCH_ROUNDS answers
+  BENCH_APP_THREADS="$1" BENCH_APP_TOKENS=128 \
+    KVLAB_APP_BIN="$CARGO_TARGET_DIR/release/kvlab-app" KVLAB_DEFAULT_MODEL="$MODEL" \
+    xvfb-run -a -s "-screen 0 1440x900x24" node tests/e2e/bench-app.mjs 2>/dev/null | tail -1 |
+    python3 -c 'import json,sys; print(max(json.load(sys.stdin)["decode"]))'
+}
+cli_decode() { # threads -> decode tok/s
+  "$KVLAB" --threads "$1" bench decode --model "$MODEL" --ctx 32 --decode 128 --json 2>/dev/null |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["decode_tokens"]/r["decode_secs"])'
+}
+if [ "$APP_BENCH" != 0 ]; then
+  npm_ci "$ROOT/tests/e2e"
+  # The app's own default: physical cores - 1, at least 1 (engine::threads::desktop_default).
+  APP_DEFAULT_THREADS=$(($(lscpu -p=socket,core | grep -v '^#' | sort -u | wc -l) - 1))
+  [ "$APP_DEFAULT_THREADS" -ge 1 ] || APP_DEFAULT_THREADS=1
+  for round in $(seq "$ROUNDS"); do
+    say "round $round, the app against the CLI"
+    for t in "$THREADS" default; do
+      if [ "$t" = default ]; then ct="$APP_DEFAULT_THREADS" arg=""; else ct="$t" arg="$t"; fi
+      echo "app decode $t $(BENCH_ROUNDS=1 app_decode "$arg")" >>"$RESULTS"
+      echo "cli decode $t $(cli_decode "$ct")" >>"$RESULTS"
+    done
+  done
+fi
+
 python3 - "$RESULTS" <<'EOF'
 import sys
 from collections import defaultdict
 best = defaultdict(float)
 for line in open(sys.argv[1]):
     who, what, depth, ts = line.split()
-    best[(who, what, int(depth))] = max(best[(who, what, int(depth))], float(ts))
-depths = sorted({k[2] for k in best})
+    key = (who, what, int(depth) if depth.isdigit() else depth)
+    best[key] = max(best[key], float(ts))
+depths = sorted({k[2] for k in best if k[0] in ("llama", "kvlab", "kvlab-tq4")})
 print()
 print("| depth | llama.cpp decode | KV Lab f16 decode | ratio | KV Lab TQ-4 decode | TQ-4 / llama.cpp f16 | llama.cpp prefill | KV Lab prefill | ratio | TQ-4 / f16 prefill |")
 print("|---|---|---|---|---|---|---|---|---|---|")
@@ -98,4 +132,12 @@ for d in depths:
     ld, kd, td = best[("llama", "decode", d)], best[("kvlab", "decode", d)], best[("kvlab-tq4", "decode", d)]
     lp, kp, tp = best[("llama", "prefill", d)], best[("kvlab", "prefill", d)], best[("kvlab-tq4", "prefill", d)]
     print(f"| {d} | {ld:.1f} | {kd:.1f} | {kd/ld:.2f} | {td:.1f} | {td/ld:.2f} | {lp:.0f} | {kp:.0f} | {kp/lp:.2f} | {tp/kp:.2f} |")
+app_rows = sorted({k[2] for k in best if k[0] == "app"}, key=str)
+if app_rows:
+    print()
+    print("| threads | app decode | CLI decode (same build) | app / CLI |")
+    print("|---|---|---|---|")
+    for t in app_rows:
+        a, c = best[("app", "decode", t)], best[("cli", "decode", t)]
+        print(f"| {t} | {a:.1f} | {c:.1f} | {a/c:.2f} |")
 EOF

@@ -1,6 +1,6 @@
-//! `kvlab bench decode`: prefill a context of N tokens, then greedy-decode M more, and print
-//! prefill and decode throughput plus the KV cache bytes. A thin face over
-//! `kvlab_engine::model::bench`.
+//! `kvlab bench decode`: prefill a context of N tokens, then decode M more (greedy, or the
+//! app's sampling), and print prefill and decode throughput plus the KV cache bytes, and with
+//! `--profile` where each phase's time went. A thin face over `kvlab_engine::model::bench`.
 
 use std::path::PathBuf;
 
@@ -9,8 +9,9 @@ use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
 use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec};
+use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec, ProfileRow};
 use kvlab_engine::model::golden::{check_golden, GoldenReport};
+use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::WeightsChoice;
 use kvlab_engine::{LoadOptions, Model};
 use serde::Serialize;
@@ -28,6 +29,14 @@ enum DtypeArg {
     F32,
     F16,
     Bf16,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SamplingArg {
+    /// The most likely token (what the golden checks and llama-bench's figures compare with).
+    Greedy,
+    /// The app's defaults: temperature 1, top-k 64, top-p 0.95, seed 0.
+    App,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -53,7 +62,8 @@ enum BenchCommand {
     LoadRun(crate::bench_load_cmd::LoadRunArgs),
     /// Time of one decode-step attention call per context and cache SPEC.
     Attention(crate::bench_attention_cmd::BenchAttentionArgs),
-    /// Prefill `--ctx` tokens, then decode `--decode` tokens greedily; report tok/s.
+    /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
+    /// `--profile`, the time per kind of operation).
     Decode {
         /// A model file/directory, or an asset name (e.g. `gemma3-270m`).
         #[arg(long, default_value = "gemma3-270m")]
@@ -90,6 +100,13 @@ enum BenchCommand {
         /// Largest |logit − golden| accepted by `--golden`.
         #[arg(long, default_value_t = 1e-3)]
         golden_tol: f32,
+        /// How decoded tokens are picked.
+        #[arg(long, value_enum, default_value_t = SamplingArg::Greedy)]
+        sampling: SamplingArg,
+        /// Also print where each phase's time went, per kind of operation (matmuls by weight
+        /// type, attention, norms, vocabulary projection, sampling, …), per token.
+        #[arg(long)]
+        profile: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -129,6 +146,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             weights,
             golden,
             golden_tol,
+            sampling,
+            profile,
             json,
         } => {
             if ctx == 0 {
@@ -170,6 +189,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 decode,
                 prefill_chunk: chunk,
                 policy: cache_spec.to_policy(),
+                sampling: match sampling {
+                    SamplingArg::Greedy => SamplingParams::greedy(),
+                    SamplingArg::App => SamplingParams::default(),
+                },
+                profile,
             };
             let r = bench_decode(&m, &spec)?;
             let golden = match &golden {
@@ -208,6 +232,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     r.memory.total.0 as f64 / 1048576.0,
                     r.memory.total.1 as f64 / 1048576.0
                 );
+                for (phase, rows) in [
+                    ("prefill", &r.prefill_profile),
+                    ("decode", &r.decode_profile),
+                ] {
+                    if let Some(rows) = rows {
+                        print_profile(phase, rows);
+                    }
+                }
                 if let Some(g) = &golden {
                     println!(
                         "golden  {} positions: max |Δ| {:.3e} (one forward), {} (chunked), top-1 {:.1}%",
@@ -230,5 +262,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// A phase's profile as a table: per token, largest first, `other` last.
+fn print_profile(phase: &str, rows: &[ProfileRow]) {
+    println!("{phase} profile (exclusive time per token):");
+    println!(
+        "  {:<24} {:>10} {:>8} {:>7}",
+        "op", "ms/token", "calls", "share"
+    );
+    for r in rows {
+        println!(
+            "  {:<24} {:>10.3} {:>8.1} {:>6.1}%",
+            r.op,
+            r.ms_per_token,
+            r.calls_per_token,
+            100.0 * r.share
+        );
     }
 }

@@ -18,6 +18,7 @@ use kvlab_engine::card::inspect;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::{peak_rss_bytes, release_free_memory, RssProbe};
 use kvlab_engine::model::bench::{bench_decode, DecodeBenchSpec};
+use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::WeightsChoice;
 use serde::{Deserialize, Serialize};
 
@@ -270,6 +271,8 @@ pub fn run_one(args: LoadRunArgs) -> anyhow::Result<()> {
                 decode: args.decode,
                 prefill_chunk: args.chunk.max(1),
                 policy: policy.clone(),
+                sampling: SamplingParams::greedy(),
+                profile: false,
             },
         )?;
         speed.push(SpeedRow {

@@ -59,3 +59,61 @@ fn a_coarse_cache_fails_the_golden_check() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad --kv"));
 }
+
+/// `--profile`: per decode token, one attention call per layer, one vocabulary projection and
+/// one sampling step; the MoE model's routing once per layer; every figure non-negative, the
+/// rows largest first with the unattributed rest (`other`) last, and their sum the phase's
+/// wall time.
+#[test]
+fn the_profile_accounts_for_each_decode_step_and_adds_up_to_its_wall_time() {
+    for (name, layers) in [("tiny_gemma3", 6.0), ("tiny_moe", 6.0)] {
+        let dir = fixture(name);
+        let out = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(["bench", "decode", "--device", "cpu", "--ctx", "12"])
+            .args(["--decode", "6", "--sampling", "app", "--profile", "--json"])
+            .arg("--model")
+            .arg(&dir)
+            .output()
+            .expect("run kvlab");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let rows = v["decode_profile"].as_array().expect("decode_profile");
+        let row = |op: &str| {
+            rows.iter()
+                .find(|r| r["op"] == op)
+                .unwrap_or_else(|| panic!("{name}: no `{op}` row in {rows:?}"))
+        };
+        let calls = |op: &str| row(op)["calls_per_token"].as_f64().unwrap();
+        assert_eq!(calls("attention"), layers, "{name}");
+        assert_eq!(calls("vocab projection"), 1.0, "{name}");
+        assert_eq!(calls("sampling"), 1.0, "{name}");
+        assert_eq!(calls("embedding"), 1.0, "{name}");
+        if name == "tiny_moe" {
+            assert_eq!(calls("moe routing"), layers);
+        }
+        assert_eq!(rows.last().unwrap()["op"], "other");
+        let ms: Vec<f64> = rows
+            .iter()
+            .map(|r| r["ms_per_token"].as_f64().unwrap())
+            .collect();
+        assert!(ms.iter().all(|m| *m >= 0.0), "{rows:?}");
+        assert!(
+            ms[..ms.len() - 1].windows(2).all(|w| w[0] >= w[1]),
+            "{rows:?}"
+        );
+        let total_ms = ms.iter().sum::<f64>() * 6.0;
+        let wall_ms = 1e3 * v["decode_secs"].as_f64().unwrap();
+        assert!(
+            (total_ms - wall_ms).abs() <= 0.01 * wall_ms + 0.01,
+            "{name}: rows add to {total_ms} ms, the decode took {wall_ms} ms"
+        );
+        // The prefill has its own profile: one chunk of 12 tokens, one vocabulary projection.
+        let pre = v["prefill_profile"].as_array().expect("prefill_profile");
+        let vp = pre.iter().find(|r| r["op"] == "vocab projection").unwrap();
+        assert!((vp["calls_per_token"].as_f64().unwrap() - 1.0 / 12.0).abs() < 1e-9);
+    }
+}

@@ -32,6 +32,7 @@ pub mod generate;
 pub mod kv;
 pub mod memory;
 pub mod model;
+pub mod profile;
 pub mod sampling;
 mod session;
 pub mod source;

@@ -144,28 +144,29 @@ impl Sampler {
     /// The kept tokens with unnormalised probabilities (in a deterministic order).
     fn candidates(&self, logits: &[f32]) -> Result<Vec<(u32, f64)>, SamplingError> {
         let inv_t = 1.0 / f64::from(self.params.temperature);
-        let max = logits
+        // Gemma's vocabulary has 262144 entries and the app keeps 64: pick the k best logits
+        // in one pass first, so exp and the sorts below touch k values, not the vocabulary.
+        let kept: Vec<(u32, f32)> = match self.params.top_k {
+            Some(k) if k < logits.len() => top_k_logits(logits, k),
+            _ => logits
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as u32, v))
+                .collect(),
+        };
+        let max = kept
             .iter()
-            .filter(|v| v.is_finite())
-            .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+            .fold(f64::NEG_INFINITY, |m, &(_, v)| m.max(f64::from(v)));
         if max == f64::NEG_INFINITY {
             return Err(SamplingError::NoFiniteLogit(logits.len()));
         }
-        // exp is monotonic, so ranking by weight is ranking by logit.
-        let mut probs: Vec<(u32, f64)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, ((f64::from(v) - max) * inv_t).exp()))
+        let mut probs: Vec<(u32, f64)> = kept
+            .into_iter()
+            .map(|(i, v)| (i, ((f64::from(v) - max) * inv_t).exp()))
             .collect();
         // Total order (weight desc, id asc): selections are reproducible.
         let desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if let Some(k) = self.params.top_k {
-            if k < probs.len() {
-                probs.select_nth_unstable_by(k - 1, desc);
-                probs.truncate(k);
-            }
-        }
         let Some(p) = self.params.top_p else {
             return Ok(probs);
         };
@@ -191,6 +192,63 @@ impl Sampler {
             head = (head * 4).min(probs.len());
         }
     }
+}
+
+/// A logit ranked best-first: larger logit, then smaller id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Ranked {
+    logit: f32,
+    id: u32,
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    /// Greater is better.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.logit
+            .total_cmp(&other.logit)
+            .then(other.id.cmp(&self.id))
+    }
+}
+
+/// The `k` best finite logits (larger first, the smaller id among equals), best first, in
+/// one pass over `logits` with a heap of `k`: most values only meet one comparison with the
+/// worst kept logit.
+fn top_k_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut heap: BinaryHeap<Reverse<Ranked>> = BinaryHeap::with_capacity(k + 1);
+    // The worst kept logit once the heap is full: ids only grow, so an equal logit later in
+    // the slice ranks below it and is skipped.
+    let mut floor = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if !v.is_finite() || (heap.len() == k && v <= floor) {
+            continue;
+        }
+        let item = Reverse(Ranked {
+            logit: v,
+            id: i as u32,
+        });
+        if heap.len() < k {
+            heap.push(item);
+        } else if let Some(mut worst) = heap.peek_mut() {
+            *worst = item;
+        }
+        if heap.len() == k {
+            floor = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.logit);
+        }
+    }
+    heap.into_sorted_vec()
+        .into_iter()
+        .map(|Reverse(r)| (r.id, r.logit))
+        .collect()
 }
 
 #[cfg(test)]
@@ -357,6 +415,47 @@ mod tests {
         let ids = |v: &[(u32, f64)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
         assert!(n > 64, "the test must exercise head growth (n = {n})");
         assert_eq!(ids(&got), ids(&all[..n]));
+    }
+
+    /// The one-pass top-k against a full sort, on a vocabulary with many exact ties (values
+    /// on a coarse grid) and non-finite entries: the same ids, best first, the smaller id
+    /// first among equal logits; and sampled candidates keep that order with exp weights.
+    #[test]
+    fn one_pass_top_k_matches_a_full_sort_with_ties_and_non_finite_values() {
+        let mut rng = Rng::new(5, 0);
+        let mut logits: Vec<f32> = (0..20_000)
+            .map(|_| (rng.below(200) as f32) * 0.25 - 30.0)
+            .collect();
+        for i in (0..logits.len()).step_by(997) {
+            logits[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][i % 3];
+        }
+        let mut reference: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        reference.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for k in [1, 2, 64, 500, 19_000] {
+            let got = top_k_logits(&logits, k);
+            assert_eq!(got, reference[..k], "k = {k}");
+        }
+        // More than there are finite values: every finite one.
+        assert_eq!(top_k_logits(&logits, 19_990), reference);
+
+        let params = SamplingParams {
+            temperature: 0.5,
+            top_k: Some(64),
+            top_p: None,
+            seed: 0,
+        };
+        let got = Sampler::new(params).unwrap().candidates(&logits).unwrap();
+        let max = f64::from(reference[0].1);
+        let want: Vec<(u32, f64)> = reference[..64]
+            .iter()
+            .map(|&(i, v)| (i, ((f64::from(v) - max) / 0.5).exp()))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

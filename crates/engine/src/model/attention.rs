@@ -8,6 +8,7 @@ use super::rope::RopeTables;
 use crate::config::{KvSource, LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::kv::KvCache;
+use crate::profile;
 use crate::weights::WeightStore;
 
 /// K/V projections of a cache-owning layer.
@@ -74,7 +75,11 @@ impl Attention {
         let (t, _) = x.dims2()?;
         let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
         let q = self.q_proj.forward(x)?.reshape((t, nh, d))?;
-        let q = rope.apply(&self.q_norm.forward(&q)?)?;
+        let q = self.q_norm.forward(&q)?;
+        let q = {
+            let _span = profile::span("rope");
+            rope.apply(&q)?
+        };
         if let Some(kv) = &self.kv {
             let nkv = self.spec.n_kv_heads;
             let kr = kv.k_proj.forward(x)?.reshape((t, nkv, d))?;
@@ -82,16 +87,30 @@ impl Attention {
                 Some(v) => v.forward(x)?.reshape((t, nkv, d))?,
                 None => kr.clone(),
             };
-            let k = rope.apply(&kv.k_norm.forward(&kr)?)?;
+            let k = kv.k_norm.forward(&kr)?;
+            let k = {
+                let _span = profile::span("rope");
+                rope.apply(&k)?
+            };
             let v = match &kv.v_norm {
                 Some(n) => n.forward(&vr)?,
                 None => vr,
             };
+            let _span = profile::span("kv append");
             cache.append(self.spec.index, &k.transpose(0, 1)?, &v.transpose(0, 1)?)?;
         }
-        let q = q.transpose(0, 1)?.contiguous()?;
-        let a = cache.attend(self.spec.index, &q, start, self.spec.attn_scale)?;
-        let a = a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?;
+        let q = {
+            let _span = profile::span("layout copies");
+            q.transpose(0, 1)?.contiguous()?
+        };
+        let a = {
+            let _span = profile::span("attention");
+            cache.attend(self.spec.index, &q, start, self.spec.attn_scale)?
+        };
+        let a = {
+            let _span = profile::span("layout copies");
+            a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?
+        };
         self.o_proj.forward(&a)
     }
 }

@@ -11,6 +11,7 @@ use super::rope::RopeTables;
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::kv::KvCache;
+use crate::profile;
 use crate::weights::WeightStore;
 
 /// A decoder layer's weights.
@@ -82,18 +83,28 @@ impl DecoderLayer {
         let a = self
             .attn
             .forward(&self.input_norm.forward(x)?, rope, cache, start)?;
-        let x = (x + self.post_attn_norm.forward(&a)?)?;
+        let a = self.post_attn_norm.forward(&a)?;
+        let x = residual_add(x, &a)?;
         let mut m = self.mlp.forward(&self.pre_ff_norm.forward(&x)?)?;
         if let Some(moe) = &self.moe {
             m = moe.forward(&x, &m)?;
         }
-        let mut x = (&x + self.post_ff_norm.forward(&m)?)?;
+        let m = self.post_ff_norm.forward(&m)?;
+        let mut x = residual_add(&x, &m)?;
         if let (Some(ple), Some(inp)) = (&self.ple, ple_input) {
+            let _span = profile::span("per-layer embeddings");
             x = ple.forward(&x, inp)?;
         }
         if let Some(s) = self.layer_scalar {
+            let _span = profile::span("elementwise");
             x = (x * s)?;
         }
         Ok(x)
     }
+}
+
+/// `x + y`, profiled as an element-wise op.
+fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let _span = profile::span("elementwise");
+    Ok((x + y)?)
 }

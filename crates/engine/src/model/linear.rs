@@ -5,6 +5,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
+use crate::profile;
 use crate::weights::WeightStore;
 
 /// Rows from which a quantized CPU matmul goes through a dequantized GEMM.
@@ -25,6 +26,12 @@ impl Linear {
 
     /// Applies the layer to `x` `[.., inp]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_as(profile::matmul_label(&self.0), x)
+    }
+
+    /// [`Linear::forward`], profiled under `label` (the vocabulary projection is its own row).
+    pub fn forward_as(&self, label: &'static str, x: &Tensor) -> Result<Tensor> {
+        let _span = profile::span(label);
         match &self.0 {
             // candle's quantized CPU matmul is a dot product per output row with no tiling;
             // for a many-row chunk (prefill), dequantizing the matrix once and using the
@@ -87,6 +94,7 @@ impl RmsNorm {
 
     /// Normalizes `x` over its last dim.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _span = profile::span("norm");
         let x = if x.is_contiguous() {
             x.clone()
         } else {

@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Tensor, D};
 use super::linear::{Linear, RmsNorm};
 use crate::config::{ModelConfig, MoeSpec};
 use crate::error::Result;
+use crate::profile;
 use crate::weights::WeightStore;
 
 /// GeGLU MLP.
@@ -29,9 +30,13 @@ impl Mlp {
 
     /// `x` `[t, hidden]` → `[t, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.gelu()?;
+        let g = self.gate.forward(x)?;
         let u = self.up.forward(x)?;
-        self.down.forward(&(g * u)?)
+        let h = {
+            let _span = profile::span("elementwise");
+            (g.gelu()? * u)?
+        };
+        self.down.forward(&h)
     }
 }
 
@@ -133,6 +138,8 @@ impl Moe {
     /// `mlp_out` is the dense MLP's output, `residual` the stream after attention:
     /// returns `post_norm_1(mlp_out) + post_norm_2(experts(pre_norm_2(residual)))`.
     pub fn forward(&self, residual: &Tensor, mlp_out: &Tensor) -> Result<Tensor> {
+        // Routing, gathers and scatters; the experts' matmuls and norms are their own rows.
+        let _span = profile::span("moe routing");
         let (t, h) = residual.dims2()?;
         let routes = self.route(residual)?;
         let xin = self.pre_norm.forward(residual)?;

@@ -35,6 +35,7 @@ pub use linear::{Linear, RmsNorm};
 use crate::config::{self, ModelConfig, RopeSpec};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, PrecisionPolicy};
+use crate::profile;
 use crate::weights::{checkpoint_dir, Table, WeightStore, WeightsChoice};
 use layer::DecoderLayer;
 use ple::{scale_in, PleInputs};
@@ -298,12 +299,17 @@ impl Model {
         let t = ids.len();
         let start = cache.seq_len();
         let ids_t = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
-        let mut x = (self.embed.lookup(&ids_t, self.dtype)? * self.embed_scale)?;
-        let ple = self
-            .ple
-            .as_ref()
-            .map(|p| p.compute(&ids_t, &x))
-            .transpose()?;
+        let mut x = {
+            let _span = profile::span("embedding");
+            (self.embed.lookup(&ids_t, self.dtype)? * self.embed_scale)?
+        };
+        let ple = {
+            let _span = profile::span("per-layer embeddings");
+            self.ple
+                .as_ref()
+                .map(|p| p.compute(&ids_t, &x))
+                .transpose()?
+        };
         let mut tables: Vec<(RopeSpec, usize, RopeTables)> = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let spec = layer.spec();
@@ -313,6 +319,7 @@ impl Model {
             {
                 Some(p) => p,
                 None => {
+                    let _span = profile::span("rope");
                     let tb = RopeTables::new(
                         &spec.rope,
                         spec.head_dim,
@@ -336,8 +343,9 @@ impl Model {
         }
         let mut logits = self
             .lm_head
-            .forward(&self.final_norm.forward(&x)?)?
-            .to_dtype(DType::F32)?;
+            .forward_as("vocab projection", &self.final_norm.forward(&x)?)?;
+        let _span = profile::span("logit softcap");
+        logits = logits.to_dtype(DType::F32)?;
         if let Some(c) = self.config.final_logit_softcap {
             logits = ((logits / c)?.tanh()? * c)?;
         }
