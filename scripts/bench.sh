@@ -4,13 +4,14 @@
 # a test: nothing here fails on a figure.
 #
 #   scripts/bench.sh                   Gemma 3 270M Q4_K_M, depths 512 4096 16384, 2 threads
-#   BENCH_DEPTHS="512 4096 16384 32768" BENCH_THREADS=2 BENCH_ROUNDS=2 \
+#   BENCH_DEPTHS="512 4096 16384 32000" BENCH_THREADS=2 BENCH_ROUNDS=2 \
 #   BENCH_MODEL=/path/model.gguf scripts/bench.sh
 #
 # For each depth D it measures
 #   decode   tok/s of 32 generated tokens after D tokens of context (llama-bench -p 0 -n 32
-#            -d D -fa on; kvlab bench decode --ctx D --decode 32), f16 KV on both sides, and
-#            KV Lab's TurboQuant 4-bit cache (tq4@all) against llama.cpp's f16;
+#            -d D -fa on; kvlab bench decode --ctx D --decode 32 on the first D tokens of
+#            Paradise Lost, so TurboQuant codes real keys and values), f16 KV on both sides,
+#            and KV Lab's TurboQuant 4-bit cache (tq4@all) against llama.cpp's f16;
 #   prefill  tok/s over a D-token prompt (llama-bench -p D -n 0; kvlab's prefill of --ctx D).
 # and then the app against the CLI: the built app driven over WebDriver under Xvfb (as the
 # end-to-end tests drive it, tests/e2e/bench-app.mjs), greedy answers of 128 tokens whose
@@ -72,7 +73,7 @@ llama() { # depth kind
 }
 kvlab() { # depth kv -> "prefill decode"
   "$KVLAB" --threads "$THREADS" bench decode --model "$MODEL" --ctx "$1" --decode "$GEN" \
-    --kv "$2" --json 2>/dev/null |
+    --text paradise-lost --kv "$2" --json 2>/dev/null |
     python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["prefill_tokens"]/r["prefill_secs"], r["decode_tokens"]/r["decode_secs"])'
 }
 

@@ -8,10 +8,13 @@ use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
+use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec, ProfileRow};
 use kvlab_engine::model::golden::{check_golden, GoldenReport};
 use kvlab_engine::sampling::SamplingParams;
+use kvlab_engine::source::find_tokenizer;
+use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::WeightsChoice;
 use kvlab_engine::{LoadOptions, Model};
 use serde::Serialize;
@@ -74,6 +77,10 @@ enum BenchCommand {
         /// Tokens to decode after the prefill.
         #[arg(long, default_value_t = 64)]
         decode: usize,
+        /// Prefill the first `--ctx` tokens of this text (a file or an asset name such as
+        /// `paradise-lost`) instead of deterministic filler tokens: real keys and values.
+        #[arg(long)]
+        text: Option<String>,
         /// Prefill chunk size.
         #[arg(long, default_value_t = 512)]
         chunk: usize,
@@ -139,6 +146,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model,
             ctx,
             decode,
+            text,
             chunk,
             kv,
             device,
@@ -184,8 +192,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let m =
                 Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
             let load_secs = t0.elapsed().as_secs_f64();
+            let prompt = match &text {
+                Some(t) => {
+                    let tokenizer = find_tokenizer(&path, None)?;
+                    let tokenizer =
+                        GemmaTokenizer::from_file(&tokenizer, tokenizer_family(m.config().family))?;
+                    Some(crate::ppl_cmd::text_tokens(
+                        &tokenizer,
+                        &crate::ppl_cmd::text_path(t)?,
+                        ctx,
+                    )?)
+                }
+                None => None,
+            };
             let spec = DecodeBenchSpec {
                 ctx,
+                prompt,
                 decode,
                 prefill_chunk: chunk,
                 policy: cache_spec.to_policy(),

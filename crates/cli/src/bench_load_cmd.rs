@@ -268,6 +268,7 @@ pub fn run_one(args: LoadRunArgs) -> anyhow::Result<()> {
             &model,
             &DecodeBenchSpec {
                 ctx: context.min(room.saturating_sub(args.decode)).max(1),
+                prompt: None,
                 decode: args.decode,
                 prefill_chunk: args.chunk.max(1),
                 policy: policy.clone(),

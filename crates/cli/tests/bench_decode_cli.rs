@@ -117,3 +117,37 @@ fn the_profile_accounts_for_each_decode_step_and_adds_up_to_its_wall_time() {
         assert!((vp["calls_per_token"].as_f64().unwrap() - 1.0 / 12.0).abs() < 1e-9);
     }
 }
+
+/// `--text`: the prefill is the first `--ctx` tokens of a real text, tokenized by the GGUF's
+/// own vocabulary; a text shorter than `--ctx` is refused with the counts.
+#[test]
+fn a_text_prefill_runs_the_texts_first_tokens_and_refuses_a_short_one() {
+    let test = "a_text_prefill_runs_the_texts_first_tokens_and_refuses_a_short_one";
+    let Some(model) = kvlab_assets::require_or_skip(test, "gemma3-270m") else {
+        return;
+    };
+    if kvlab_assets::require_or_skip(test, "alice").is_none() {
+        return;
+    }
+    let run = |ctx: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(["--threads", "2", "bench", "decode", "--text", "alice"])
+            .args(["--ctx", ctx, "--decode", "2", "--json", "--model"])
+            .arg(&model)
+            .output()
+            .expect("run kvlab")
+    };
+    let out = run("96");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["prefill_tokens"], 96);
+    assert_eq!(v["decode_tokens"], 2);
+    let out = run("10000000");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fewer than --ctx 10000000"), "{err}");
+}

@@ -18,6 +18,8 @@ use crate::sampling::{Sampler, SamplingParams};
 pub struct DecodeBenchSpec {
     /// Context tokens to prefill.
     pub ctx: usize,
+    /// The context's token ids (a real text); `None`: `ctx` deterministic filler ids.
+    pub prompt: Option<Vec<u32>>,
     /// Tokens to decode after the prefill.
     pub decode: usize,
     /// Prefill chunk size (bounds activation memory).
@@ -84,14 +86,20 @@ fn filler_ids(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Prefills `spec.ctx` tokens (BOS first) in chunks, then decodes `spec.decode` with the
+/// Prefills `spec.prompt`, or `spec.ctx` filler tokens (BOS first), in chunks, then decodes `spec.decode` with the
 /// engine's sampler.
 pub fn bench_decode(model: &Model, spec: &DecodeBenchSpec) -> Result<DecodeBenchReport> {
-    let vocab = model.config().vocab_size;
-    let mut ids = filler_ids(spec.ctx.max(1), vocab);
-    if let Some(b) = model.config().bos_token_id {
-        ids[0] = b;
-    }
+    let ids = match &spec.prompt {
+        Some(p) if !p.is_empty() => p.clone(),
+        Some(_) => return Err(EngineError::invalid("an empty benchmark prompt")),
+        None => {
+            let mut ids = filler_ids(spec.ctx.max(1), model.config().vocab_size);
+            if let Some(b) = model.config().bos_token_id {
+                ids[0] = b;
+            }
+            ids
+        }
+    };
     let mut sampler =
         Sampler::new(spec.sampling).map_err(|e| EngineError::invalid(e.to_string()))?;
     let mut cache = model.new_cache(&spec.policy)?;
