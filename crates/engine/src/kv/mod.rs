@@ -5,6 +5,8 @@
 mod attend;
 mod attend_cpu;
 mod dense;
+mod f16_rows;
+mod pool;
 pub mod presets;
 pub mod spec;
 mod storage;

@@ -581,8 +581,8 @@ impl TurboQuantStorage {
             Ok(buf)
         };
         let mut scores: Vec<Vec<f32>> = if parallel {
-            segs.par_iter()
-                .map_init(|| self.key.scratch(), |sc, &s| score_seg(sc, s))
+            super::pool::map_on_compute_pool(&segs, |&s| score_seg(&mut self.key.scratch(), s))
+                .into_iter()
                 .collect::<Result<_>>()?
         } else {
             let mut sc = self.key.scratch();
@@ -631,10 +631,10 @@ impl TurboQuantStorage {
             Ok(a)
         };
         let mut out = if parallel {
-            segs.par_iter()
-                .zip(scores.par_iter())
-                .map_init(|| self.value.scratch(), acc_seg)
-                .reduce(|| Ok(vec![0f32; g * d]), add)
+            let pairs: Vec<(&usize, &Vec<f32>)> = segs.iter().zip(scores.iter()).collect();
+            super::pool::map_on_compute_pool(&pairs, |&p| acc_seg(&mut self.value.scratch(), p))
+                .into_iter()
+                .fold(Ok(vec![0f32; g * d]), add)
         } else {
             let mut sc = self.value.scratch();
             segs.iter()
