@@ -2,7 +2,7 @@
 // real built app. Shared by every end-to-end test file.
 
 import { execFileSync, spawn } from "node:child_process";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readdirSync, readlinkSync, realpathSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -59,11 +59,56 @@ async function waitForPortFree(port, timeoutMs) {
   throw new Error(`port ${port} is still taken ${timeoutMs} ms after the driver stopped`);
 }
 
+/** PIDs of the running processes whose executable is `exe` (Linux's /proc; none elsewhere). */
+function pidsOf(exe) {
+  let real;
+  try {
+    real = realpathSync(exe);
+  } catch {
+    return [];
+  }
+  const pids = [];
+  let entries = [];
+  try {
+    entries = readdirSync("/proc");
+  } catch {
+    return [];
+  }
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readlinkSync(`/proc/${entry}/exe`).replace(/ \(deleted\)$/, "") === real) pids.push(Number(entry));
+    } catch {
+      // Gone, or not ours to read.
+    }
+  }
+  return pids;
+}
+
+/**
+ * Waits up to `timeoutMs` for the app processes this launch started to exit, then kills the
+ * rest. An app left behind (a failed deleteSession, a driver killed mid-close) keeps the
+ * test runner's output pipe open, and `node --test` then never exits.
+ */
+async function reapApp(application, before, timeoutMs) {
+  const ours = () => pidsOf(application).filter((p) => !before.has(p));
+  const deadline = Date.now() + timeoutMs;
+  while (ours().length > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+  for (const pid of ours()) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // Exited meanwhile.
+    }
+  }
+}
+
 /** Launches the app under WebDriver; returns the browser and a close function. */
 export async function launchApp({ port = Number(process.env.KVLAB_E2E_PORT ?? 4444), env = {} } = {}) {
   const application = required("KVLAB_APP_BIN");
   const driverBin = process.env.TAURI_DRIVER ?? "tauri-driver";
   mkdirSync(ARTIFACTS, { recursive: true });
+  const before = new Set(pidsOf(application));
   // A relaunch must not race the last launch's native driver (WebKitWebDriver) for its port.
   await waitForPortFree(port + 1, 20_000);
   const driver = spawn(driverBin, ["--port", String(port), "--native-port", String(port + 1)], {
@@ -86,6 +131,7 @@ export async function launchApp({ port = Number(process.env.KVLAB_E2E_PORT ?? 44
       const stuck = setTimeout(() => driver.kill("SIGKILL"), 10_000);
       await exited;
       clearTimeout(stuck);
+      await reapApp(application, before, 5_000);
       await waitForPortFree(port + 1, 20_000);
     },
   };
