@@ -104,13 +104,11 @@ cli_decode() { # threads -> decode tok/s
 }
 if [ "$APP_BENCH" != 0 ]; then
   npm_ci "$ROOT/tests/e2e"
-  # The app's own default: physical cores - 1, at least 1 (engine::threads::desktop_default).
-  APP_DEFAULT_THREADS=$(($(lscpu -p=socket,core | grep -v '^#' | sort -u | wc -l) - 1))
-  [ "$APP_DEFAULT_THREADS" -ge 1 ] || APP_DEFAULT_THREADS=1
   for round in $(seq "$ROUNDS"); do
     say "round $round, the app against the CLI"
     for t in "$THREADS" default; do
-      if [ "$t" = default ]; then ct="$APP_DEFAULT_THREADS" arg=""; else ct="$t" arg="$t"; fi
+      # The app's own count: the app unset (it picks it), the CLI told `desktop`.
+      if [ "$t" = default ]; then ct=desktop arg=""; else ct="$t" arg="$t"; fi
       echo "app decode $t $(BENCH_ROUNDS=1 app_decode "$arg")" >>"$RESULTS"
       echo "cli decode $t $(cli_decode "$ct")" >>"$RESULTS"
     done

@@ -9,7 +9,7 @@
 import { mkdtempSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { launchApp } from "./driver.mjs";
+import { launchApp, setNumber, waitForReady } from "./driver.mjs";
 
 const TOKENS = Number(process.env.BENCH_APP_TOKENS ?? 128);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
@@ -22,18 +22,6 @@ const app = await launchApp({ env });
 const $ = (sel) => app.browser.$(sel);
 const $$ = (sel) => app.browser.$$(sel);
 
-async function setNumber(testid, value) {
-  await app.browser.execute(
-    (id, v) => {
-      const el = document.querySelector(`[data-testid="${id}"]`);
-      el.value = String(v);
-      el.dispatchEvent(new Event("input", { bubbles: true }));
-    },
-    testid,
-    value,
-  );
-}
-
 /** The number before `unit` after `label` in a stats line ("decode 41.3 tok/s"). */
 function figure(stats, label) {
   const m = stats.match(new RegExp(`${label} (\\d+(?:\\.\\d+)?)`));
@@ -43,13 +31,9 @@ function figure(stats, label) {
 
 const out = { threads: THREADS ?? "default", decode: [], prefill: [], tokens: [] };
 try {
-  const status = await $('[data-testid="engine-status"]');
-  await app.browser.waitUntil(async () => (await status.getAttribute("data-state")) === "ready", {
-    timeout: 180_000,
-    timeoutMsg: "the default model did not load",
-  });
-  await setNumber("temperature", 0);
-  await setNumber("max-tokens", TOKENS);
+  await waitForReady(app.browser);
+  await setNumber(app.browser, "temperature", 0);
+  await setNumber(app.browser, "max-tokens", TOKENS);
   for (let round = 0; round < ROUNDS; round++) {
     await (await $('[data-testid="new-chat"]')).click();
     const box = await $('[data-testid="composer"]');

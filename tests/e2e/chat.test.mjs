@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { ARTIFACTS, invokeInPage, launchApp } from "./driver.mjs";
+import { ARTIFACTS, invokeInPage, launchApp, setNumber, waitForReady } from "./driver.mjs";
 
 const DATA_DIR = mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-chat-"));
 const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "fixtures", "documents");
@@ -19,27 +19,6 @@ let app;
 const $ = (sel) => app.browser.$(sel);
 const $$ = (sel) => app.browser.$$(sel);
 const shot = (name) => app.browser.saveScreenshot(path.join(ARTIFACTS, name));
-
-async function waitForReady(timeout = 180_000) {
-  const status = await $('[data-testid="engine-status"]');
-  await app.browser.waitUntil(async () => (await status.getAttribute("data-state")) === "ready", {
-    timeout,
-    timeoutMsg: "the default model did not load",
-  });
-}
-
-async function setNumber(testid, value) {
-  // Svelte's bind:value listens to `input`; set the value and fire it as a user edit would.
-  await app.browser.execute(
-    (id, v) => {
-      const el = document.querySelector(`[data-testid="${id}"]`);
-      el.value = String(v);
-      el.dispatchEvent(new Event("input", { bubbles: true }));
-    },
-    testid,
-    value,
-  );
-}
 
 /** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
 function drop(name, bytes) {
@@ -89,7 +68,7 @@ after(async () => {
 });
 
 test("loads the offline Gemma 3 270M on start and shows its card", async () => {
-  await waitForReady();
+  await waitForReady(app.browser);
   const layers = await $('[data-testid="card-layers"]');
   await layers.waitForDisplayed({ timeout: 10_000 });
   assert.match(await layers.getText(), /^18 · 15 sliding \(window 512\), 3 full/);
@@ -101,8 +80,8 @@ test("loads the offline Gemma 3 270M on start and shows its card", async () => {
 });
 
 test("streams two chat turns, each with its stats", async () => {
-  await setNumber("temperature", 0);
-  await setNumber("max-tokens", 24);
+  await setNumber(app.browser, "temperature", 0);
+  await setNumber(app.browser, "max-tokens", 24);
   const first = await send("What is the capital of France? Answer in one sentence.");
   // Streaming: text appears while the answer is still marked as streaming.
   await app.browser.waitUntil(
@@ -128,7 +107,7 @@ test("streams two chat turns, each with its stats", async () => {
 });
 
 test("Esc stops an answer mid-stream", async () => {
-  await setNumber("max-tokens", 400);
+  await setNumber(app.browser, "max-tokens", 400);
   const i = await send("Write a long story about a dragon who learns to bake bread.");
   await app.browser.waitUntil(
     async () => (await (await (await answers())[i].$('[data-testid="answer"]')).getText()).length > 20,
@@ -140,7 +119,7 @@ test("Esc stops an answer mid-stream", async () => {
   assert.match(stats, /stopped/);
   const tokens = Number(stats.match(/tokens (\d+)/)[1]);
   assert.ok(tokens < 400, `stopped after ${tokens} tokens`);
-  await setNumber("max-tokens", 24);
+  await setNumber(app.browser, "max-tokens", 24);
 });
 
 test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → TQ 3.5)", async () => {
@@ -262,7 +241,7 @@ test("a dropped PDF shows its text's token and KV costs and goes into the prompt
 });
 
 test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD and top-1", async () => {
-  await setNumber("max-tokens", 8);
+  await setNumber(app.browser, "max-tokens", 8);
   await app.browser.keys(["Control", "k"]);
   const view = await $('[data-testid="compare-view"]');
   await view.waitForDisplayed({ timeout: 5_000 });
@@ -314,6 +293,6 @@ test("quitting and relaunching restores the conversation", async () => {
   });
   assert.equal(await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText(), lastAnswer);
   assert.equal((await $$('[data-testid="session"]')).length, 1);
-  await waitForReady();
+  await waitForReady(app.browser);
   await shot("main-window.png");
 });

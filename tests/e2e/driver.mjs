@@ -137,6 +137,28 @@ export async function launchApp({ port = Number(process.env.KVLAB_E2E_PORT ?? 44
   };
 }
 
+/** Waits until the engine reports `ready`: the default model has loaded. */
+export async function waitForReady(browser, timeout = 180_000) {
+  const status = await browser.$('[data-testid="engine-status"]');
+  await browser.waitUntil(async () => (await status.getAttribute("data-state")) === "ready", {
+    timeout,
+    timeoutMsg: "the default model did not load",
+  });
+}
+
+/** Sets the number field `testid` as a user edit would: Svelte's bind:value listens to `input`. */
+export async function setNumber(browser, testid, value) {
+  await browser.execute(
+    (id, v) => {
+      const el = document.querySelector(`[data-testid="${id}"]`);
+      el.value = String(v);
+      el.dispatchEvent(new Event("input", { bubbles: true }));
+    },
+    testid,
+    value,
+  );
+}
+
 /** Calls a Tauri command from inside the page, as the UI would: `{ok, value}` or `{ok, error}`. */
 export async function invokeInPage(browser, command, args = {}) {
   // WebDriver's execute awaits a returned promise; errors cross as plain JSON.

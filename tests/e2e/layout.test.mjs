@@ -12,7 +12,7 @@ import { mkdtempSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, describe, test } from "node:test";
-import { ARTIFACTS, launchApp } from "./driver.mjs";
+import { ARTIFACTS, launchApp, setNumber, waitForReady } from "./driver.mjs";
 
 const BACKGROUND = { dark: "#12151b", light: "#f5f6f8" };
 let app;
@@ -29,11 +29,7 @@ async function launch(width, height, theme) {
       KVLAB_THEME: theme,
     },
   });
-  const status = await $('[data-testid="engine-status"]');
-  await app.browser.waitUntil(async () => (await status.getAttribute("data-state")) === "ready", {
-    timeout: 180_000,
-    timeoutMsg: "the default model did not load",
-  });
+  await waitForReady(app.browser);
   // The card arrives with the load's answer; the empty state follows it.
   await app.browser.waitUntil(async () => (await (await $('[data-testid="empty-state"]')).getAttribute("data-kind")) === "base", {
     timeout: 10_000,
@@ -44,18 +40,6 @@ async function launch(width, height, theme) {
 after(async () => {
   await app?.close();
 });
-
-async function setNumber(testid, value) {
-  await app.browser.execute(
-    (id, v) => {
-      const el = document.querySelector(`[data-testid="${id}"]`);
-      el.value = String(v);
-      el.dispatchEvent(new Event("input", { bubbles: true }));
-    },
-    testid,
-    value,
-  );
-}
 
 /** What the page looks like now: viewport, boxes, every scroll offset, the chart's markers. */
 function geometry() {
@@ -135,7 +119,7 @@ async function checkLaunch(width, height, theme) {
 
 /** Runs the mid-answer switch starter to the end; resolves with what was seen while streaming. */
 async function runSwitchStarter() {
-  await setNumber("max-tokens", 64);
+  await setNumber(app.browser, "max-tokens", 64);
   await (await $('[data-testid="starter-switch"]')).click();
   const answer = await $('[data-testid="message"][data-role="model"]');
   await answer.waitForExist({ timeout: 10_000 });

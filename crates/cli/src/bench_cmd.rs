@@ -1,5 +1,5 @@
 //! `kvlab bench decode`: prefill a context of N tokens, then decode M more (greedy, or the
-//! app's sampling), and print prefill and decode throughput plus the KV cache bytes, and with
+//! engine's default sampling), and print prefill and decode throughput plus the KV cache bytes, and with
 //! `--profile` where each phase's time went. A thin face over `kvlab_engine::model::bench`.
 
 use std::path::PathBuf;
@@ -10,7 +10,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
 use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::model::bench::{bench_decode, DecodeBenchReport, DecodeBenchSpec, ProfileRow};
+use kvlab_engine::model::bench::{
+    bench_decode, BenchContext, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
+};
 use kvlab_engine::model::golden::{check_golden, GoldenReport};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::source::find_tokenizer;
@@ -38,8 +40,9 @@ enum DtypeArg {
 enum SamplingArg {
     /// The most likely token (what the golden checks and llama-bench's figures compare with).
     Greedy,
-    /// The app's defaults: temperature 1, top-k 64, top-p 0.95, seed 0.
-    App,
+    /// The engine's default sampling (temperature 1, top-k 64, top-p 0.95, seed 0): the
+    /// full sampler's cost (the app sends the same top-k and top-p at its own temperature).
+    Default,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -192,28 +195,27 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let m =
                 Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
             let load_secs = t0.elapsed().as_secs_f64();
-            let prompt = match &text {
+            let context = match &text {
                 Some(t) => {
                     let tokenizer = find_tokenizer(&path, None)?;
                     let tokenizer =
                         GemmaTokenizer::from_file(&tokenizer, tokenizer_family(m.config().family))?;
-                    Some(crate::ppl_cmd::text_tokens(
+                    BenchContext::Tokens(crate::ppl_cmd::text_tokens(
                         &tokenizer,
                         &crate::ppl_cmd::text_path(t)?,
                         ctx,
                     )?)
                 }
-                None => None,
+                None => BenchContext::Filler(ctx),
             };
             let spec = DecodeBenchSpec {
-                ctx,
-                prompt,
+                context,
                 decode,
                 prefill_chunk: chunk,
                 policy: cache_spec.to_policy(),
                 sampling: match sampling {
                     SamplingArg::Greedy => SamplingParams::greedy(),
-                    SamplingArg::App => SamplingParams::default(),
+                    SamplingArg::Default => SamplingParams::default(),
                 },
                 profile,
             };

@@ -17,7 +17,7 @@ use clap::Args;
 use kvlab_engine::card::inspect;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::{peak_rss_bytes, release_free_memory, RssProbe};
-use kvlab_engine::model::bench::{bench_decode, DecodeBenchSpec};
+use kvlab_engine::model::bench::{bench_decode, BenchContext, DecodeBenchSpec};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::WeightsChoice;
 use serde::{Deserialize, Serialize};
@@ -267,8 +267,7 @@ pub fn run_one(args: LoadRunArgs) -> anyhow::Result<()> {
         let r = bench_decode(
             &model,
             &DecodeBenchSpec {
-                ctx: context.min(room.saturating_sub(args.decode)).max(1),
-                prompt: None,
+                context: BenchContext::Filler(context.min(room.saturating_sub(args.decode)).max(1)),
                 decode: args.decode,
                 prefill_chunk: args.chunk.max(1),
                 policy: policy.clone(),

@@ -22,10 +22,11 @@ use kvlab_engine::threads;
     about = "KV Lab: local language models and their KV cache, headless"
 )]
 struct Cli {
-    /// Compute threads (default: `KVLAB_THREADS`, else the physical cores). With another
-    /// busy process on the machine, one fewer than the cores decodes faster: every parallel
-    /// op waits for its slowest thread.
-    #[arg(long, global = true)]
+    /// Compute threads: a number, or `desktop` for the app's own count (physical cores − 1,
+    /// at least 1). Default: `KVLAB_THREADS`, else the physical cores. With another busy
+    /// process on the machine, one fewer than the cores decodes faster: every parallel op
+    /// waits for its slowest thread.
+    #[arg(long, global = true, value_parser = parse_threads)]
     threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
@@ -67,4 +68,27 @@ fn main() -> anyhow::Result<()> {
         Command::Logits(args) => logits_cmd::run(args)?,
     }
     Ok(())
+}
+
+/// `--threads`: a count, or `desktop` for [`threads::desktop_default`] (what the app uses),
+/// so benchmarks compare the CLI with the app at the app's own count.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    if s == "desktop" {
+        return Ok(threads::desktop_default());
+    }
+    s.parse()
+        .map_err(|_| format!("`{s}` is neither a thread count nor `desktop`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_take_a_count_or_the_desktop_default() {
+        assert_eq!(parse_threads("3"), Ok(3));
+        assert_eq!(parse_threads("desktop"), Ok(threads::desktop_default()));
+        let err = parse_threads("many").unwrap_err();
+        assert!(err.contains("`many`"), "{err}");
+    }
 }

@@ -70,7 +70,14 @@ fn the_profile_accounts_for_each_decode_step_and_adds_up_to_its_wall_time() {
         let dir = fixture(name);
         let out = Command::new(env!("CARGO_BIN_EXE_kvlab"))
             .args(["bench", "decode", "--device", "cpu", "--ctx", "12"])
-            .args(["--decode", "6", "--sampling", "app", "--profile", "--json"])
+            .args([
+                "--decode",
+                "6",
+                "--sampling",
+                "default",
+                "--profile",
+                "--json",
+            ])
             .arg("--model")
             .arg(&dir)
             .output()

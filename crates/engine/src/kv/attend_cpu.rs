@@ -28,20 +28,6 @@ impl<T> Rows<'_, T> {
     }
 }
 
-/// Dot product with 32 independent accumulators, so the compiler keeps several SIMD FMA
-/// chains in flight instead of one serial sum.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 32];
-    let (ca, cb) = (a.chunks_exact(32), b.chunks_exact(32));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..32 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + ra.iter().zip(rb).map(|(x, y)| x * y).sum::<f32>()
-}
-
 /// `Some(output)` when the fast path applies (CPU, f32 queries, f16 K/V with contiguous
 /// rows, few query rows), else `None` for the general path.
 pub fn try_attend(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Result<Option<Tensor>> {
@@ -80,16 +66,10 @@ trait Elem: candle_core::WithDType {
 
 impl Elem for f32 {
     fn dots(_: bool, q: &[f32], k: &[f32], out: &mut [f32]) {
-        for (o, qr) in out.iter_mut().zip(q.chunks_exact(k.len().max(1))) {
-            *o = dot(qr, k);
-        }
+        f16_rows::dots_f32(q, k, out);
     }
     fn axpys(_: bool, p: &[f32], v: &[f32], out: &mut [f32]) {
-        for (&w, o) in p.iter().zip(out.chunks_exact_mut(v.len().max(1))) {
-            if w != 0.0 {
-                o.iter_mut().zip(v).for_each(|(x, y)| *x += w * y);
-            }
-        }
+        f16_rows::axpys_f32(p, v, out);
     }
 }
 
@@ -168,7 +148,7 @@ fn run<T: Elem>(
             block_partial::<T>(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale, simd)
         };
         let parts: Vec<Partial> = if blocks.len() > 1 {
-            pool::map_on_compute_pool(&blocks, partial)
+            pool::map_on_compute_pool(&blocks, || (), |_, b| partial(b))
         } else {
             blocks.iter().map(partial).collect()
         };

@@ -2,8 +2,9 @@
 //! scores of rows of f32 queries against one f16 key row, and the accumulation of one f16
 //! value row into rows of f32 outputs. Each f16 row is read and widened once for all query
 //! rows, straight from the cache (no f32 copy of it). On x86-64 with AVX2, FMA and F16C
-//! (checked at run time) they use 8-wide widening loads and fused multiply-adds; elsewhere a
-//! portable loop the compiler vectorizes for the baseline target (NEON on aarch64).
+//! (checked at run time) they use 8-wide widening loads and fused multiply-adds; elsewhere the
+//! row is widened once and goes through the f32 forms (`dots_f32`, `axpys_f32`), which f32
+//! caches use directly.
 
 use half::f16;
 
@@ -49,40 +50,45 @@ pub fn axpys(simd: bool, p: &[f32], v: &[f16], out: &mut [f32]) {
 }
 
 fn dots_portable(q: &[f32], k: &[f16], out: &mut [f32]) {
-    let d = k.len();
-    let mut row = vec![0f32; d];
+    let mut row = vec![0f32; k.len()];
     half::slice::HalfFloatSliceExt::convert_to_f32_slice(k, &mut row);
-    for (o, qr) in out.iter_mut().zip(q.chunks_exact(d.max(1))) {
-        // Independent accumulators so the sum is not one serial chain.
-        let mut acc = [0f32; 16];
-        let (qc, rc) = (qr.chunks_exact(16), row.chunks_exact(16));
-        let tail: f32 = qc
-            .remainder()
-            .iter()
-            .zip(rc.remainder())
-            .map(|(a, b)| a * b)
-            .sum();
-        for (a, b) in qc.zip(rc) {
-            for i in 0..16 {
-                acc[i] += a[i] * b[i];
-            }
-        }
-        *o = acc.iter().sum::<f32>() + tail;
-    }
+    dots_f32(q, &row, out);
 }
 
 fn axpys_portable(p: &[f32], v: &[f16], out: &mut [f32]) {
-    let d = v.len();
-    let mut row = vec![0f32; d];
+    let mut row = vec![0f32; v.len()];
     half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, &mut row);
-    for (&w, o) in p.iter().zip(out.chunks_exact_mut(d.max(1))) {
-        if w == 0.0 {
-            continue;
-        }
-        for (x, y) in o.iter_mut().zip(&row) {
-            *x += w * y;
+    axpys_f32(p, &row, out);
+}
+
+/// [`dots`] for an f32 key row (f32 caches, and the portable f16 path after widening).
+pub fn dots_f32(q: &[f32], k: &[f32], out: &mut [f32]) {
+    for (o, qr) in out.iter_mut().zip(q.chunks_exact(k.len().max(1))) {
+        *o = dot(qr, k);
+    }
+}
+
+/// [`axpys`] for an f32 value row.
+pub fn axpys_f32(p: &[f32], v: &[f32], out: &mut [f32]) {
+    for (&w, o) in p.iter().zip(out.chunks_exact_mut(v.len().max(1))) {
+        if w != 0.0 {
+            o.iter_mut().zip(v).for_each(|(x, y)| *x += w * y);
         }
     }
+}
+
+/// Dot product with 32 independent accumulators, so the compiler keeps several SIMD FMA
+/// chains in flight instead of one serial sum.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let (ca, cb) = (a.chunks_exact(32), b.chunks_exact(32));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..32 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + ra.iter().zip(rb).map(|(x, y)| x * y).sum::<f32>()
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -581,9 +581,13 @@ impl TurboQuantStorage {
             Ok(buf)
         };
         let mut scores: Vec<Vec<f32>> = if parallel {
-            super::pool::map_on_compute_pool(&segs, |&s| score_seg(&mut self.key.scratch(), s))
-                .into_iter()
-                .collect::<Result<_>>()?
+            super::pool::map_on_compute_pool(
+                &segs,
+                || self.key.scratch(),
+                |sc, &s| score_seg(sc, s),
+            )
+            .into_iter()
+            .collect::<Result<_>>()?
         } else {
             let mut sc = self.key.scratch();
             segs.iter()
@@ -632,9 +636,13 @@ impl TurboQuantStorage {
         };
         let mut out = if parallel {
             let pairs: Vec<(&usize, &Vec<f32>)> = segs.iter().zip(scores.iter()).collect();
-            super::pool::map_on_compute_pool(&pairs, |&p| acc_seg(&mut self.value.scratch(), p))
-                .into_iter()
-                .fold(Ok(vec![0f32; g * d]), add)
+            super::pool::map_on_compute_pool(
+                &pairs,
+                || self.value.scratch(),
+                |sc, &p| acc_seg(sc, p),
+            )
+            .into_iter()
+            .fold(Ok(vec![0f32; g * d]), add)
         } else {
             let mut sc = self.value.scratch();
             segs.iter()

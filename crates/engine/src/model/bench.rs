@@ -13,20 +13,27 @@ use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::profile;
 use crate::sampling::{Sampler, SamplingParams};
 
+/// The context a benchmark prefills.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BenchContext {
+    /// This many deterministic filler ids (BOS first).
+    Filler(usize),
+    /// These token ids (a real text).
+    Tokens(Vec<u32>),
+}
+
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DecodeBenchSpec {
-    /// Context tokens to prefill.
-    pub ctx: usize,
-    /// The context's token ids (a real text); `None`: `ctx` deterministic filler ids.
-    pub prompt: Option<Vec<u32>>,
+    /// The context to prefill.
+    pub context: BenchContext,
     /// Tokens to decode after the prefill.
     pub decode: usize,
     /// Prefill chunk size (bounds activation memory).
     pub prefill_chunk: usize,
     /// KV storage precision per layer.
     pub policy: PrecisionPolicy,
-    /// How each decoded token is picked (the app's defaults sample top-k 64, top-p 0.95).
+    /// How each decoded token is picked.
     pub sampling: SamplingParams,
     /// Record a per-operation profile of each phase (slightly slower).
     pub profile: bool,
@@ -86,14 +93,14 @@ fn filler_ids(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Prefills `spec.prompt`, or `spec.ctx` filler tokens (BOS first), in chunks, then decodes `spec.decode` with the
-/// engine's sampler.
+/// Prefills `spec.context` in chunks, then decodes `spec.decode` tokens with the engine's
+/// sampler.
 pub fn bench_decode(model: &Model, spec: &DecodeBenchSpec) -> Result<DecodeBenchReport> {
-    let ids = match &spec.prompt {
-        Some(p) if !p.is_empty() => p.clone(),
-        Some(_) => return Err(EngineError::invalid("an empty benchmark prompt")),
-        None => {
-            let mut ids = filler_ids(spec.ctx.max(1), model.config().vocab_size);
+    let ids = match &spec.context {
+        BenchContext::Tokens(p) if !p.is_empty() => p.clone(),
+        BenchContext::Tokens(_) => return Err(EngineError::invalid("an empty benchmark prompt")),
+        BenchContext::Filler(n) => {
+            let mut ids = filler_ids((*n).max(1), model.config().vocab_size);
             if let Some(b) = model.config().bos_token_id {
                 ids[0] = b;
             }
