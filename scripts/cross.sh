@@ -47,6 +47,9 @@ aarch64_test() {
   # The engine's attention: the kv module's unit tests (dense and TurboQuant storages,
   # attention on codes against dense attention, precision switches) ...
   cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --lib kv::
+  # ... the quantized matmul kernels (NEON against the portable reference, bit for bit) and
+  # the fused element-wise ops ...
+  cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --lib -- qmatmul:: model::fused::
   # ... parity with the reference logits on the tiny fixtures ...
   cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --test parity
   # ... and TurboQuant attention crossing devices as from a Metal model.

@@ -68,6 +68,8 @@ enum BenchCommand {
     LoadRun(crate::bench_load_cmd::LoadRunArgs),
     /// Time of one decode-step attention call per context and cache SPEC.
     Attention(crate::bench_attention_cmd::BenchAttentionArgs),
+    /// The quantized CPU matmul kernels against candle's, per weight type and shape.
+    Matmul(crate::bench_matmul_cmd::BenchMatmulArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
     /// `--profile`, the time per kind of operation).
     Decode {
@@ -145,6 +147,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Load(a) => crate::bench_load_cmd::run(a),
         BenchCommand::LoadRun(a) => crate::bench_load_cmd::run_one(a),
         BenchCommand::Attention(a) => crate::bench_attention_cmd::run(a),
+        BenchCommand::Matmul(a) => crate::bench_matmul_cmd::run(a),
         BenchCommand::Decode {
             model,
             ctx,

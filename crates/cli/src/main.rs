@@ -4,6 +4,7 @@ mod asset_names;
 mod bench_attention_cmd;
 mod bench_cmd;
 mod bench_load_cmd;
+mod bench_matmul_cmd;
 mod bench_memory_cmd;
 mod chat_cmd;
 mod codec_cmd;

@@ -33,6 +33,7 @@ pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod profile;
+pub(crate) mod qmatmul;
 pub mod sampling;
 mod session;
 pub mod source;
@@ -48,6 +49,8 @@ pub use error::{EngineError, Result};
 pub use events::ErrorCode;
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
+#[cfg(feature = "bench")]
+pub use qmatmul::bench::{matmul_bench as bench_matmul, MatmulBenchRow};
 pub use session::Session;
 pub use source::ModelSource;
 pub use weights::{gguf_name, WeightFormat, WeightsChoice, WEIGHTS_CHOICES};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -121,10 +121,10 @@ impl Drop for Span {
     }
 }
 
-/// The profile label of a matrix multiply by the weight's storage type.
-pub fn matmul_label(w: &QMatMul) -> &'static str {
-    match w {
-        QMatMul::QTensor(q) => match q.dtype() {
+/// The profile label of a matrix multiply by a weight of ggml type `q`.
+pub fn quant_label(q: GgmlDType) -> &'static str {
+    {
+        match q {
             GgmlDType::F32 => "matmul f32 (ggml)",
             GgmlDType::F16 => "matmul f16 (ggml)",
             GgmlDType::BF16 => "matmul bf16 (ggml)",
@@ -140,9 +140,7 @@ pub fn matmul_label(w: &QMatMul) -> &'static str {
             GgmlDType::Q5K => "matmul q5_k",
             GgmlDType::Q6K => "matmul q6_k",
             GgmlDType::Q8K => "matmul q8_k",
-        },
-        QMatMul::Tensor(_) => "matmul dense",
-        QMatMul::TensorF16(_) => "matmul dense f16",
+        }
     }
 }
 

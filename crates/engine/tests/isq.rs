@@ -17,11 +17,12 @@ const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];
 /// Q8_0 against dense f32, max |Δ logit| over the 40 × 512 golden positions (logits reach
 /// ±20). These random references amplify round-off by design (Gemma 4's unscaled attention
 /// over q/k norms drawn near 1; f16 files already move them by 0.13), so the figures are
-/// large. Measured: tiny_e 2.49, tiny_dense 1.38, tiny_gemma3 0.94; tiny_moe 11.6 (its
-/// router, near ties by construction, picks other experts). The bound is 1.2× the worst
-/// dense one; greedy decoding stays equal on tiny_e only (32/32 ids; tiny_dense 20, tiny_moe
-/// 12, tiny_gemma3 14). The greedy proof on real weights is tests/isq_real.rs.
-const TOL_Q8_0: f32 = 3.0;
+/// large. The CPU kernels quantize the activations to 8-bit blocks too, as llama.cpp's do.
+/// Measured: tiny_e 3.71, tiny_dense 1.66, tiny_gemma3 1.41; tiny_moe 11.7 (its router,
+/// near ties by construction, picks other experts). The bound is 1.2× the worst dense one;
+/// greedy decoding stays equal on tiny_e and tiny_gemma3 (32/32 ids; tiny_dense 20,
+/// tiny_moe 12). The greedy proof on real weights is tests/isq_real.rs.
+const TOL_Q8_0: f32 = 4.5;
 
 fn opts(weights: WeightsChoice) -> LoadOptions {
     LoadOptions {

@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use super::linear::{Linear, RmsNorm};
 use super::rope::RopeTables;
 use crate::config::{KvSource, LayerSpec, ModelConfig};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::profile;
 use crate::weights::WeightStore;
@@ -74,7 +74,17 @@ impl Attention {
     ) -> Result<Tensor> {
         let (t, _) = x.dims2()?;
         let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
-        let q = self.q_proj.forward(x)?.reshape((t, nh, d))?;
+        // q, k and v from one pass over the input where the kernels allow it.
+        let mut layers = vec![&self.q_proj];
+        if let Some(kv) = &self.kv {
+            layers.push(&kv.k_proj);
+            layers.extend(&kv.v_proj);
+        }
+        let mut proj = Linear::forward_group(&layers, x)?.into_iter();
+        let q = proj
+            .next()
+            .ok_or_else(|| EngineError::invalid("no q projection"))?;
+        let q = q.reshape((t, nh, d))?;
         let q = self.q_norm.forward(&q)?;
         let q = {
             let _span = profile::span("rope");
@@ -82,9 +92,12 @@ impl Attention {
         };
         if let Some(kv) = &self.kv {
             let nkv = self.spec.n_kv_heads;
-            let kr = kv.k_proj.forward(x)?.reshape((t, nkv, d))?;
-            let vr = match &kv.v_proj {
-                Some(v) => v.forward(x)?.reshape((t, nkv, d))?,
+            let kr = proj
+                .next()
+                .ok_or_else(|| EngineError::invalid("no k projection"))?;
+            let kr = kr.reshape((t, nkv, d))?;
+            let vr = match proj.next() {
+                Some(v) => v.reshape((t, nkv, d))?,
                 None => kr.clone(),
             };
             let k = kv.k_norm.forward(&kr)?;

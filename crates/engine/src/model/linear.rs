@@ -1,12 +1,13 @@
-//! Small building blocks shared by the decoder: a dtype-safe linear layer over
-//! [`QMatMul`] and an RMS norm over candle's fused kernel.
+//! Small building blocks shared by the decoder: a dtype-safe linear layer over a held
+//! [`Matrix`] (our CPU kernels, or candle's `QMatMul`) and an RMS norm over candle's fused
+//! kernel.
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
 use crate::profile;
-use crate::weights::WeightStore;
+use crate::weights::{Matrix, WeightStore};
 
 /// Rows from which a quantized CPU matmul goes through a dequantized GEMM.
 const DEQUANT_MIN_ROWS: usize = 32;
@@ -16,7 +17,7 @@ const DEQUANT_MAX_ELEMS: usize = 16 << 20;
 /// `x·Wᵀ` with W dense or quantized; quantized kernels take f32, so other activations
 /// are converted around them.
 #[derive(Debug, Clone)]
-pub struct Linear(pub QMatMul);
+pub struct Linear(Matrix);
 
 impl Linear {
     /// Loads `[out, inp]` weights `name`.
@@ -24,15 +25,52 @@ impl Linear {
         Ok(Self(ws.linear(name, out, inp)?))
     }
 
+    /// A layer over a matrix already held.
+    pub fn new(matrix: Matrix) -> Self {
+        Self(matrix)
+    }
+
     /// Applies the layer to `x` `[.., inp]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_as(profile::matmul_label(&self.0), x)
+        self.forward_as(self.0.profile_label(), x)
+    }
+
+    /// `x·Wᵢᵀ` for several layers that read the same input (a layer's q/k/v, its gate and
+    /// up projections): one pass of the CPU kernels when every matrix is held for them
+    /// (see [`crate::qmatmul::matmul_group`]), else one layer after another.
+    pub fn forward_group(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+        let packed: Option<Vec<&crate::qmatmul::PackedMatrix>> = layers
+            .iter()
+            .map(|l| match &l.0 {
+                Matrix::Packed(p) => Some(p.as_ref()),
+                Matrix::Candle(_) => None,
+            })
+            .collect();
+        match packed {
+            Some(mats) if layers.len() > 1 => {
+                let label = layers[0].0.profile_label();
+                let same = layers.iter().all(|l| l.0.profile_label() == label);
+                let _span = profile::span(if same { label } else { "matmul mixed types" });
+                let outs = crate::qmatmul::forward_group(&mats, &x.to_dtype(DType::F32)?)?;
+                outs.into_iter()
+                    .map(|y| Ok(y.to_dtype(x.dtype())?))
+                    .collect()
+            }
+            _ => layers.iter().map(|l| l.forward(x)).collect(),
+        }
     }
 
     /// [`Linear::forward`], profiled under `label` (the vocabulary projection is its own row).
     pub fn forward_as(&self, label: &'static str, x: &Tensor) -> Result<Tensor> {
         let _span = profile::span(label);
-        match &self.0 {
+        let q = match &self.0 {
+            Matrix::Packed(p) => {
+                let y = p.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+                return Ok(y.to_dtype(x.dtype())?);
+            }
+            Matrix::Candle(q) => q,
+        };
+        match q {
             // candle's quantized CPU matmul is a dot product per output row with no tiling;
             // for a many-row chunk (prefill), dequantizing the matrix once and using the
             // blocked f32 GEMM is several times faster. Bounded to keep the temporary small.
@@ -52,16 +90,16 @@ impl Linear {
                 Ok(x.reshape((rows, inp))?.matmul(&w.t()?)?.reshape(dims)?)
             }
             QMatMul::QTensor(_) if x.dtype() != DType::F32 => {
-                let y = self.0.forward(&x.to_dtype(DType::F32)?)?;
+                let y = q.forward(&x.to_dtype(DType::F32)?)?;
                 Ok(y.to_dtype(x.dtype())?)
             }
             // A dense weight held in another dtype than the activations (`--weights bf16` with
             // f16 activations on a GPU): multiply in the weight's dtype.
             QMatMul::Tensor(w) | QMatMul::TensorF16(w) if w.dtype() != x.dtype() => {
-                let y = self.0.forward(&x.to_dtype(w.dtype())?)?;
+                let y = q.forward(&x.to_dtype(w.dtype())?)?;
                 Ok(y.to_dtype(x.dtype())?)
             }
-            _ => Ok(self.0.forward(x)?),
+            _ => Ok(q.forward(x)?),
         }
     }
 }

@@ -30,11 +30,12 @@ impl Mlp {
 
     /// `x` `[t, hidden]` → `[t, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?;
-        let u = self.up.forward(x)?;
+        let [g, u]: [Tensor; 2] = Linear::forward_group(&[&self.gate, &self.up], x)?
+            .try_into()
+            .map_err(|_| crate::error::EngineError::invalid("gate/up projections"))?;
         let h = {
             let _span = profile::span("elementwise");
-            (g.gelu()? * u)?
+            super::fused::gelu_mul(&g, &u)?
         };
         self.down.forward(&h)
     }
@@ -74,8 +75,8 @@ impl Moe {
             .into_iter()
             .zip(dn)
             .map(|(g, d)| Expert {
-                gate_up: Linear(g),
-                down: Linear(d),
+                gate_up: Linear::new(g),
+                down: Linear::new(d),
             })
             .collect();
         let scale = ws.tensor_as(&format!("{p}router.scale"), &[h], DType::F32)?;
@@ -162,7 +163,10 @@ impl Moe {
             let ids = Tensor::from_vec(toks, n, dev)?;
             let x = xin.index_select(&ids, 0)?;
             let gu = self.experts[e].gate_up.forward(&x)?;
-            let y = (gu.narrow(D::Minus1, 0, iw)?.gelu()? * gu.narrow(D::Minus1, iw, iw)?)?;
+            let y = super::fused::gelu_mul(
+                &gu.narrow(D::Minus1, 0, iw)?.contiguous()?,
+                &gu.narrow(D::Minus1, iw, iw)?.contiguous()?,
+            )?;
             let y = self.experts[e].down.forward(&y)?;
             let w = Tensor::from_vec(ws, (n, 1), dev)?.to_dtype(y.dtype())?;
             out = out.index_add(&ids, &y.broadcast_mul(&w)?, 0)?;

@@ -19,6 +19,7 @@
 mod attention;
 #[cfg(feature = "bench")]
 pub mod bench;
+mod fused;
 pub mod golden;
 mod layer;
 mod linear;
@@ -191,9 +192,10 @@ impl Model {
     /// Builds the decoder from a resolved config and an open weight store.
     pub fn from_parts(config: ModelConfig, ws: &WeightStore) -> Result<Self> {
         let (v, h) = (config.vocab_size, config.hidden_size);
-        let embed = ws.table("embed_tokens.weight", v, h)?;
-        let lm_head = if config.tie_word_embeddings {
-            Linear(embed.as_linear()?)
+        let tied = config.tie_word_embeddings;
+        let embed = ws.table("embed_tokens.weight", v, h, tied)?;
+        let lm_head = if tied {
+            Linear::new(embed.as_matrix())
         } else {
             Linear::load(ws, "lm_head.weight", v, h)?
         };
@@ -347,7 +349,7 @@ impl Model {
         let _span = profile::span("logit softcap");
         logits = logits.to_dtype(DType::F32)?;
         if let Some(c) = self.config.final_logit_softcap {
-            logits = ((logits / c)?.tanh()? * c)?;
+            logits = fused::softcap(&logits, c)?;
         }
         Ok(match which {
             Logits::Last => logits.squeeze(0)?,

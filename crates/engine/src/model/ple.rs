@@ -50,6 +50,7 @@ impl PleInputs {
                 "embed_tokens_per_layer.weight",
                 spec.vocab_size,
                 l * spec.dim,
+                false,
             )?,
             projection: Linear::load(ws, "per_layer_model_projection.weight", l * spec.dim, h)?,
             norm: RmsNorm::load(
@@ -95,7 +96,7 @@ impl PleLayer {
 
     /// `x + norm(proj(gelu(gate x) · input))` with `input` `[t, p]`.
     pub fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
-        let g = (self.gate.forward(x)?.gelu()? * input)?;
+        let g = super::fused::gelu_mul(&self.gate.forward(x)?, &input.contiguous()?)?;
         Ok((x + self.norm.forward(&self.projection.forward(&g)?)?)?)
     }
 }

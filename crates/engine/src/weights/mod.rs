@@ -7,7 +7,6 @@ mod choice;
 mod gguf;
 pub(crate) mod gguf_check;
 mod isq;
-mod repack;
 mod safetensors;
 pub(crate) mod safetensors_check;
 
@@ -24,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::{EngineError, Result};
+use crate::qmatmul::{packed_bytes, PackedMatrix, QFormat};
 
 pub use choice::{Held, WeightsChoice, WEIGHTS_CHOICES};
 pub use gguf::gguf_name;
@@ -33,6 +33,9 @@ use crate::model::LoadOptions;
 /// Logical names of the lookup tables (row reads; the token table is also the tied output
 /// projection): held as [`WeightsChoice::table`] says.
 const TABLES: [&str; 2] = ["embed_tokens.weight", "embed_tokens_per_layer.weight"];
+/// The table only ever read by row (Gemma 4's per-layer token table): it stays in its
+/// stored blocks, never repacked for the matmul kernels.
+const LOOKUP_ONLY: &str = "embed_tokens_per_layer.weight";
 /// Matrices the model keeps dense in f32 whatever the choice (the MoE router: its top-k
 /// choice is sensitive to rounding).
 const DENSE_MATRICES: [&str; 1] = ["router.proj.weight"];
@@ -77,13 +80,38 @@ struct HeaderTensor {
     cols: usize,
     /// The stored GGUF type (`None` for safetensors, which are always converted).
     ggml: Option<candle_core::quantized::GgmlDType>,
+    /// Only ever read by row (the per-layer token table): never repacked for matmuls.
+    lookup_only: bool,
 }
 
-/// Bytes a matrix occupies as held (quantized blocks or dense elements).
-fn qmatmul_bytes(m: &QMatMul) -> usize {
-    match m {
-        QMatMul::QTensor(q) => q.storage_size_in_bytes(),
-        QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
+/// A matrix for `x·Wᵀ` as held: in our kernels' tiles (quantized, on the CPU) or as candle
+/// holds it (dense, or on another device).
+#[derive(Debug, Clone)]
+pub enum Matrix {
+    /// candle's matrix: dense, or quantized on a GPU.
+    Candle(QMatMul),
+    /// Repacked for the CPU kernels of [`crate::qmatmul`].
+    Packed(Arc<PackedMatrix>),
+}
+
+impl Matrix {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Matrix::Packed(p) => p.held_bytes(),
+            Matrix::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Matrix::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => tensor_bytes(t),
+        }
+    }
+
+    /// The profiler's row for multiplies by this matrix.
+    pub fn profile_label(&self) -> &'static str {
+        match self {
+            Matrix::Packed(p) => crate::profile::quant_label(p.format().ggml()),
+            Matrix::Candle(QMatMul::QTensor(q)) => crate::profile::quant_label(q.dtype()),
+            Matrix::Candle(QMatMul::Tensor(_)) => "matmul dense",
+            Matrix::Candle(QMatMul::TensorF16(_)) => "matmul dense f16",
+        }
     }
 }
 
@@ -166,8 +194,9 @@ impl WeightStore {
         match &self.backend {
             Backend::Gguf { content, .. } => content
                 .tensor_infos
-                .values()
-                .map(|t| HeaderTensor {
+                .iter()
+                .map(|(n, t)| HeaderTensor {
+                    lookup_only: n == &gguf_name(LOOKUP_ONLY),
                     name: String::new(),
                     rank: t.shape.rank(),
                     stored: None,
@@ -181,6 +210,7 @@ impl WeightStore {
                 .into_iter()
                 .filter(|(n, _)| n.starts_with(prefix.as_str()) || n == "lm_head.weight")
                 .map(|(n, v)| HeaderTensor {
+                    lookup_only: n.strip_prefix(prefix.as_str()) == Some(LOOKUP_ONLY),
                     name: n.strip_prefix(prefix.as_str()).unwrap_or(&n).to_owned(),
                     rank: v.shape().len(),
                     stored: index.dtype(&n),
@@ -237,23 +267,28 @@ impl WeightStore {
     /// are left out (they are never read). Equals [`WeightStore::loaded_bytes`] after a full
     /// load up to the few small vectors the loader keeps in f32 (tested within 5%).
     pub fn held_bytes_estimate(&self) -> u64 {
-        use candle_core::quantized::GgmlDType as G;
         let dense = self.dtype.size_in_bytes() as u64;
         self.header_tensors()
             .iter()
             .map(|t| match t.ggml {
                 Some(q) if q.block_size() > 1 && t.cols % q.block_size() == 0 => {
-                    let q = if q == G::Q5_0 && self.device.is_cpu() {
-                        G::Q8_0
-                    } else {
-                        q
-                    };
-                    t.elements / q.block_size() as u64 * q.type_size() as u64
+                    match self.packed_format(q, t.cols, t.lookup_only) {
+                        Some(f) => {
+                            packed_bytes(f, (t.elements / t.cols as u64) as usize, t.cols) as u64
+                        }
+                        None => t.elements / q.block_size() as u64 * q.type_size() as u64,
+                    }
                 }
                 Some(_) => t.elements * dense,
-                None => self
-                    .st_held(&t.name, t.rank, t.cols, t.stored)
-                    .bytes(t.elements),
+                None => match self.st_held(&t.name, t.rank, t.cols, t.stored) {
+                    Held::Quantized(q) => match self.packed_format(q, t.cols, t.lookup_only) {
+                        Some(f) => {
+                            packed_bytes(f, (t.elements / t.cols as u64) as usize, t.cols) as u64
+                        }
+                        None => Held::Quantized(q).bytes(t.elements),
+                    },
+                    held => held.bytes(t.elements),
+                },
             })
             .sum()
     }
@@ -417,22 +452,37 @@ impl WeightStore {
             .map_err(|e| self.corrupt(format!("tensor `{n}`: {e}")))
     }
 
-    /// candle's CPU backend has SIMD dot products for Q4_0, Q8_0 and the K-quants but only
-    /// scalar ones for Q5_0 (common in Q4_K_M files). On CPU such matrices are repacked
-    /// losslessly to Q8_0 at load (see [`repack`]): 34 instead of 22 bytes per 32 weights,
-    /// identical values, fast kernels. Other devices keep the file's type.
-    fn cpu_kernel_friendly(&self, q: QTensor) -> Result<QTensor> {
-        use candle_core::quantized::GgmlDType as G;
-        if !self.device.is_cpu() || q.dtype() != G::Q5_0 {
-            return Ok(q);
+    /// The kernel format a quantized tensor of type `q` with rows of `cols` is repacked to
+    /// on this store's device: on the CPU, every type our kernels read, except tables only
+    /// ever read by row; elsewhere none (GPUs keep candle's kernels).
+    fn packed_format(
+        &self,
+        q: candle_core::quantized::GgmlDType,
+        cols: usize,
+        lookup_only: bool,
+    ) -> Option<QFormat> {
+        let f = QFormat::from_ggml(q)?;
+        (self.device.is_cpu() && !lookup_only && cols.is_multiple_of(f.geometry().sb)).then_some(f)
+    }
+
+    /// A quantized tensor as a matrix: repacked into the CPU kernels' tiles where they read
+    /// it (the `QTensor` is dropped: one copy of each weight), else kept as candle holds it.
+    /// A GGUF file's unquantized matrices (which candle reads as f32) are kept in the compute
+    /// dtype; ggml F16/BF16 rows from quantizing safetensors stay in their 16-bit blocks.
+    fn hold(&self, q: QTensor) -> Result<Matrix> {
+        let (_, cols) = q.shape().dims2()?;
+        if self.packed_format(q.dtype(), cols, false).is_some() {
+            if let Some(p) = PackedMatrix::from_qtensor(&q)? {
+                return Ok(Matrix::Packed(Arc::new(p)));
+            }
         }
-        let bytes = repack::q5_0_to_q8_0(&q.data()?)?;
-        Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(
-            G::Q8_0,
-            &bytes,
-            q.shape().dims().to_vec(),
-            &self.device,
-        )?)
+        if !self.is_gguf() {
+            return Ok(Matrix::Candle(QMatMul::QTensor(Arc::new(q))));
+        }
+        Ok(match QMatMul::from_qtensor(q)? {
+            QMatMul::Tensor(t) => Matrix::Candle(QMatMul::Tensor(t.to_dtype(self.dtype)?)),
+            other => Matrix::Candle(other),
+        })
     }
 
     /// Rows `[first, first + rows)` of a safetensors tensor quantized to `held`, read chunk by
@@ -467,7 +517,6 @@ impl WeightStore {
                 EngineError::CorruptFile { .. } => e,
                 other => self.corrupt(format!("tensor `{n}`: {other}")),
             })?;
-        self.note(t.storage_size_in_bytes());
         Ok(Some(t))
     }
 
@@ -500,61 +549,60 @@ impl WeightStore {
     }
 
     /// A `[out, inp]` matrix for `x·Wᵀ`: quantized matrices stay quantized.
-    pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<QMatMul> {
-        match &self.backend {
+    pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Matrix> {
+        let m = match &self.backend {
             Backend::Safetensors { .. } => {
                 let held = self.st_held(name, 2, inp, None);
                 match self.st_quantized(name, &[out, inp], held, 0, out)? {
-                    Some(q) => Ok(QMatMul::QTensor(Arc::new(q))),
-                    None => Ok(QMatMul::Tensor(self.tensor_as(
-                        name,
-                        &[out, inp],
-                        dense_dtype(held, self.dtype),
-                    )?)),
+                    Some(q) => self.hold(q)?,
+                    None => {
+                        let t = self.tensor_as(name, &[out, inp], dense_dtype(held, self.dtype))?;
+                        return Ok(Matrix::Candle(QMatMul::Tensor(t)));
+                    }
                 }
             }
-            Backend::Gguf { .. } => {
-                let q = self.cpu_kernel_friendly(self.gguf_qtensor(name, &[out, inp])?)?;
-                let m = QMatMul::from_qtensor(q)?;
-                // Unquantized GGUF matrices come back as f32; keep the compute dtype.
-                let m = match m {
-                    QMatMul::Tensor(t) => QMatMul::Tensor(t.to_dtype(self.dtype)?),
-                    other => other,
-                };
-                self.note(qmatmul_bytes(&m));
-                Ok(m)
-            }
-        }
+            Backend::Gguf { .. } => self.hold(self.gguf_qtensor(name, &[out, inp])?)?,
+        };
+        self.note(m.bytes());
+        Ok(m)
     }
 
     /// A `[rows, cols]` table as a quantized tensor when the file stores it quantized
-    /// (token embeddings: row lookups and the tied output projection stay quantized).
-    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Table> {
-        match &self.backend {
+    /// (token embeddings: row lookups, and with `matmul` the tied output projection, stay
+    /// quantized). A table also used as a matrix is held in the CPU kernels' tiles, whose rows
+    /// the lookups read as well: one copy serves both.
+    pub fn table(&self, name: &str, rows: usize, cols: usize, matmul: bool) -> Result<Table> {
+        let quantized = match &self.backend {
             Backend::Safetensors { index, .. } => {
                 let stored = index.dtype(&self.file_name(name));
                 let held = self.st_held(name, 2, cols, stored);
                 match self.st_quantized(name, &[rows, cols], held, 0, rows)? {
-                    Some(q) => Ok(Table::Quantized(Arc::new(q))),
-                    None => Ok(Table::Dense(self.tensor_as(
-                        name,
-                        &[rows, cols],
-                        dense_dtype(held, self.dtype),
-                    )?)),
+                    Some(q) => q,
+                    None => {
+                        let dtype = dense_dtype(held, self.dtype);
+                        return Ok(Table::Dense(self.tensor_as(name, &[rows, cols], dtype)?));
+                    }
                 }
             }
             Backend::Gguf { .. } => {
                 let q = self.gguf_qtensor(name, &[rows, cols])?;
-                if q.dtype().block_size() > 1 && cols.is_multiple_of(q.dtype().block_size()) {
-                    self.note(q.storage_size_in_bytes());
-                    Ok(Table::Quantized(Arc::new(q)))
-                } else {
+                if q.dtype().block_size() == 1 || !cols.is_multiple_of(q.dtype().block_size()) {
                     let t = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
                     self.note(tensor_bytes(&t));
-                    Ok(Table::Dense(t))
+                    return Ok(Table::Dense(t));
                 }
+                q
             }
-        }
+        };
+        let table = match self.packed_format(quantized.dtype(), cols, !matmul) {
+            Some(_) => match PackedMatrix::from_qtensor(&quantized)? {
+                Some(p) => Table::Packed(Arc::new(p)),
+                None => Table::Quantized(Arc::new(quantized)),
+            },
+            None => Table::Quantized(Arc::new(quantized)),
+        };
+        self.note(table.bytes());
+        Ok(table)
     }
 
     /// `[n, out, inp]` stacked matrices (MoE experts) as one matrix per expert.
@@ -564,30 +612,29 @@ impl WeightStore {
         n: usize,
         out: usize,
         inp: usize,
-    ) -> Result<Vec<QMatMul>> {
-        match &self.backend {
-            Backend::Safetensors { .. } => {
+    ) -> Result<Vec<Matrix>> {
+        let matrices: Vec<Matrix> = match &self.backend {
+            Backend::Safetensors { st, .. } => {
                 let held = self.st_held(name, 3, inp, None);
                 if let Held::Quantized(_) = held {
                     let n_file = self.file_name(name);
-                    let Backend::Safetensors { st, .. } = &self.backend else {
-                        unreachable!("matched above")
-                    };
                     let view = st.get(&n_file).map_err(|_| self.missing(name))?;
                     self.check_shape(name, view.shape(), &[n, out, inp])?;
-                    return (0..n)
+                    (0..n)
                         .map(|e| {
                             let q = self
                                 .st_quantized(name, &[out, inp], held, e * out, out)?
                                 .ok_or_else(|| self.missing(name))?;
-                            Ok(QMatMul::QTensor(Arc::new(q)))
+                            self.hold(q)
                         })
+                        .collect::<Result<_>>()?
+                } else {
+                    // tensor_as has counted these bytes.
+                    let t = self.tensor_as(name, &[n, out, inp], dense_dtype(held, self.dtype))?;
+                    return (0..n)
+                        .map(|e| Ok(Matrix::Candle(QMatMul::Tensor(t.get(e)?.contiguous()?))))
                         .collect();
                 }
-                let t = self.tensor_as(name, &[n, out, inp], dense_dtype(held, self.dtype))?;
-                (0..n)
-                    .map(|e| Ok(QMatMul::Tensor(t.get(e)?.contiguous()?)))
-                    .collect()
             }
             Backend::Gguf { .. } => {
                 let q = self.gguf_qtensor(name, &[n, out, inp])?;
@@ -595,23 +642,24 @@ impl WeightStore {
                 let per = bytes.len() / n.max(1);
                 (0..n)
                     .map(|e| {
+                        let part = &bytes[e * per..(e + 1) * per];
+                        if let Some(f) = self.packed_format(q.dtype(), inp, false) {
+                            let p = PackedMatrix::from_ggml(f, part, out, inp)?;
+                            return Ok(Matrix::Packed(Arc::new(p)));
+                        }
                         let part = candle_core::quantized::ggml_file::qtensor_from_ggml(
                             q.dtype(),
-                            &bytes[e * per..(e + 1) * per],
+                            part,
                             vec![out, inp],
                             &self.device,
                         )?;
-                        let m = QMatMul::from_qtensor(self.cpu_kernel_friendly(part)?)?;
-                        let m = match m {
-                            QMatMul::Tensor(t) => QMatMul::Tensor(t.to_dtype(self.dtype)?),
-                            other => other,
-                        };
-                        self.note(qmatmul_bytes(&m));
-                        Ok(m)
+                        self.hold(part)
                     })
-                    .collect()
+                    .collect::<Result<_>>()?
             }
-        }
+        };
+        self.note(matrices.iter().map(Matrix::bytes).sum());
+        Ok(matrices)
     }
 }
 
@@ -631,9 +679,20 @@ pub enum Table {
     Dense(Tensor),
     /// Quantized `[rows, cols]`; rows are dequantized on lookup.
     Quantized(Arc<QTensor>),
+    /// In the CPU kernels' tiles (a table that is also the tied output projection).
+    Packed(Arc<PackedMatrix>),
 }
 
 impl Table {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Table::Dense(t) => tensor_bytes(t),
+            Table::Quantized(q) => q.storage_size_in_bytes(),
+            Table::Packed(p) => p.held_bytes(),
+        }
+    }
+
     /// Rows for `ids` (u32, any shape) → `[..ids, cols]` in `dtype`.
     pub fn lookup(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
         Ok(match self {
@@ -645,15 +704,22 @@ impl Table {
                     .to_dtype(dtype)?
             }
             Table::Quantized(q) => q.embedding(ids)?.to_dtype(dtype)?,
+            Table::Packed(p) => {
+                let flat: Vec<u32> = ids.flatten_all()?.to_vec1()?;
+                let mut dims = ids.dims().to_vec();
+                dims.push(p.cols());
+                Tensor::from_vec(p.embedding(&flat)?, dims, ids.device())?.to_dtype(dtype)?
+            }
         })
     }
 
     /// The table as the matrix of `x·Tᵀ` (tied output projection).
-    pub fn as_linear(&self) -> Result<QMatMul> {
-        Ok(match self {
-            Table::Dense(w) => QMatMul::Tensor(w.clone()),
+    pub fn as_matrix(&self) -> Matrix {
+        match self {
+            Table::Dense(w) => Matrix::Candle(QMatMul::Tensor(w.clone())),
             // Not `from_arc`: it would expand f16/bf16 rows to a dense f32 copy of the table.
-            Table::Quantized(q) => QMatMul::QTensor(q.clone()),
-        })
+            Table::Quantized(q) => Matrix::Candle(QMatMul::QTensor(q.clone())),
+            Table::Packed(p) => Matrix::Packed(p.clone()),
+        }
     }
 }

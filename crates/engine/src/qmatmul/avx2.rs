@@ -1,0 +1,283 @@
+//! AVX2 backend: the AVX-512 backend's arithmetic on 256-bit vectors, each tile taken as two
+//! halves of 8 rows (the 32-byte halves of every plane vector; the second half pass finds
+//! the tile in cache). Without `vpdpbusd`, a dot of 4 byte pairs is `vpmaddubsw` (pairs to
+//! 16 bits; no sum here can saturate) then `vpmaddwd` by ones; Q8_0's signed bytes take
+//! the sign trick (`|w|·sign(y, w)`), so its integer dot is exact without an offset.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::activation::{QuantizedActs, BLOCK};
+use super::layout::{Layout, TILE_ROWS, VEC};
+use super::{Fmt, Out};
+
+/// How far ahead the tile is prefetched into L2 (see the AVX-512 backend).
+const PREFETCH: usize = 8192;
+
+/// Rows per half tile.
+const HALF: usize = TILE_ROWS / 2;
+
+/// Whether this CPU runs this backend.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Output columns of `tiles` for activation rows `rows`.
+///
+/// # Safety
+/// As [`super::avx512::run`], with [`available`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn run<F: Fmt>(
+    lay: &Layout,
+    data: &[u8],
+    acts: &QuantizedActs,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+    out: Out,
+) {
+    for t in tiles {
+        for h in 0..2 {
+            let col0 = t * TILE_ROWS + h * HALF;
+            if col0 >= out.n {
+                break;
+            }
+            let cols = (out.n - col0).min(HALF);
+            let tile = data.as_ptr().add(t * lay.tile_bytes);
+            let mut m = rows.start;
+            while m + 4 <= rows.end {
+                half_rows::<F, 4>(lay, tile, h, acts, m, out, col0, cols);
+                m += 4;
+            }
+            match rows.end - m {
+                3 => half_rows::<F, 3>(lay, tile, h, acts, m, out, col0, cols),
+                2 => half_rows::<F, 2>(lay, tile, h, acts, m, out, col0, cols),
+                1 => half_rows::<F, 1>(lay, tile, h, acts, m, out, col0, cols),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The four group vectors of quad `quad` for half `h` (8 rows × 4 weights each); unsigned,
+/// except Q8_0's, which stay signed.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack<F: Fmt>(lay: &Layout, planes: *const u8, quad: usize, h: usize) -> [__m256i; 4] {
+    let g = F::G;
+    let half = h * (VEC / 2);
+    if g.bits == 8 {
+        let v = planes.add(4 * quad * VEC + half);
+        return [
+            load(v),
+            load(v.add(VEC)),
+            load(v.add(2 * VEC)),
+            load(v.add(3 * VEC)),
+        ];
+    }
+    let nib = _mm256_set1_epi8(0x0F);
+    let lo0 = load(planes.add(2 * quad * VEC + half));
+    let lo1 = load(planes.add((2 * quad + 1) * VEC + half));
+    let mut w = [
+        _mm256_and_si256(lo0, nib),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(lo0), nib),
+        _mm256_and_si256(lo1, nib),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(lo1), nib),
+    ];
+    let hi = planes.add(lay.hi_offset + half);
+    if g.bits == 5 {
+        let hv = load(hi.add((quad / 2) * VEC));
+        let b4 = _mm256_set1_epi8(0x10);
+        let hs = if quad.is_multiple_of(2) {
+            [
+                _mm256_slli_epi16::<4>(hv),
+                _mm256_slli_epi16::<3>(hv),
+                _mm256_slli_epi16::<2>(hv),
+                _mm256_slli_epi16::<1>(hv),
+            ]
+        } else {
+            [
+                hv,
+                _mm256_srli_epi16::<1>(hv),
+                _mm256_srli_epi16::<2>(hv),
+                _mm256_srli_epi16::<3>(hv),
+            ]
+        };
+        for (wi, hi) in w.iter_mut().zip(hs) {
+            *wi = _mm256_or_si256(*wi, _mm256_and_si256(hi, b4));
+        }
+    } else if g.bits == 6 {
+        let hv = load(hi.add(quad * VEC));
+        let b45 = _mm256_set1_epi8(0x30);
+        let hs = [
+            _mm256_slli_epi16::<4>(hv),
+            _mm256_slli_epi16::<2>(hv),
+            hv,
+            _mm256_srli_epi16::<2>(hv),
+        ];
+        for (wi, hi) in w.iter_mut().zip(hs) {
+            *wi = _mm256_or_si256(*wi, _mm256_and_si256(hi, b45));
+        }
+    }
+    w
+}
+
+/// `acc + Σ` of 4 byte products per 32-bit lane: `w` unsigned (or, `SIGNED`, signed) bytes
+/// times signed `y`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4<const SIGNED: bool>(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let pairs = if SIGNED {
+        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
+    } else {
+        _mm256_maddubs_epi16(w, y)
+    };
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones))
+}
+
+#[inline(always)]
+fn sub_sum(sums: &[i32], k0: usize, sub: usize) -> i32 {
+    if sub == 32 {
+        sums[k0 / 16] + sums[k0 / 16 + 1]
+    } else {
+        sums[k0 / 16]
+    }
+}
+
+/// Half `h` of a tile for `MR` consecutive activation rows from `m0`, in the portable
+/// kernel's order of operations.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_rows<F: Fmt, const MR: usize>(
+    lay: &Layout,
+    tile: *const u8,
+    h: usize,
+    acts: &QuantizedActs,
+    m0: usize,
+    out: Out,
+    col0: usize,
+    cols: usize,
+) {
+    let g = F::G;
+    let subs_per_unit = BLOCK / g.sub;
+    let quads = g.sub / 16;
+    let signed = g.bits == 8;
+    let yq: [*const u8; MR] = std::array::from_fn(|j| acts.row_q(m0 + j).as_ptr() as *const u8);
+    let yd: [&[f32]; MR] = std::array::from_fn(|j| acts.row_d(m0 + j));
+    let ys: [&[i32]; MR] = std::array::from_fn(|j| acts.row_sums(m0 + j));
+    let yf: [&[f32]; MR] = std::array::from_fn(|j| acts.row_fsums(m0 + j));
+    let zero = _mm256_setzero_si256();
+    let mut facc = [_mm256_setzero_ps(); MR];
+    for b in 0..lay.nsb {
+        let planes = tile.add(lay.planes(b));
+        let meta = tile.add(lay.meta(b));
+        let dv = _mm256_cvtph_ps(_mm_loadu_si128(meta.add(2 * HALF * h) as *const __m128i));
+        let mut fmin = [_mm256_setzero_ps(); MR];
+        for u in 0..g.sb / BLOCK {
+            if h == 0 {
+                let unit_bytes = lay.plane_bytes / (g.sb / BLOCK);
+                let pf = planes.add(u * unit_bytes + PREFETCH);
+                for l in (0..unit_bytes).step_by(VEC) {
+                    _mm_prefetch::<_MM_HINT_T1>(pf.add(l) as *const i8);
+                }
+            }
+            let mut unit = [zero; MR];
+            for i in 0..subs_per_unit {
+                let s = u * subs_per_unit + i;
+                // Two accumulators per row when there are few rows (see the AVX-512 backend).
+                let mut dot = [zero; MR];
+                let mut dot2 = [zero; MR];
+                for q in 0..quads {
+                    let quad = s * quads + q;
+                    let w = unpack::<F>(lay, planes, quad, h);
+                    let k = b * g.sb + quad * 16;
+                    for (i, wi) in w.iter().enumerate() {
+                        for j in 0..MR {
+                            let y4 = (yq[j].add(k + 4 * i) as *const i32).read_unaligned();
+                            let y = _mm256_set1_epi32(y4);
+                            let acc = if MR <= 2 && i % 2 == 1 {
+                                &mut dot2[j]
+                            } else {
+                                &mut dot[j]
+                            };
+                            *acc = if signed {
+                                dot4::<true>(*acc, *wi, y)
+                            } else {
+                                dot4::<false>(*acc, *wi, y)
+                            };
+                        }
+                    }
+                }
+                if MR <= 2 {
+                    for j in 0..MR {
+                        dot[j] = _mm256_add_epi32(dot[j], dot2[j]);
+                    }
+                }
+                let k0 = b * g.sb + s * g.sub;
+                let scv = if g.scales {
+                    let sp = meta.add(lay.scales_offset + s * TILE_ROWS + HALF * h);
+                    let sp = _mm_loadl_epi64(sp as *const __m128i);
+                    if g.signed_scales {
+                        _mm256_cvtepi8_epi32(sp)
+                    } else {
+                        _mm256_cvtepu8_epi32(sp)
+                    }
+                } else {
+                    zero
+                };
+                for j in 0..MR {
+                    let corr = if g.offset != 0 {
+                        let ysum = sub_sum(ys[j], k0, g.sub);
+                        _mm256_sub_epi32(dot[j], _mm256_set1_epi32(g.offset * ysum))
+                    } else {
+                        dot[j]
+                    };
+                    unit[j] = if g.scales {
+                        _mm256_add_epi32(unit[j], _mm256_mullo_epi32(corr, scv))
+                    } else {
+                        corr
+                    };
+                }
+            }
+            let ku = (b * g.sb) / BLOCK + u;
+            for j in 0..MR {
+                let dd = _mm256_mul_ps(dv, _mm256_set1_ps(yd[j][ku]));
+                facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(unit[j]), dd, facc[j]);
+            }
+            if g.mins {
+                let mp = meta.add(lay.mins_offset + u * TILE_ROWS + HALF * h);
+                let mnf =
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(mp as *const __m128i)));
+                for j in 0..MR {
+                    fmin[j] = _mm256_fmadd_ps(mnf, _mm256_set1_ps(yf[j][ku]), fmin[j]);
+                }
+            }
+        }
+        if g.mins {
+            let p = meta.add(lay.dmin_offset + 2 * HALF * h) as *const __m128i;
+            let dminv = _mm256_cvtph_ps(_mm_loadu_si128(p));
+            for j in 0..MR {
+                facc[j] = _mm256_fnmadd_ps(fmin[j], dminv, facc[j]);
+            }
+        }
+    }
+    for (j, acc) in facc.iter().enumerate() {
+        let dst = out.ptr.add((m0 + j) * out.n + col0);
+        if cols == HALF {
+            _mm256_storeu_ps(dst, *acc);
+        } else {
+            let mut tmp = [0f32; HALF];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), *acc);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
+        }
+    }
+}
