@@ -40,6 +40,7 @@ pub mod source;
 pub mod stream;
 pub mod threads;
 pub mod tokenizer;
+pub(crate) mod vmath;
 mod weights;
 pub mod worker;
 

@@ -16,6 +16,7 @@ import type {
   UnreadableSession,
 } from "./api";
 import { documentPayload } from "./documents";
+import { frameBatch } from "./frameBatch";
 import { applyEvent, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
 import { MemoryTimeline, type XAxis } from "./timeline";
@@ -176,16 +177,22 @@ export class AppStore {
   private async run(at: number): Promise<void> {
     this.generating = true;
     const req = this.request(at);
-    const update = (ev: api.Event) => {
+    // Tokens reach the answer once per painted frame (see frameBatch.ts).
+    const batch = frameBatch<api.Event>((events) => {
+      this.messages[at] = events.reduce(applyEvent, this.messages[at]);
+    });
+    const arrive = (ev: api.Event) => {
       if (ev.type === "token") this.streamed += 1;
-      this.messages[at] = applyEvent(this.messages[at], ev);
+      batch.push(ev);
     };
     try {
-      await api.generate(req, update);
+      await api.generate(req, arrive);
     } catch (e) {
       const err: api.JobError = api.isCommandError(e) ? e : { code: "internal", message: String(e) };
-      if (!this.messages[at].error) update({ type: "error", code: err.code, message: err.message });
+      batch.flush();
+      if (!this.messages[at].error) batch.push({ type: "error", code: err.code, message: err.message });
     } finally {
+      batch.flush();
       if (this.messages[at]?.streaming) this.messages[at] = { ...this.messages[at], streaming: false };
       this.generating = false;
       if (this.sessionTitle === "New chat" && this.messages[0]) {

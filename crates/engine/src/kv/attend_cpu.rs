@@ -1,14 +1,15 @@
 //! CPU fast path of dense attention for decode-sized query blocks: reads f16 K/V rows
 //! straight from the cache buffers, each row once for all query heads of its group (widened
-//! 8 lanes at a time by `f16_rows`), with no dtype-converted copy of the cache, no transposed
+//! in registers by `f16_kernels`), with no dtype-converted copy of the cache, no transposed
 //! GEMM and no mask tensor; the keys are split into blocks attended on all cores and merged
 //! exactly (flash decoding's split softmax). Same semantics as the general path in `attend`.
 
 use candle_core::{DType, Storage, Tensor};
 
+use super::pool;
 use super::storage::AttendSpec;
-use super::{f16_rows, pool};
 use crate::error::Result;
+use crate::vmath::{exp, widest};
 
 /// Query rows (`group × t`) per kv head up to which the fast path is used.
 pub const MAX_ROWS: usize = 32;
@@ -48,37 +49,25 @@ pub fn try_attend(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Resu
     }
     let q = q.contiguous()?;
     let qv: Vec<f32> = q.flatten_all()?.to_vec1()?;
-    let out = match k.dtype() {
-        DType::F16 => run::<half::f16>(&qv, k, v, spec, (n_kv, group, t, d, s))?,
-        _ => run::<f32>(&qv, k, v, spec, (n_kv, group, t, d, s))?,
-    };
+    let out = run::<half::f16>(&qv, k, v, spec, (n_kv, group, t, d, s))?;
     Ok(Some(Tensor::from_vec(out, (n_heads, t, d), q.device())?))
 }
 
 /// Element types the fast path reads, with its two inner loops over one cache row for all
 /// query rows at once.
 trait Elem: candle_core::WithDType {
-    /// `out[r] = q_r · k`.
-    fn dots(simd: bool, q: &[f32], k: &[Self], out: &mut [f32]);
-    /// `out_r += p[r] · v`.
-    fn axpys(simd: bool, p: &[f32], v: &[Self], out: &mut [f32]);
-}
-
-impl Elem for f32 {
-    fn dots(_: bool, q: &[f32], k: &[f32], out: &mut [f32]) {
-        f16_rows::dots_f32(q, k, out);
-    }
-    fn axpys(_: bool, p: &[f32], v: &[f32], out: &mut [f32]) {
-        f16_rows::axpys_f32(p, v, out);
-    }
+    /// `out[r][j] = scale · q_r · k_j` over the block's key rows.
+    fn scores(q: &[f32], keys: &[&[Self]], rows: usize, scale: f32, out: &mut [f32]);
+    /// `out[r] = Σ_j p[r][j] · v_j` over the block's value rows.
+    fn weighted(p: &[f32], vals: &[&[Self]], rows: usize, out: &mut [f32]);
 }
 
 impl Elem for half::f16 {
-    fn dots(simd: bool, q: &[f32], k: &[half::f16], out: &mut [f32]) {
-        f16_rows::dots(simd, q, k, out);
+    fn scores(q: &[f32], keys: &[&[Self]], rows: usize, scale: f32, out: &mut [f32]) {
+        f16_kernels::scores(q, keys, rows, scale, out);
     }
-    fn axpys(simd: bool, p: &[f32], v: &[half::f16], out: &mut [f32]) {
-        f16_rows::axpys(simd, p, v, out);
+    fn weighted(p: &[f32], vals: &[&[Self]], rows: usize, out: &mut [f32]) {
+        f16_kernels::weighted(p, vals, rows, out);
     }
 }
 
@@ -141,11 +130,10 @@ fn run<T: Elem>(
         .step_by(KEY_BLOCK)
         .map(|a| (a, (a + KEY_BLOCK).min(hi)))
         .collect();
-    let simd = f16_rows::simd_available();
     for h in 0..n_kv {
         let qh = &q[h * n_rows * d..(h + 1) * n_rows * d];
         let partial = |&(a, b): &(usize, usize)| {
-            block_partial::<T>(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale, simd)
+            block_partial::<T>(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale)
         };
         let parts: Vec<Partial> = if blocks.len() > 1 {
             pool::map_on_compute_pool(&blocks, || (), |_, b| partial(b))
@@ -189,6 +177,10 @@ struct Partial {
     out: Vec<f32>,
 }
 
+/// A key block as two small matrix products over the cache's own rows (no converted copy):
+/// scores for 8 query rows × 2 keys at a time, outputs for 8 rows × 32 dims, each f16 row
+/// widened in registers ([`f16_kernels`]); the softmax's exponentials are
+/// [`crate::vmath::exp`], vectorized.
 #[allow(clippy::too_many_arguments)]
 fn block_partial<T: Elem>(
     qh: &[f32],
@@ -199,52 +191,303 @@ fn block_partial<T: Elem>(
     range: &(dyn Fn(usize) -> (usize, usize) + Sync),
     (group, t, d): (usize, usize, usize),
     scale: f32,
-    simd: bool,
 ) -> Partial {
     let n_rows = group * t;
     let span = b - a;
-    let mut scores = vec![f32::NEG_INFINITY; n_rows * span];
-    // One key row against every query row (row r = g·t + i), read once.
-    let mut row_scores = vec![0f32; n_rows];
-    for j in a..b {
-        T::dots(simd, qh, kr.row(h, j, d), &mut row_scores);
-        for i in 0..t {
-            let (lo, hi) = range(i);
-            if j < lo || j >= hi {
-                continue;
-            }
-            for g in 0..group {
-                let r = g * t + i;
-                scores[r * span + (j - a)] = row_scores[r] * scale;
+    let keys: Vec<&[T]> = (a..b).map(|j| kr.row(h, j, d)).collect();
+    let vals: Vec<&[T]> = (a..b).map(|j| vr.row(h, j, d)).collect();
+    let mut sc = vec![0f32; n_rows * span];
+    T::scores(qh, &keys, n_rows, scale, &mut sc);
+    // Keys a row may not see (causal, or outside its window) score −∞.
+    for i in 0..t {
+        let (lo, hi) = range(i);
+        for g in 0..group {
+            let sr = &mut sc[(g * t + i) * span..(g * t + i + 1) * span];
+            for (jj, x) in sr.iter_mut().enumerate() {
+                let j = a + jj;
+                if j < lo || j >= hi {
+                    *x = f32::NEG_INFINITY;
+                }
             }
         }
     }
     let mut max = vec![f32::NEG_INFINITY; n_rows];
     let mut sum = vec![0f32; n_rows];
     for r in 0..n_rows {
-        let sr = &mut scores[r * span..(r + 1) * span];
+        let sr = &mut sc[r * span..(r + 1) * span];
         let m = sr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
             // No visible key in this block for this row: it contributes nothing.
             sr.fill(0.0);
             continue;
         }
-        for x in sr.iter_mut() {
-            *x = (*x - m).exp();
-            sum[r] += *x;
-        }
+        sum[r] = widest!(exp_shift_body(sr, m));
         max[r] = m;
     }
     let mut out = vec![0f32; n_rows * d];
-    // One value row into every output row, read once.
-    let mut weights = vec![0f32; n_rows];
-    for j in a..b {
-        for (r, w) in weights.iter_mut().enumerate() {
-            *w = scores[r * span + (j - a)];
-        }
-        T::axpys(simd, &weights, vr.row(h, j, d), &mut out);
-    }
+    T::weighted(&sc, &vals, n_rows, &mut out);
     Partial { max, sum, out }
+}
+
+/// `x ← exp(x − m)` over `x`; returns the sum.
+#[inline(always)]
+fn exp_shift_body(x: &mut [f32], m: f32) -> f32 {
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - m);
+        sum += *v;
+    }
+    sum
+}
+
+/// The two products over f16 rows: AVX-512 (f16 widened by `vcvtph2ps`, 16 lanes) or AVX2
+/// with F16C (8 lanes) on x86-64 when the head width is a multiple of 16, else plain loops.
+mod f16_kernels {
+    use half::f16;
+
+    /// `out[r][j] = scale · q_r · k_j` (`q`: `rows × d`).
+    pub fn scores(q: &[f32], keys: &[&[f16]], rows: usize, scale: f32, out: &mut [f32]) {
+        let d = keys.first().map_or(0, |k| k.len());
+        assert!(q.len() >= rows * d && out.len() >= rows * keys.len());
+        assert!(keys.iter().all(|k| k.len() == d));
+        #[cfg(target_arch = "x86_64")]
+        if d.is_multiple_of(16) {
+            if super::x86::avx512() {
+                // SAFETY: AVX-512F detected; every row has d values, asserted above.
+                return unsafe { super::x86::scores512(q, keys, rows, d, scale, out) };
+            }
+            if super::x86::avx2() {
+                // SAFETY: AVX2, FMA and F16C detected; lengths asserted above.
+                return unsafe { super::x86::scores256(q, keys, rows, d, scale, out) };
+            }
+        }
+        let span = keys.len();
+        for r in 0..rows {
+            for (j, k) in keys.iter().enumerate() {
+                let s: f32 = q[r * d..(r + 1) * d]
+                    .iter()
+                    .zip(*k)
+                    .map(|(a, b)| a * b.to_f32())
+                    .sum();
+                out[r * span + j] = s * scale;
+            }
+        }
+    }
+
+    /// `out[r] = Σ_j p[r][j] · v_j` (`p`: `rows × span`, `out`: `rows × d`).
+    pub fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, out: &mut [f32]) {
+        let d = vals.first().map_or(0, |v| v.len());
+        let span = vals.len();
+        assert!(p.len() >= rows * span && out.len() >= rows * d);
+        assert!(vals.iter().all(|v| v.len() == d));
+        #[cfg(target_arch = "x86_64")]
+        if d.is_multiple_of(16) {
+            if super::x86::avx512() {
+                // SAFETY: AVX-512F detected; lengths asserted above.
+                return unsafe { super::x86::weighted512(p, vals, rows, d, out) };
+            }
+            if super::x86::avx2() {
+                // SAFETY: AVX2, FMA and F16C detected; lengths asserted above.
+                return unsafe { super::x86::weighted256(p, vals, rows, d, out) };
+            }
+        }
+        out[..rows * d].fill(0.0);
+        for r in 0..rows {
+            for (j, v) in vals.iter().enumerate() {
+                let w = p[r * span + j];
+                if w == 0.0 {
+                    continue;
+                }
+                for (o, x) in out[r * d..(r + 1) * d].iter_mut().zip(*v) {
+                    *o += w * x.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// x86-64 register tiles for [`f16_kernels`]: scores for 8 rows × 2 keys (16 accumulators,
+/// then one horizontal sum each), outputs for 8 rows × 32 dims (AVX-512) or 4 × 16 (AVX2).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    pub fn avx512() -> bool {
+        is_x86_feature_detected!("avx512f")
+    }
+
+    pub fn avx2() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    const R: usize = 8;
+
+    /// Offsets of `n` rows of width `w` from `r0`, the last row repeated past `rows` (its
+    /// results are dropped).
+    fn row_offsets<const N: usize>(r0: usize, rows: usize, w: usize) -> [usize; N] {
+        std::array::from_fn(|r| (r0 + r).min(rows - 1) * w)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores512(
+        q: &[f32],
+        keys: &[&[f16]],
+        rows: usize,
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let span = keys.len();
+        let qp = q.as_ptr();
+        for r0 in (0..rows).step_by(R) {
+            let nr = (rows - r0).min(R);
+            let qr: [usize; R] = row_offsets(r0, rows, d);
+            let mut j = 0;
+            while j < span {
+                // Two keys at a time share each query load; an odd last key goes twice.
+                let (ka, kb) = (keys[j].as_ptr(), keys[(j + 1).min(span - 1)].as_ptr());
+                let mut a = [_mm512_setzero_ps(); R];
+                let mut b = [_mm512_setzero_ps(); R];
+                for c in (0..d).step_by(16) {
+                    let (x, y) = (load16(ka.add(c)), load16(kb.add(c)));
+                    for r in 0..R {
+                        let qv = _mm512_loadu_ps(qp.add(qr[r] + c));
+                        a[r] = _mm512_fmadd_ps(qv, x, a[r]);
+                        b[r] = _mm512_fmadd_ps(qv, y, b[r]);
+                    }
+                }
+                for r in 0..nr {
+                    out[(r0 + r) * span + j] = _mm512_reduce_add_ps(a[r]) * scale;
+                    if j + 1 < span {
+                        out[(r0 + r) * span + j + 1] = _mm512_reduce_add_ps(b[r]) * scale;
+                    }
+                }
+                j += 2;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted512(p: &[f32], vals: &[&[f16]], rows: usize, d: usize, out: &mut [f32]) {
+        let span = vals.len();
+        let (pp, o) = (p.as_ptr(), out.as_mut_ptr());
+        for r0 in (0..rows).step_by(R) {
+            let nr = (rows - r0).min(R);
+            let pr: [usize; R] = row_offsets(r0, rows, span);
+            let mut c0 = 0;
+            while c0 < d {
+                let two = c0 + 32 <= d;
+                let mut a0 = [_mm512_setzero_ps(); R];
+                let mut a1 = [_mm512_setzero_ps(); R];
+                for (j, v) in vals.iter().enumerate() {
+                    let vp = v.as_ptr().add(c0);
+                    let v0 = load16(vp);
+                    let v1 = if two {
+                        load16(vp.add(16))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    for r in 0..R {
+                        let w = _mm512_set1_ps(*pp.add(pr[r] + j));
+                        a0[r] = _mm512_fmadd_ps(w, v0, a0[r]);
+                        a1[r] = _mm512_fmadd_ps(w, v1, a1[r]);
+                    }
+                }
+                for r in 0..nr {
+                    let at = o.add((r0 + r) * d + c0);
+                    _mm512_storeu_ps(at, a0[r]);
+                    if two {
+                        _mm512_storeu_ps(at.add(16), a1[r]);
+                    }
+                }
+                c0 += if two { 32 } else { 16 };
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores256(
+        q: &[f32],
+        keys: &[&[f16]],
+        rows: usize,
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let span = keys.len();
+        let qp = q.as_ptr();
+        for r0 in (0..rows).step_by(R) {
+            let nr = (rows - r0).min(R);
+            let qr: [usize; R] = row_offsets(r0, rows, d);
+            for (j, k) in keys.iter().enumerate() {
+                let kp = k.as_ptr();
+                let mut a = [_mm256_setzero_ps(); R];
+                for c in (0..d).step_by(8) {
+                    let x = load8(kp.add(c));
+                    for r in 0..R {
+                        a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(qr[r] + c)), x, a[r]);
+                    }
+                }
+                for r in 0..nr {
+                    out[(r0 + r) * span + j] = hsum8(a[r]) * scale;
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted256(p: &[f32], vals: &[&[f16]], rows: usize, d: usize, out: &mut [f32]) {
+        // 4 rows × 16 dims: 8 accumulators of the 16 ymm registers.
+        const R4: usize = 4;
+        let span = vals.len();
+        let (pp, o) = (p.as_ptr(), out.as_mut_ptr());
+        for r0 in (0..rows).step_by(R4) {
+            let nr = (rows - r0).min(R4);
+            let pr: [usize; R4] = row_offsets(r0, rows, span);
+            for c0 in (0..d).step_by(16) {
+                let mut a0 = [_mm256_setzero_ps(); R4];
+                let mut a1 = [_mm256_setzero_ps(); R4];
+                for (j, v) in vals.iter().enumerate() {
+                    let vp = v.as_ptr().add(c0);
+                    let (v0, v1) = (load8(vp), load8(vp.add(8)));
+                    for r in 0..R4 {
+                        let w = _mm256_set1_ps(*pp.add(pr[r] + j));
+                        a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
+                        a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+                    }
+                }
+                for r in 0..nr {
+                    _mm256_storeu_ps(o.add((r0 + r) * d + c0), a0[r]);
+                    _mm256_storeu_ps(o.add((r0 + r) * d + c0 + 8), a1[r]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -302,5 +545,79 @@ mod tests {
             assert!(d < 1e-5, "t {t} window {window:?}: {d}");
         }
         Ok(())
+    }
+
+    /// Every variant of both block products (AVX-512, AVX2 and the plain loops) against an
+    /// f64 reference, at head widths, row counts and key counts that leave partial tiles.
+    #[test]
+    fn block_products_match_an_f64_reference() {
+        use half::f16;
+        let mut rng = kvlab_turboquant::Rng::new(11, 3);
+        for d in [16usize, 40, 512] {
+            for rows in [1usize, 3, 8, 9] {
+                for span in [1usize, 5, 256] {
+                    let q: Vec<f32> = (0..rows * d).map(|_| rng.symmetric()).collect();
+                    let kv: Vec<Vec<f16>> = (0..2 * span)
+                        .map(|_| (0..d).map(|_| f16::from_f32(rng.symmetric())).collect())
+                        .collect();
+                    let keys: Vec<&[f16]> = kv[..span].iter().map(|v| v.as_slice()).collect();
+                    let vals: Vec<&[f16]> = kv[span..].iter().map(|v| v.as_slice()).collect();
+                    let p: Vec<f32> = (0..rows * span).map(|_| rng.uniform() as f32).collect();
+                    let want_s: Vec<f64> = (0..rows * span)
+                        .map(|i| {
+                            let (r, j) = (i / span, i % span);
+                            0.5 * (0..d)
+                                .map(|c| q[r * d + c] as f64 * keys[j][c].to_f64())
+                                .sum::<f64>()
+                        })
+                        .collect();
+                    let want_o: Vec<f64> = (0..rows * d)
+                        .map(|i| {
+                            let (r, c) = (i / d, i % d);
+                            (0..span)
+                                .map(|j| p[r * span + j] as f64 * vals[j][c].to_f64())
+                                .sum::<f64>()
+                        })
+                        .collect();
+                    let check = |what: &str, s: &[f32], o: &[f32]| {
+                        for (a, b) in s.iter().zip(&want_s) {
+                            assert!(
+                                (*a as f64 - b).abs() < 1e-4,
+                                "{what} scores d {d} rows {rows} span {span}"
+                            );
+                        }
+                        for (a, b) in o.iter().zip(&want_o) {
+                            assert!(
+                                (*a as f64 - b).abs() < 1e-4,
+                                "{what} outputs d {d} rows {rows} span {span}"
+                            );
+                        }
+                    };
+                    let (mut s, mut o) = (vec![0f32; rows * span], vec![0f32; rows * d]);
+                    f16_kernels::scores(&q, &keys, rows, 0.5, &mut s);
+                    f16_kernels::weighted(&p, &vals, rows, &mut o);
+                    check("dispatched", &s, &o);
+                    #[cfg(target_arch = "x86_64")]
+                    if d % 16 == 0 {
+                        if x86::avx512() {
+                            // SAFETY: detected; lengths as the dispatcher asserts.
+                            unsafe {
+                                x86::scores512(&q, &keys, rows, d, 0.5, &mut s);
+                                x86::weighted512(&p, &vals, rows, d, &mut o);
+                            }
+                            check("avx512", &s, &o);
+                        }
+                        if x86::avx2() {
+                            // SAFETY: as above.
+                            unsafe {
+                                x86::scores256(&q, &keys, rows, d, 0.5, &mut s);
+                                x86::weighted256(&p, &vals, rows, d, &mut o);
+                            }
+                            check("avx2", &s, &o);
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -5,7 +5,6 @@
 mod attend;
 mod attend_cpu;
 mod dense;
-mod f16_rows;
 mod pool;
 pub mod presets;
 pub mod spec;

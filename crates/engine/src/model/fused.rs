@@ -1,13 +1,14 @@
 //! Element-wise tails of the decoder's matmuls, each one pass over memory on the CPU:
 //! GELU (tanh form) of a gate times an up projection, and the final logit softcap
 //! `c·tanh(x/c)`. candle's CPU ops call libm's `tanh` per element and allocate a tensor per
-//! step (`gelu`, `*`, `/`, `tanh`, `*`); here `tanh` comes from one exponential written as
-//! plain arithmetic, so the loops vectorize (compiled for AVX-512 or AVX2 when the CPU has
-//! them). Other devices and dtypes keep candle's ops.
+//! step (`gelu`, `*`, `/`, `tanh`, `*`); here `tanh` comes from [`crate::vmath`]'s
+//! exponential, so the loops vectorize. Other devices and dtypes keep candle's ops.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
 use crate::error::Result;
+use crate::vmath::widest;
+use crate::vmath::{exp, tanh};
 
 /// `gelu_tanh(gate) · up`, element-wise, for tensors of one shape.
 pub fn gelu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -27,32 +28,6 @@ pub fn softcap(x: &Tensor, cap: f64) -> Result<Tensor> {
 
 fn fusable(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
-}
-
-/// `e^x` for `x` in f32's range, within 2 ulp: `2^n · p(r)` with `x = n·ln2 + r`,
-/// `|r| ≤ ln2/2` and `p` the degree-6 Taylor polynomial (remainder below 1.2e-7).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that n·LN2_HI is exact for |n| < 2^10.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
-    let p = r.mul_add(1.0 / 720.0, 1.0 / 120.0);
-    let p = r.mul_add(p, 1.0 / 24.0);
-    let p = r.mul_add(p, 1.0 / 6.0);
-    let p = r.mul_add(p, 0.5);
-    let p = r.mul_add(p, 1.0);
-    let p = r.mul_add(p, 1.0);
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-/// `tanh(x) = 1 − 2/(e^{2x} + 1)`, saturating to ±1.
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
 /// GELU, tanh form: `x·σ(2u)` with `u = √(2/π)·(x + 0.044715·x³)`, which equals
@@ -77,32 +52,6 @@ fn softcap_body(x: &[f32], cap: f32, out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = cap * tanh(v * inv);
     }
-}
-
-/// Runs `$body` compiled for AVX-512 or AVX2 when this CPU has them.
-macro_rules! widest {
-    ($body:ident($($arg:expr),*)) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f")]
-            unsafe fn wide(f: impl FnOnce()) { f() }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn narrow(f: impl FnOnce()) { f() }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the feature was just detected.
-                unsafe { wide(|| $body($($arg),*)) }
-            } else if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: as above.
-                unsafe { narrow(|| $body($($arg),*)) }
-            } else {
-                $body($($arg),*)
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        $body($($arg),*)
-    }};
 }
 
 /// The contiguous f32 data of a CPU tensor's storage.
@@ -164,18 +113,6 @@ mod tests {
         v.extend((-300..=300).map(|i| i as f32 * 0.5));
         v.extend([f32::INFINITY, f32::NEG_INFINITY, 1e-30, -1e-30, 0.0]);
         v
-    }
-
-    #[test]
-    fn exp_and_tanh_are_within_a_few_ulp_of_libm() {
-        for x in grid() {
-            if x.is_finite() && x.abs() < 87.0 {
-                let (a, b) = (exp(x), x.exp());
-                assert!((a - b).abs() <= 3e-7 * b, "exp({x}): {a} vs {b}");
-            }
-            let (a, b) = (tanh(x), x.tanh());
-            assert!((a - b).abs() <= 3e-7, "tanh({x}): {a} vs {b}");
-        }
     }
 
     /// Against candle's own ops (`gelu` is the tanh form) on a grid and at the extremes.

@@ -293,7 +293,10 @@ pub(crate) unsafe fn scores(
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
     let mut qi = 0;
     while qi < g {
+        // Up to 8 queries share each decoded code (a group of 8 query heads per KV head,
+        // as in Gemma 4 E2B, decodes each key once).
         let tile = match g - qi {
+            r if r >= 8 => 8,
             r if r >= 4 => 4,
             r if r >= 2 => 2,
             _ => 1,
@@ -301,6 +304,7 @@ pub(crate) unsafe fn scores(
         // SAFETY: forwarded module contract; qi + tile ≤ g.
         unsafe {
             match tile {
+                8 => scores_tile::<8>(ctx, &regs, q, sq, sqsum, qi, chunk, out, n, base),
                 4 => scores_tile::<4>(ctx, &regs, q, sq, sqsum, qi, chunk, out, n, base),
                 2 => scores_tile::<2>(ctx, &regs, q, sq, sqsum, qi, chunk, out, n, base),
                 _ => scores_tile::<1>(ctx, &regs, q, sq, sqsum, qi, chunk, out, n, base),
@@ -421,6 +425,7 @@ pub(crate) unsafe fn accumulate(
     let mut qi = 0;
     while qi < g {
         let tile = match g - qi {
+            r if r >= 8 => 8,
             r if r >= 4 => 4,
             r if r >= 2 => 2,
             _ => 1,
@@ -428,6 +433,7 @@ pub(crate) unsafe fn accumulate(
         // SAFETY: forwarded module contract; qi + tile ≤ g.
         unsafe {
             match tile {
+                8 => accumulate_tile::<8>(ctx, &regs, weights, qi, n, base, chunk, acc, acc_s),
                 4 => accumulate_tile::<4>(ctx, &regs, weights, qi, n, base, chunk, acc, acc_s),
                 2 => accumulate_tile::<2>(ctx, &regs, weights, qi, n, base, chunk, acc, acc_s),
                 _ => accumulate_tile::<1>(ctx, &regs, weights, qi, n, base, chunk, acc, acc_s),

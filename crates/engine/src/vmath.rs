@@ -1,0 +1,81 @@
+//! Vectorizable math for the CPU hot loops: `exp` and `tanh` as plain arithmetic (no libm
+//! call, no branch), so a loop over them compiles to SIMD, and [`widest!`], which compiles a
+//! loop body for AVX-512 or AVX2 when this CPU has them (elsewhere as it is: NEON on aarch64).
+
+/// `e^x` for `x` in f32's range, within 2 ulp: `2^n · p(r)` with `x = n·ln2 + r`,
+/// `|r| ≤ ln2/2` and `p` the degree-6 Taylor polynomial (remainder below 1.2e-7).
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n·LN2_HI is exact for |n| < 2^10.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let p = r.mul_add(1.0 / 720.0, 1.0 / 120.0);
+    let p = r.mul_add(p, 1.0 / 24.0);
+    let p = r.mul_add(p, 1.0 / 6.0);
+    let p = r.mul_add(p, 0.5);
+    let p = r.mul_add(p, 1.0);
+    let p = r.mul_add(p, 1.0);
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `tanh(x) = 1 − 2/(e^{2x} + 1)`, saturating to ±1.
+#[inline(always)]
+pub(crate) fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
+/// Runs `$body(args)` compiled for AVX-512 or AVX2 when this CPU has them (the body must be
+/// `#[inline(always)]` plain Rust: it is compiled into each variant).
+macro_rules! widest {
+    ($body:ident($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn wide<R>(f: impl FnOnce() -> R) -> R { f() }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn narrow<R>(f: impl FnOnce() -> R) -> R { f() }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the feature was just detected.
+                unsafe { wide(|| $body($($arg),*)) }
+            } else if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: as above.
+                unsafe { narrow(|| $body($($arg),*)) }
+            } else {
+                $body($($arg),*)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        $body($($arg),*)
+    }};
+}
+pub(crate) use widest;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> Vec<f32> {
+        let mut v: Vec<f32> = (-4000..=4000).map(|i| i as f32 / 400.0).collect();
+        v.extend((-300..=300).map(|i| i as f32 * 0.5));
+        v.extend([f32::INFINITY, f32::NEG_INFINITY, 1e-30, -1e-30, 0.0]);
+        v
+    }
+
+    #[test]
+    fn exp_and_tanh_are_within_a_few_ulp_of_libm() {
+        for x in grid() {
+            if x.is_finite() && x.abs() < 87.0 {
+                let (a, b) = (exp(x), x.exp());
+                assert!((a - b).abs() <= 3e-7 * b, "exp({x}): {a} vs {b}");
+            }
+            let (a, b) = (tanh(x), x.tanh());
+            assert!((a - b).abs() <= 3e-7, "tanh({x}): {a} vs {b}");
+        }
+    }
+}
