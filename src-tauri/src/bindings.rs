@@ -7,11 +7,11 @@ use std::path::Path;
 
 use kvlab_engine::budget::{FitOption, MemoryFit};
 use kvlab_engine::card::{HeadShape, LayerCounts, MemoryEstimate, ModelCard};
-use kvlab_engine::chat::{Message, Role};
+use kvlab_engine::chat::{Message, Role, TemplateSource};
 use kvlab_engine::compare::{CompareEvent, CompareFidelity};
 use kvlab_engine::config::{AttentionKind, Family};
 use kvlab_engine::events::{Activity, DoneReason, ErrorCode, Event, GenStats, LoadPhase};
-use kvlab_engine::generate::{GenerateRequest, Prompt};
+use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
 use kvlab_engine::kv::{
     CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LayerScope, ScopedSpecs,
     SideFormat,
@@ -78,6 +78,9 @@ pub fn typescript() -> String {
         decl::<LayerCounts>(&cfg),
         decl::<LayerScope>(&cfg),
         decl::<LoadPhase>(&cfg),
+        decl::<PromptPreview>(&cfg),
+        decl::<StopToken>(&cfg),
+        decl::<TemplateSource>(&cfg),
         decl::<MemoryEstimate>(&cfg),
         decl::<MemoryFit>(&cfg),
         decl::<MemorySample>(&cfg),

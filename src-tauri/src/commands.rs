@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use kvlab_engine::compare::CompareEvent;
 use kvlab_engine::events::{Activity, Event};
-use kvlab_engine::generate::GenerateRequest;
+use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview};
 use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
 use kvlab_engine::memory::{ContextCost, DocumentFit, SwitchEvent};
 use kvlab_engine::{MemoryEstimate, ModelCard, WeightsChoice};
@@ -133,6 +133,14 @@ pub async fn generate(
 ) -> Res<()> {
     let engine = state.engine.clone();
     blocking(move || engine.generate(request, move |ev| on_event.send(ev).is_ok())).await
+}
+
+/// A prompt as the loaded model reads it: the text its chat template renders (or the plain
+/// text of a base model), the token ids and the stop set.
+#[tauri::command]
+pub async fn preview_prompt(state: State<'_, AppState>, prompt: Prompt) -> Res<PromptPreview> {
+    let engine = state.engine.clone();
+    blocking(move || engine.handle().preview_prompt(prompt)).await
 }
 
 /// Runs one prompt through two caches side by side, with fidelity.

@@ -47,6 +47,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::load_model,
             commands::pick_model,
             commands::generate,
+            commands::preview_prompt,
             commands::compare,
             commands::stop_generation,
             commands::reset_conversation,

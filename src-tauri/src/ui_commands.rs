@@ -24,6 +24,7 @@ pub const UI_COMMANDS: &[&str] = &[
     "load_model",
     "load_session",
     "pick_model",
+    "preview_prompt",
     "rename_session",
     "reset_conversation",
     "save_session",

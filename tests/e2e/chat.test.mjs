@@ -104,6 +104,20 @@ test("streams two chat turns, each with its stats", async () => {
   assert.match(await (await a2.$('[data-testid="stats"]')).getText(), /tokens \d+/);
   assert.equal((await $$('[data-testid="message"][data-role="user"]')).length, 2);
   await shot("chat.png");
+
+  // The prompt the second answer read, as the model sees it: the 270M is a base model, so
+  // the conversation went in as plain text after <bos>, with no turn markers.
+  await (await a2.$('[data-testid="show-prompt"]')).click();
+  const view = await $('[data-testid="prompt-view"]');
+  await view.waitForDisplayed({ timeout: 10_000 });
+  const text = await (await $('[data-testid="prompt-text"]')).getText();
+  assert.match(text, /^<bos>What is the capital of France\? Answer in one sentence\.\n\n/);
+  assert.match(text, /And of Italy\?$/);
+  assert.doesNotMatch(text, /<start_of_turn>/);
+  assert.match(await (await $('[data-testid="prompt-tokens"]')).getText(), /^\d+ tokens$/);
+  await shot("prompt-view.png");
+  await app.browser.keys("Escape");
+  await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
 });
 
 test("Esc stops an answer mid-stream", async () => {

@@ -8,7 +8,6 @@ use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
-use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::model::bench::{
     bench_decode, BenchContext, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
@@ -201,8 +200,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let context = match &text {
                 Some(t) => {
                     let tokenizer = find_tokenizer(&path, None)?;
-                    let tokenizer =
-                        GemmaTokenizer::from_file(&tokenizer, tokenizer_family(m.config().family))?;
+                    let tokenizer = GemmaTokenizer::from_file(&tokenizer, m.config().family)?;
                     BenchContext::Tokens(crate::ppl_cmd::text_tokens(
                         &tokenizer,
                         &crate::ppl_cmd::text_path(t)?,

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::{
     peak_rss_bytes, release_free_memory, reset_peak_rss, switch_precision, RssProbe, SwitchEvent,
@@ -322,8 +321,7 @@ pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
     let model = args.model.load(&resolved.weights)?;
-    let tokenizer =
-        GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
+    let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, model.config().family)?;
     // The decoded tokens must fit in the model's positions too.
     let room = model
         .config()

@@ -12,6 +12,7 @@ mod logits_cmd;
 mod plot;
 mod ppl_cmd;
 mod ppl_fidelity;
+mod template_cmd;
 
 use clap::{Parser, Subcommand};
 use kvlab_engine::threads;
@@ -49,6 +50,8 @@ enum Command {
     Ppl(ppl_cmd::PplArgs),
     /// All-position logits of token ids under a chunk schedule, to .safetensors.
     Logits(logits_cmd::LogitsArgs),
+    /// A conversation as the model reads it (its own chat template), ids and stops.
+    Template(template_cmd::TemplateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,6 +70,7 @@ fn main() -> anyhow::Result<()> {
         Command::Chat(args) => chat_cmd::run(args)?,
         Command::Ppl(args) => ppl_cmd::run(args)?,
         Command::Logits(args) => logits_cmd::run(args)?,
+        Command::Template(args) => template_cmd::run(args)?,
     }
     Ok(())
 }

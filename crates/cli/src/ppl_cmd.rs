@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
-use kvlab_engine::generate::tokenizer_family;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::{Model, PrecisionPolicy};
 use serde::Serialize;
@@ -123,8 +122,7 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
         .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
         .with_context(|| format!("locating {}", args.model.model))?;
     let model = args.model.load(&resolved.weights)?;
-    let tokenizer =
-        GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))?;
+    let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, model.config().family)?;
     if let Some(reference) = &args.reference {
         if args.windows == 0 || args.score_from + 1 >= args.ctx {
             bail!("--windows must be at least 1 and --score-from below --ctx − 1");

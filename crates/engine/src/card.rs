@@ -96,6 +96,8 @@ pub struct Inspection {
     pub card: ModelCard,
     /// The resolved configuration.
     pub config: ModelConfig,
+    /// The chat template the checkpoint ships (see [`crate::chat::find_template`]).
+    pub chat_template: crate::model::ChatTemplateText,
 }
 
 /// Reads the model at `path` (a `.gguf` file or a safetensors folder) without loading its
@@ -105,7 +107,13 @@ pub fn inspect(path: &Path, opts: &LoadOptions) -> Result<Inspection> {
     let ws = WeightStore::open(path, opts)?;
     let config = read_config(&ws)?;
     let card = build(&ws, path, &config);
-    Ok(Inspection { card, config })
+    let chat_template =
+        crate::chat::find_template(path, ws.gguf_content()).map_err(|e| e.to_string());
+    Ok(Inspection {
+        card,
+        config,
+        chat_template,
+    })
 }
 
 /// The card of the checkpoint open in `ws`, with `config` read from it.
@@ -157,7 +165,7 @@ fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
             WeightFormat::Gguf => format!("{:?}", ws.dtype()).to_lowercase(),
         },
         weights_measured: false,
-        supports_thinking: config.family == Family::Gemma4,
+        supports_thinking: config.family.supports_thinking(),
         has_chat_template: has_chat_template(ws),
         token_costs: token_costs(config),
         warnings: config.warnings.clone(),
@@ -213,7 +221,7 @@ pub fn estimate(
 ) -> Result<MemoryEstimate> {
     let spec = selection.spec()?;
     let policy = spec.to_policy();
-    let Inspection { card, config } = inspect(path, opts)?;
+    let Inspection { card, config, .. } = inspect(path, opts)?;
     let kv_bytes = estimate_kv_bytes(&config, &policy, context, rewind_margin)?;
     let fit = Plan {
         config: &config,

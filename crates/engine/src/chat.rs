@@ -1,44 +1,68 @@
-//! Chat templates of Gemma 4 and Gemma 3: turn a conversation into control tokens and text
-//! (then ids) exactly as the models were trained to see it.
+//! Chat templates: a conversation rendered by the checkpoint's own Jinja template (a GGUF's
+//! `tokenizer.chat_template`, or `chat_template.jinja` / `tokenizer_config.json` beside
+//! safetensors), run with minijinja and Python's string and dict methods, as the model was
+//! trained to read it: never a rewrite of it.
 //!
-//! Gemma 4: `<bos>[<|turn>system\n[<|think|>]{system}<turn|>\n]` then
-//! `<|turn>{user|model}\n{text}<turn|>\n` per message, then the generation prompt
-//! `<|turn>model\n`, followed by an empty thought channel `<|channel>thought\n<channel|>` when
-//! thinking is off. Earlier model turns are re-rendered without their thinking.
-//! Gemma 3: `<bos>` then `<start_of_turn>{user|model}\n{text}<end_of_turn>\n` per message, the
-//! system prompt prefixed to the first user message with a blank line, roles alternating.
-//! Message text is trimmed as the reference templates do.
+//! Templates are untrusted input. A template that fails to parse, raises, loops or writes
+//! without end is a [`ChatError::BadTemplate`] (naming the line), found within a bounded
+//! amount of work ([`FUEL`], [`MAX_OUTPUT`], [`RECURSION`]).
+//!
+//! The words of users stay text: control strings inside user and system messages (`<|turn>`
+//! typed by someone) are escaped before rendering ([`escape`]) and restored after the
+//! rendered string is split into control tokens ([`unescape`]), so only the template writes
+//! control tokens. A model's earlier answers are passed as they are: the template decides
+//! what of them it keeps (Gemma 4's strips earlier thinking).
 
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::tokenizer::{Control, Family, GemmaTokenizer, Segment, TokenizerError};
+use crate::family::Family;
+
+/// Template instructions one render may run: far beyond any real template (Gemma 4's uses
+/// about 10k for a 100-turn conversation), reached within a fraction of a second.
+pub const FUEL: u64 = 5_000_000;
+/// Longest rendered prompt, in bytes (64 MiB: far beyond any context).
+pub const MAX_OUTPUT: usize = 64 << 20;
+/// Deepest nesting of macro calls and blocks.
+pub const RECURSION: usize = 100;
 
 /// Why a conversation cannot be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
-    #[error("a system message may only come first (message {0})")]
-    SystemNotFirst(usize),
-    #[error("{0:?} has no thinking mode")]
+    /// The template cannot be used: it fails to parse or to render, or runs past its limits.
+    #[error("the chat template ({origin}) cannot be used{}: {reason}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    BadTemplate {
+        /// Where the template came from.
+        origin: String,
+        /// The template line at fault, when known.
+        line: Option<usize>,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The template refused this conversation (`raise_exception`), e.g. Gemma 3's
+    /// alternating roles.
+    #[error("the chat template refused the conversation: {0}")]
+    Refused(String),
+    /// The model has no thinking channel.
+    #[error("{0} has no thinking mode")]
     ThinkingUnsupported(Family),
-    #[error("Gemma 3 conversations must alternate user/model starting with user (message {0})")]
-    RolesMustAlternate(usize),
-    #[error("template is for {template:?} but the tokenizer is for {tokenizer:?}")]
-    FamilyMismatch { template: Family, tokenizer: Family },
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
 }
 
+/// Who speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     System,
     User,
+    /// The model (OpenAI's `assistant`).
     Model,
 }
 
-/// One chat message. `thinking` holds a model turn's thought channel, kept for display and
-/// never rendered back into the prompt.
+/// One chat message. `thinking` holds a model turn's thought channel; the template decides
+/// whether it is rendered back (as `reasoning_content`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
@@ -46,6 +70,18 @@ pub struct Message {
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<String>,
+}
+
+impl Role {
+    /// The role an OpenAI-style message names (`assistant` for the model).
+    pub fn from_openai(role: &str) -> Option<Role> {
+        Some(match role {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" | "model" => Role::Model,
+            _ => return None,
+        })
+    }
 }
 
 impl Message {
@@ -71,7 +107,7 @@ impl Message {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChatOptions {
-    /// Let the model think first (Gemma 4 only).
+    /// Let the model think first (families with a thinking channel).
     pub thinking: bool,
     /// End with the model's turn opener so the model answers next.
     pub add_generation_prompt: bool,
@@ -86,365 +122,323 @@ impl Default for ChatOptions {
     }
 }
 
-/// Builds segments, merging adjacent text so it is tokenized as one run (as a tokenizer
-/// would see the whole rendered string between control tokens).
-#[derive(Default)]
-struct Builder(Vec<Segment>);
-
-impl Builder {
-    fn control(&mut self, c: Control) -> &mut Self {
-        self.0.push(Segment::Control(c));
-        self
-    }
-    fn text(&mut self, t: &str) -> &mut Self {
-        if t.is_empty() {
-            return self;
-        }
-        match self.0.last_mut() {
-            Some(Segment::Text(prev)) => prev.push_str(t),
-            _ => self.0.push(Segment::Text(t.to_owned())),
-        }
-        self
-    }
+/// Where a template came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TemplateSource {
+    /// The GGUF file's `tokenizer.chat_template`.
+    Gguf,
+    /// A `chat_template.jinja` file.
+    Jinja {
+        /// The file.
+        path: String,
+    },
+    /// `chat_template` in a `tokenizer_config.json`.
+    TokenizerConfig {
+        /// The file.
+        path: String,
+    },
+    /// The family's built-in template (an instruct checkpoint that ships none).
+    Builtin {
+        /// Whose.
+        family: Family,
+    },
+    /// Given by the caller.
+    Custom,
 }
 
-/// Removes `<|channel>…<channel|>` spans (a model turn's thinking) from `text`.
-pub fn strip_thinking(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("<|channel>") {
-        out.push_str(&rest[..start]);
-        match rest[start..].find("<channel|>") {
-            Some(end) => rest = &rest[start + end + "<channel|>".len()..],
-            None => {
-                rest = "";
+impl std::fmt::Display for TemplateSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateSource::Gguf => f.write_str("tokenizer.chat_template in the GGUF file"),
+            TemplateSource::Jinja { path } | TemplateSource::TokenizerConfig { path } => {
+                f.write_str(path)
             }
+            TemplateSource::Builtin { family } => write!(f, "the built-in {family} template"),
+            TemplateSource::Custom => f.write_str("a custom template"),
         }
     }
-    out.push_str(rest);
-    out
 }
 
-/// The chat template of one model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A parsed chat template.
 pub struct ChatTemplate {
-    family: Family,
+    source: TemplateSource,
+    env: Environment<'static>,
 }
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+const NAME: &str = "chat";
+
+/// The template's error as a [`ChatError`].
+fn template_error(source: &TemplateSource, e: &minijinja::Error) -> ChatError {
+    if e.kind() == ErrorKind::InvalidOperation {
+        if let Some(msg) = e.detail().and_then(|d| d.strip_prefix(RAISED)) {
+            return ChatError::Refused(msg.to_owned());
+        }
+    }
+    let reason = match e.kind() {
+        ErrorKind::OutOfFuel => "it ran past its limit of work (an endless loop?)".to_owned(),
+        _ => match e.detail() {
+            Some(d) => format!("{}: {d}", e.kind()),
+            None => e.kind().to_string(),
+        },
+    };
+    ChatError::BadTemplate {
+        origin: source.to_string(),
+        line: e.line(),
+        reason,
+    }
+}
+
+/// Prefix of a `raise_exception` message, to tell it apart from the template's own faults.
+const RAISED: &str = "raised: ";
 
 impl ChatTemplate {
-    pub fn new(family: Family) -> Self {
-        Self { family }
+    /// Parses `text`; a syntax error is [`ChatError::BadTemplate`] naming its line.
+    pub fn parse(text: &str, source: TemplateSource) -> Result<Self, ChatError> {
+        let mut env = Environment::new();
+        // As Hugging Face renders templates: Jinja2 with trim_blocks and lstrip_blocks.
+        let syntax = env
+            .syntax()
+            .to_builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| template_error(&source, &e))?;
+        env.set_syntax(syntax);
+        env.set_fuel(Some(FUEL));
+        env.set_recursion_limit(RECURSION);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISED}{msg}"),
+                ))
+            },
+        );
+        env.add_template_owned(NAME, text.to_owned())
+            .map_err(|e| template_error(&source, &e))?;
+        Ok(Self { source, env })
     }
 
-    pub fn family(&self) -> Family {
-        self.family
+    /// The family's built-in template.
+    pub fn builtin(family: Family) -> Self {
+        match Self::parse(
+            family.facts().fallback_template(),
+            TemplateSource::Builtin { family },
+        ) {
+            Ok(t) => t,
+            // The built-in templates are parsed by the tests; this cannot happen.
+            Err(e) => unreachable!("built-in template: {e}"),
+        }
     }
 
-    /// The conversation as control tokens and text.
+    /// Where the template came from.
+    pub fn source(&self) -> &TemplateSource {
+        &self.source
+    }
+
+    /// The conversation as the string the model reads, with `bos` and `eos` as the
+    /// vocabulary writes them. Control strings inside user and system messages come out
+    /// escaped (see [`escape`]): split the result with the vocabulary's control tokens, then
+    /// [`unescape`] the text between them.
     pub fn render(
         &self,
         messages: &[Message],
         opts: ChatOptions,
-    ) -> Result<Vec<Segment>, ChatError> {
-        if let Some(i) = messages.iter().skip(1).position(|m| m.role == Role::System) {
-            return Err(ChatError::SystemNotFirst(i + 1));
-        }
-        let (system, rest) = match messages.split_first() {
-            Some((first, rest)) if first.role == Role::System => (Some(first), rest),
-            _ => (None, messages),
-        };
-        match self.family {
-            Family::Gemma4 => Ok(render_gemma4(system, rest, opts)),
-            Family::Gemma3 => render_gemma3(system, rest, opts, messages.len() - rest.len()),
-        }
-    }
-
-    /// The conversation as the string the model reads.
-    pub fn render_text(
-        &self,
-        messages: &[Message],
-        opts: ChatOptions,
+        specials: &[&str],
+        bos: &str,
+        eos: &str,
     ) -> Result<String, ChatError> {
-        let family = self.family;
-        Ok(self
-            .render(messages, opts)?
-            .into_iter()
-            .map(|seg| match seg {
-                Segment::Control(c) => family.text(c).unwrap_or_default().to_owned(),
-                Segment::Text(t) => t,
+        let msgs: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| {
+                let (role, content) = match m.role {
+                    Role::System => ("system", escape(&m.content, specials)),
+                    Role::User => ("user", escape(&m.content, specials)),
+                    Role::Model => ("assistant", m.content.clone()),
+                };
+                let mut v = serde_json::json!({ "role": role, "content": content });
+                if let Some(t) = &m.thinking {
+                    v["reasoning_content"] = t.clone().into();
+                }
+                v
             })
-            .collect())
-    }
-
-    /// The conversation as token ids (control tokens by id, never by tokenizing their text).
-    pub fn render_ids(
-        &self,
-        tokenizer: &GemmaTokenizer,
-        messages: &[Message],
-        opts: ChatOptions,
-    ) -> Result<Vec<u32>, ChatError> {
-        if tokenizer.family() != self.family {
-            return Err(ChatError::FamilyMismatch {
-                template: self.family,
-                tokenizer: tokenizer.family(),
-            });
-        }
-        Ok(tokenizer.encode_segments(&self.render(messages, opts)?)?)
-    }
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Model => "model",
-    }
-}
-
-fn render_gemma4(system: Option<&Message>, rest: &[Message], opts: ChatOptions) -> Vec<Segment> {
-    let mut b = Builder::default();
-    b.control(Control::Bos);
-    if system.is_some() || opts.thinking {
-        b.control(Control::TurnStart).text("system\n");
-        if opts.thinking {
-            b.control(Control::Think);
-        }
-        b.text(system.map(|m| m.content.trim()).unwrap_or_default())
-            .control(Control::TurnEnd)
-            .text("\n");
-    }
-    for m in rest {
-        let content = match m.role {
-            Role::Model => strip_thinking(&m.content),
-            _ => m.content.clone(),
+            .collect();
+        let ctx = minijinja::context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(&msgs)),
+            bos_token => bos,
+            eos_token => eos,
+            add_generation_prompt => opts.add_generation_prompt,
+            enable_thinking => opts.thinking,
         };
-        b.control(Control::TurnStart)
-            .text(role_name(m.role))
-            .text("\n")
-            .text(content.trim())
-            .control(Control::TurnEnd)
-            .text("\n");
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| template_error(&self.source, &e))?;
+        let mut out = CappedWriter(Vec::new());
+        tmpl.render_captured_to(ctx, &mut out)
+            .map_err(|e| template_error(&self.source, &e))?;
+        String::from_utf8(out.0).map_err(|_| ChatError::BadTemplate {
+            origin: self.source.to_string(),
+            line: None,
+            reason: "it wrote text that is not UTF-8".into(),
+        })
     }
-    if opts.add_generation_prompt {
-        b.control(Control::TurnStart).text("model\n");
-        if !opts.thinking {
-            b.control(Control::ChannelStart)
-                .text("thought\n")
-                .control(Control::ChannelEnd);
-        }
-    }
-    b.0
 }
 
-fn render_gemma3(
-    system: Option<&Message>,
-    rest: &[Message],
-    opts: ChatOptions,
-    offset: usize,
-) -> Result<Vec<Segment>, ChatError> {
-    if opts.thinking {
-        return Err(ChatError::ThinkingUnsupported(Family::Gemma3));
-    }
-    let mut b = Builder::default();
-    b.control(Control::Bos);
-    for (i, m) in rest.iter().enumerate() {
-        let expected = [Role::User, Role::Model][i % 2];
-        if m.role != expected {
-            return Err(ChatError::RolesMustAlternate(i + offset));
+/// Collects output up to [`MAX_OUTPUT`] bytes, then fails the render.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other(format!(
+                "the rendered prompt passed {} MiB",
+                MAX_OUTPUT >> 20
+            )));
         }
-        b.control(Control::TurnStart)
-            .text(role_name(m.role))
-            .text("\n");
-        if i == 0 {
-            if let Some(sys) = system {
-                b.text(&sys.content).text("\n\n");
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The escape mark: a private-use character no template writes.
+const MARK: char = '\u{E000}';
+
+/// `text` with every occurrence of a control string in `specials` broken by [`MARK`] after
+/// its first character, so that no control token can be read in it; marks already in the
+/// text are doubled.
+pub fn escape(text: &str, specials: &[&str]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    'outer: while let Some(c) = rest.chars().next() {
+        if c == MARK {
+            out.push(MARK);
+            out.push(MARK);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        for s in specials {
+            if !s.is_empty() && rest.starts_with(s) {
+                let first = s.chars().next().map_or(0, char::len_utf8);
+                out.push_str(&s[..first]);
+                out.push(MARK);
+                out.push_str(&s[first..]);
+                rest = &rest[s.len()..];
+                continue 'outer;
             }
         }
-        b.text(m.content.trim())
-            .control(Control::TurnEnd)
-            .text("\n");
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
     }
-    if opts.add_generation_prompt {
-        b.control(Control::TurnStart).text("model\n");
+    out
+}
+
+/// Undoes [`escape`] on text between control tokens: a doubled mark is one mark, a single
+/// mark is dropped.
+pub fn unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == MARK {
+            if chars.peek() == Some(&MARK) {
+                chars.next();
+                out.push(MARK);
+            }
+            continue;
+        }
+        out.push(c);
     }
-    Ok(b.0)
+    out
+}
+
+/// The chat template a checkpoint ships, from its files alone: a GGUF file's
+/// `tokenizer.chat_template`, else `chat_template.jinja`, else `chat_template` in
+/// `tokenizer_config.json` (a string, or a list of named templates, the `default` one
+/// taken). `Ok(None)` for a checkpoint without one.
+pub fn find_template(
+    weights: &Path,
+    gguf: Option<&candle_core::quantized::gguf_file::Content>,
+) -> Result<Option<(String, TemplateSource)>, ChatError> {
+    if let Some(content) = gguf {
+        return Ok(match content.metadata.get("tokenizer.chat_template") {
+            Some(candle_core::quantized::gguf_file::Value::String(s)) => {
+                Some((s.clone(), TemplateSource::Gguf))
+            }
+            _ => None,
+        });
+    }
+    let dir = if weights.is_dir() {
+        weights.to_path_buf()
+    } else {
+        weights.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let jinja = dir.join("chat_template.jinja");
+    if let Ok(text) = std::fs::read_to_string(&jinja) {
+        return Ok(Some((
+            text,
+            TemplateSource::Jinja {
+                path: display(&jinja),
+            },
+        )));
+    }
+    let config = dir.join("tokenizer_config.json");
+    let Ok(bytes) = std::fs::read(&config) else {
+        return Ok(None);
+    };
+    let bad = |reason: String| ChatError::BadTemplate {
+        origin: display(&config),
+        line: None,
+        reason,
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let source = TemplateSource::TokenizerConfig {
+        path: display(&config),
+    };
+    Ok(match v.get("chat_template") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some((s.clone(), source)),
+        Some(serde_json::Value::Array(named)) => {
+            let pick = named
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .or_else(|| named.first())
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+                .ok_or_else(|| bad("chat_template holds no template".into()))?;
+            Some((pick.to_owned(), source))
+        }
+        Some(_) => return Err(bad("chat_template is neither text nor a list".into())),
+    })
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Whether a checkpoint's name says it is instruction-tuned (`…-it…`, `…instruct…`): such a
+/// checkpoint without a template gets its family's built-in one; any other is a base model.
+pub fn looks_instruct(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("instruct")
+        || n.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == "it")
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tokenizer::tiny;
-
-    fn thought(content: &str, thinking: &str) -> Message {
-        Message {
-            thinking: Some(thinking.into()),
-            ..Message::model(content)
-        }
-    }
-
-    fn g4() -> ChatTemplate {
-        ChatTemplate::new(Family::Gemma4)
-    }
-
-    #[test]
-    fn gemma4_multi_turn_with_system_and_thinking_off() {
-        let msgs = [
-            Message::system("You are terse. "),
-            Message::user("Hi"),
-            thought("Hello!", "greet back"),
-            Message::user(" Capital of France?\n"),
-        ];
-        assert_eq!(
-            g4().render_text(&msgs, ChatOptions::default()).unwrap(),
-            "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nHi<turn|>\n\
-             <|turn>model\nHello!<turn|>\n<|turn>user\nCapital of France?<turn|>\n\
-             <|turn>model\n<|channel>thought\n<channel|>"
-        );
-    }
-
-    #[test]
-    fn gemma4_thinking_on_without_system() {
-        let opts = ChatOptions {
-            thinking: true,
-            add_generation_prompt: true,
-        };
-        assert_eq!(
-            g4().render_text(&[Message::user("Why?")], opts).unwrap(),
-            "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nWhy?<turn|>\n<|turn>model\n"
-        );
-        let msgs = [Message::system("Be kind."), Message::user("Why?")];
-        assert_eq!(
-            g4().render_text(&msgs, opts).unwrap(),
-            "<bos><|turn>system\n<|think|>Be kind.<turn|>\n<|turn>user\nWhy?<turn|>\n<|turn>model\n"
-        );
-    }
-
-    #[test]
-    fn gemma4_plain_user_and_no_generation_prompt() {
-        assert_eq!(
-            g4().render_text(&[Message::user("Hi")], ChatOptions::default())
-                .unwrap(),
-            "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
-        );
-        let opts = ChatOptions {
-            thinking: false,
-            add_generation_prompt: false,
-        };
-        assert_eq!(
-            g4().render_text(&[Message::user("Hi"), Message::model("Yo")], opts)
-                .unwrap(),
-            "<bos><|turn>user\nHi<turn|>\n<|turn>model\nYo<turn|>\n"
-        );
-    }
-
-    #[test]
-    fn earlier_thinking_in_model_text_is_stripped() {
-        let msgs = [
-            Message::user("Q"),
-            Message::model("<|channel>thought\nhmm<channel|>The answer."),
-            Message::user("More"),
-        ];
-        let text = g4().render_text(&msgs, ChatOptions::default()).unwrap();
-        assert!(
-            text.contains("<|turn>model\nThe answer.<turn|>\n"),
-            "{text}"
-        );
-        assert!(!text.contains("hmm"));
-        assert_eq!(strip_thinking("a<|channel>x<channel|>b<|channel>y"), "ab");
-    }
-
-    #[test]
-    fn gemma3_template() {
-        let t = ChatTemplate::new(Family::Gemma3);
-        let msgs = [
-            Message::system("Be brief."),
-            Message::user("Hi "),
-            Message::model("Hello."),
-            Message::user("Bye"),
-        ];
-        assert_eq!(
-            t.render_text(&msgs, ChatOptions::default()).unwrap(),
-            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
-             <start_of_turn>model\nHello.<end_of_turn>\n\
-             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
-        );
-        assert!(matches!(
-            t.render_text(
-                &[Message::user("a"), Message::user("b")],
-                ChatOptions::default()
-            ),
-            Err(ChatError::RolesMustAlternate(1))
-        ));
-        assert!(matches!(
-            t.render_text(
-                &[Message::user("a")],
-                ChatOptions {
-                    thinking: true,
-                    add_generation_prompt: true
-                }
-            ),
-            Err(ChatError::ThinkingUnsupported(Family::Gemma3))
-        ));
-    }
-
-    #[test]
-    fn system_must_come_first() {
-        let msgs = [Message::user("a"), Message::system("s")];
-        assert!(matches!(
-            g4().render(&msgs, ChatOptions::default()),
-            Err(ChatError::SystemNotFirst(1))
-        ));
-    }
-
-    #[test]
-    fn ids_put_control_tokens_by_id_and_decode_back() {
-        let tok = tiny(Family::Gemma4);
-        let msgs = [Message::user("hi")];
-        let ids = g4()
-            .render_ids(&tok, &msgs, ChatOptions::default())
-            .unwrap();
-        let text = g4().render_text(&msgs, ChatOptions::default()).unwrap();
-        assert_eq!(tok.decode(&ids, false).unwrap(), text);
-        let controls: Vec<u32> = ids
-            .iter()
-            .copied()
-            .filter(|&i| i < 110 && i != 107)
-            .collect();
-        assert_eq!(controls, [2, 105, 106, 105, 100, 101]);
-        // User text that spells a control string stays text.
-        let sneaky = [Message::user("<|turn>")];
-        let ids = g4()
-            .render_ids(&tok, &sneaky, ChatOptions::default())
-            .unwrap();
-        assert_eq!(ids.iter().filter(|&&i| i == 105).count(), 2);
-        assert!(matches!(
-            ChatTemplate::new(Family::Gemma3).render_ids(&tok, &msgs, ChatOptions::default()),
-            Err(ChatError::FamilyMismatch { .. })
-        ));
-    }
-
-    #[test]
-    fn json_shapes_are_pinned() {
-        let m = thought("A", "T");
-        assert_eq!(
-            serde_json::to_string(&m).unwrap(),
-            r#"{"role":"model","content":"A","thinking":"T"}"#
-        );
-        assert_eq!(
-            serde_json::to_string(&Message::user("q")).unwrap(),
-            r#"{"role":"user","content":"q"}"#
-        );
-        assert_eq!(
-            serde_json::to_string(&ChatOptions::default()).unwrap(),
-            r#"{"thinking":false,"add_generation_prompt":true}"#
-        );
-        let o: ChatOptions = serde_json::from_str(r#"{"thinking":true}"#).unwrap();
-        assert_eq!(
-            o,
-            ChatOptions {
-                thinking: true,
-                add_generation_prompt: true
-            }
-        );
-    }
-}
+mod tests;

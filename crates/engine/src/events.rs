@@ -166,11 +166,14 @@ pub enum ErrorCode {
     DocumentCrashed,
     /// A saved session file is truncated or corrupt; it was set aside, renamed, not deleted.
     SessionCorrupt,
+    /// The model's chat template cannot be used (it fails to parse or render, or runs past
+    /// its limits): the message names the line; the model still continues plain text.
+    BadChatTemplate,
 }
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 37] = [
+    pub const ALL: [ErrorCode; 38] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -208,6 +211,7 @@ impl ErrorCode {
         ErrorCode::DocumentOutOfMemory,
         ErrorCode::DocumentCrashed,
         ErrorCode::SessionCorrupt,
+        ErrorCode::BadChatTemplate,
     ];
 }
 
@@ -252,6 +256,7 @@ impl ErrorCode {
             ErrorCode::DocumentOutOfMemory => "document_out_of_memory",
             ErrorCode::DocumentCrashed => "document_crashed",
             ErrorCode::SessionCorrupt => "session_corrupt",
+            ErrorCode::BadChatTemplate => "bad_chat_template",
         }
     }
 }

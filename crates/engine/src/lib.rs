@@ -27,6 +27,7 @@ pub mod detok;
 pub mod device;
 mod error;
 pub mod events;
+pub mod family;
 pub mod fidelity;
 pub mod generate;
 pub mod kv;

@@ -1,10 +1,11 @@
 //! Splits a generated token stream into typed text deltas: the thinking channel
-//! (`<|channel>thought\n…<channel|>`) versus the answer, and stops at end-of-turn ids.
+//! (`<|channel>thought\n…<channel|>`) versus the answer, and stops at the tokenizer's stop
+//! ids (the file's end of sequence and the family's end of turn).
 
 use serde::{Deserialize, Serialize};
 
 use crate::detok::Detokenizer;
-use crate::tokenizer::{Control, Family, GemmaTokenizer, TokenizerError};
+use crate::tokenizer::{Control, GemmaTokenizer, TokenizerError};
 
 /// A piece of generated text, tagged with the channel it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,16 +35,20 @@ enum Mode {
 /// Stateful splitter for one generated turn.
 #[derive(Debug, Clone)]
 pub struct StreamSplitter {
-    family: Family,
     mode: Mode,
     detok: Detokenizer,
 }
 
+impl Default for StreamSplitter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl StreamSplitter {
     /// A splitter starting in the answer (the thinking channel opens only on `<|channel>`).
-    pub fn new(family: Family) -> Self {
+    pub fn new() -> Self {
         Self {
-            family,
             mode: Mode::Answer,
             detok: Detokenizer::new(),
         }
@@ -60,18 +65,18 @@ impl StreamSplitter {
             step.stop = true;
             return Ok(step);
         }
-        if self.family.stop_ids().contains(&id) {
+        if tok.stop_ids().contains(&id) {
             self.flush(tok, &mut step.deltas)?;
             self.mode = Mode::Stopped;
             step.stop = true;
             return Ok(step);
         }
-        match self.family.control_of(id) {
-            Some((Control::ChannelStart, _)) => {
+        match tok.control_of(id) {
+            Some(Control::ChannelStart) => {
                 self.flush(tok, &mut step.deltas)?;
                 self.mode = Mode::Header(String::new());
             }
-            Some((Control::ChannelEnd, _)) => {
+            Some(Control::ChannelEnd) => {
                 self.flush(tok, &mut step.deltas)?;
                 self.mode = Mode::Answer;
             }
@@ -131,11 +136,11 @@ fn push_delta(out: &mut Vec<Delta>, delta: Delta) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tiny;
+    use crate::tokenizer::{tiny, Family};
 
     /// Runs `ids` through a splitter; returns (thinking, answer, stopped-at index).
     fn run(tok: &GemmaTokenizer, ids: &[u32]) -> (String, String, Option<usize>, Vec<Delta>) {
-        let mut s = StreamSplitter::new(tok.family());
+        let mut s = StreamSplitter::new();
         let (mut thinking, mut answer, mut stop, mut all) =
             (String::new(), String::new(), None, vec![]);
         for (i, &id) in ids.iter().enumerate() {
@@ -164,7 +169,7 @@ mod tests {
     fn thinking_and_answer_are_separated() {
         let tok = tiny(Family::Gemma4);
         let ids = tok
-            .encode_with_controls(
+            .encode_rendered(
                 "<|channel>thought\nLet me think: 東京?<channel|>Tokyo 🙂.<turn|>ignored",
             )
             .unwrap();
@@ -191,7 +196,7 @@ mod tests {
     fn empty_thought_channel_yields_no_thinking() {
         let tok = tiny(Family::Gemma4);
         let ids = tok
-            .encode_with_controls("<|channel>thought\n<channel|>Hi")
+            .encode_rendered("<|channel>thought\n<channel|>Hi")
             .unwrap();
         let (thinking, answer, _, all) = run(&tok, &ids);
         assert_eq!((thinking.as_str(), answer.as_str()), ("", "Hi"));
@@ -211,9 +216,18 @@ mod tests {
     }
 
     #[test]
+    fn gemma4_also_stops_where_a_tool_call_hands_over() {
+        let tok = tiny(Family::Gemma4);
+        let mut ids = tok.encode("call", false).unwrap();
+        ids.push(50);
+        let (_, answer, stop, _) = run(&tok, &ids);
+        assert_eq!((answer.as_str(), stop), ("call", Some(ids.len() - 1)));
+    }
+
+    #[test]
     fn pushes_after_stop_are_ignored() {
         let tok = tiny(Family::Gemma4);
-        let mut s = StreamSplitter::new(Family::Gemma4);
+        let mut s = StreamSplitter::new();
         assert!(s.push(&tok, 106).unwrap().stop);
         let step = s.push(&tok, tok.encode("x", false).unwrap()[0]).unwrap();
         assert!(step.stop && step.deltas.is_empty());

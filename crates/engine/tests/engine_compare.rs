@@ -274,15 +274,34 @@ fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
         messages: messages.clone(),
         thinking: false,
     };
-    // No tokenizer_config.json beside the fixture: unknown, so the chat template applies.
+    // The same checkpoint with the Gemma 3 template beside it, then without one.
+    let copy = |template: Option<&str>| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for f in ["model.safetensors", "config.json"] {
+            std::fs::copy(common::fixture("tiny_gemma3").join(f), dir.path().join(f))
+                .expect("copy");
+        }
+        let config = match template {
+            Some(t) => serde_json::json!({ "chat_template": t }).to_string(),
+            None => "{}".to_owned(),
+        };
+        std::fs::write(dir.path().join("tokenizer_config.json"), config).expect("write");
+        dir
+    };
+    let with = copy(Some(include_str!("fixtures/templates/gemma3_it.jinja")));
+    load(
+        &s.engine,
+        &with.path().join("model.safetensors"),
+        &s.tokenizer,
+    );
+    assert_eq!(
+        s.engine.status().model.and_then(|c| c.has_chat_template),
+        Some(true)
+    );
     let chat = turn(&s.engine, conversation(), 1);
     s.engine.reset().expect("reset");
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    for f in ["model.safetensors", "config.json"] {
-        std::fs::copy(common::fixture("tiny_gemma3").join(f), dir.path().join(f)).expect("copy");
-    }
-    std::fs::write(dir.path().join("tokenizer_config.json"), "{}").expect("write");
+    let dir = copy(None);
     load(
         &s.engine,
         &dir.path().join("model.safetensors"),

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use kvlab_engine::events::{DoneReason, Event};
 use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
-use kvlab_engine::generate::{tokenizer_family, GenerateRequest, Prompt};
+use kvlab_engine::generate::{GenerateRequest, Prompt};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
@@ -89,8 +89,7 @@ fn chunked_perplexity_on_alice_equals_one_pass() {
         .expect("resolve");
     assert_eq!(resolved.tokenizer, gguf, "the GGUF is its own tokenizer");
     let tok =
-        GemmaTokenizer::from_file(&resolved.tokenizer, tokenizer_family(model.config().family))
-            .expect("tokenizer");
+        GemmaTokenizer::from_file(&resolved.tokenizer, model.config().family).expect("tokenizer");
     let text = std::fs::read_to_string(alice).expect("alice");
     let mut ids = tok.encode(&normalize_text(&text), true).expect("encode");
     ids.truncate(256);

@@ -24,6 +24,8 @@ import type {
   MemoryEstimate,
   MemorySample,
   ModelCard,
+  Prompt,
+  PromptPreview,
   SessionList,
   SessionSummary,
   SwitchEvent,
@@ -81,6 +83,9 @@ export function generate(request: GenerateRequest, onEvent: (e: Event) => void):
   channel.onmessage = onEvent;
   return invoke<void>("generate", { request, onEvent: channel });
 }
+
+/** The prompt as the loaded model reads it (its chat template's rendering, ids, stops). */
+export const previewPrompt = (prompt: Prompt) => invoke<PromptPreview>("preview_prompt", { prompt });
 
 /** Runs one prompt through two caches; both panes stream, then fidelity. */
 export function compare(request: CompareRequest, onEvent: (e: CompareEvent) => void): Promise<void> {

@@ -213,7 +213,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template";
 
 export type Event = { "type": "loading", 
 /**
@@ -722,6 +722,24 @@ text: string, } | { "type": "ids",
  */
 ids: Array<number>, };
 
+export type PromptPreview = { 
+/**
+ * The text the ids encode, control tokens spelled out.
+ */
+text: string, 
+/**
+ * The ids the model reads.
+ */
+ids: Array<number>, 
+/**
+ * Ids that end the answer, with their pieces.
+ */
+stops: Array<StopToken>, 
+/**
+ * The chat template that rendered it (`None`: plain text, no template).
+ */
+template: TemplateSource | null, };
+
 export type Role = "system" | "user" | "model";
 
 export type SamplingParams = { temperature: number, 
@@ -754,6 +772,16 @@ export type SessionList = { sessions: Array<SessionSummary>, unreadable: Array<U
 export type SessionSummary = { id: string, title: string, updated_ms: number, };
 
 export type SideFormat = "f32" | "f16" | "bf16" | "4" | "3.5" | "3" | "2.5" | "2";
+
+export type StopToken = { 
+/**
+ * Its id.
+ */
+id: number, 
+/**
+ * Its piece (`<turn|>`).
+ */
+piece: string, };
 
 export type SwitchEvent = { 
 /**
@@ -798,6 +826,20 @@ export type SystemInfo = { total_memory_bytes: number, cpu_cores: number, os: st
  * The largest document accepted: the web view sends a larger file's size, not its bytes.
  */
 max_document_bytes: number, };
+
+export type TemplateSource = { "kind": "gguf" } | { "kind": "jinja", 
+/**
+ * The file.
+ */
+path: string, } | { "kind": "tokenizer_config", 
+/**
+ * The file.
+ */
+path: string, } | { "kind": "builtin", 
+/**
+ * Whose.
+ */
+family: Family, } | { "kind": "custom" };
 
 export type TokenCost = { 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { formatBytes, formatRate } from "./format";
+import { formatBytes, formatRate, templateLabel } from "./format";
 
 describe("formatBytes", () => {
   it("uses binary units with three significant digits", () => {
@@ -69,5 +69,14 @@ describe("activityLabel", () => {
     expect(activityLabel({ state: "ready", model: "m" })).toBe("m · ready");
     expect(activityLabel({ state: "no_model" })).toBe("no model loaded");
     expect(activityLabel({ state: "failed", message: "bad file" })).toBe("error: bad file");
+  });
+});
+
+describe("templateLabel", () => {
+  it("names each source", () => {
+    expect(templateLabel(null)).toMatch(/^plain text/);
+    expect(templateLabel({ kind: "gguf" })).toBe("the GGUF file's own chat template");
+    expect(templateLabel({ kind: "jinja", path: "/m/chat_template.jinja" })).toBe("chat template from /m/chat_template.jinja");
+    expect(templateLabel({ kind: "builtin", family: "gemma4" })).toMatch(/built-in Gemma 4/);
   });
 });

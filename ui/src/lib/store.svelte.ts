@@ -202,6 +202,11 @@ export class AppStore {
     }
   }
 
+  /** The prompt the answer at `at` was asked with, as the model reads it. */
+  async promptFor(at: number): Promise<api.PromptPreview> {
+    return api.previewPrompt(this.request(at).prompt);
+  }
+
   async send(text: string): Promise<void> {
     const docs = this.attachments;
     if ((!text.trim() && !docs.length) || this.generating || !this.card) return;

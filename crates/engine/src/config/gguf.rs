@@ -175,6 +175,17 @@ fn token_id(md: &HashMap<String, Value>, key: &str) -> Option<u32> {
     md.get(key).and_then(num).map(|f| f as u32)
 }
 
+/// The file's end-of-sequence ids: `tokenizer.ggml.eos_token_id`, and the end-of-turn and
+/// end-of-message ids llama.cpp's converter writes when a tokenizer has them.
+fn end_ids(md: &HashMap<String, Value>) -> Vec<u32> {
+    let mut ids: Vec<u32> = ["eos", "eot", "eom"]
+        .iter()
+        .filter_map(|k| token_id(md, &format!("tokenizer.ggml.{k}_token_id")))
+        .collect();
+    ids.dedup();
+    ids
+}
+
 /// Parses the metadata (and tensor directory, for shapes) of a GGUF file.
 pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     let arch = match content.metadata.get("general.architecture") {
@@ -186,11 +197,8 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             })
         }
     };
-    let family = match arch.as_str() {
-        "gemma3" => Family::Gemma3,
-        "gemma4" => Family::Gemma4,
-        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-    };
+    let family = Family::from_gguf_arch(&arch)
+        .ok_or_else(|| EngineError::UnsupportedArchitecture(arch.clone()))?;
     let m = Meta {
         md: &content.metadata,
         arch: arch.clone(),
@@ -319,9 +327,7 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
                 tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
                 norm_weight_offset: 0.0, // llama.cpp's converter already added Gemma 3's +1
                 bos_token_id: token_id(&content.metadata, "tokenizer.ggml.bos_token_id"),
-                eos_token_ids: token_id(&content.metadata, "tokenizer.ggml.eos_token_id")
-                    .into_iter()
-                    .collect(),
+                eos_token_ids: end_ids(&content.metadata),
                 warnings,
             }
         }
@@ -426,9 +432,7 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
                 tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
                 norm_weight_offset: 0.0,
                 bos_token_id: token_id(&content.metadata, "tokenizer.ggml.bos_token_id"),
-                eos_token_ids: token_id(&content.metadata, "tokenizer.ggml.eos_token_id")
-                    .into_iter()
-                    .collect(),
+                eos_token_ids: end_ids(&content.metadata),
                 warnings,
             }
         }

@@ -73,7 +73,34 @@ pub fn load_config(path: &Path) -> Result<ModelConfig> {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_config(&text, &path.display().to_string())
+    let mut cfg = parse_config(&text, &path.display().to_string())?;
+    // generation_config.json beside it lists every id that ends a turn (Gemma 4: <eos>,
+    // <turn|>, <|tool_response>); config.json often names only <eos>.
+    let generation = path.with_file_name("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&generation) {
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v) => {
+                let ids: Vec<u32> = match v.get("eos_token_id") {
+                    Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .filter_map(|x| x.as_u64().map(|n| n as u32))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                for id in ids {
+                    if !cfg.eos_token_ids.contains(&id) {
+                        cfg.eos_token_ids.push(id);
+                    }
+                }
+            }
+            Err(e) => cfg.warnings.push(format!(
+                "{} is not JSON ({e}); its stop ids are ignored",
+                generation.display()
+            )),
+        }
+    }
+    Ok(cfg)
 }
 
 /// Parses `config.json` text; `origin` names it in error messages.
@@ -159,9 +186,8 @@ impl Fields<'_> {
                 .and_then(Value::as_str)
         });
         match mt {
-            Some("gemma4" | "gemma4_text") => Ok(Family::Gemma4),
-            Some("gemma3" | "gemma3_text") => Ok(Family::Gemma3),
-            Some(other) => Err(EngineError::UnsupportedArchitecture(other.to_string())),
+            Some(t) => Family::from_hf_model_type(t)
+                .ok_or_else(|| EngineError::UnsupportedArchitecture(t.to_string())),
             None => Err(self.err("model_type", "missing")),
         }
     }

@@ -12,24 +12,7 @@ use ts_rs::TS;
 
 pub use rope::{RopeKind, RopeSpec};
 
-/// The model family; selects the few semantics that are not plain configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    /// Gemma 3 text decoder.
-    Gemma3,
-    /// Gemma 4 text decoder (E2B, E4B, 31B, 26B-A4B).
-    Gemma4,
-}
-
-impl std::fmt::Display for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Family::Gemma3 => "gemma3",
-            Family::Gemma4 => "gemma4",
-        })
-    }
-}
+pub use crate::family::Family;
 
 /// Attention pattern of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]

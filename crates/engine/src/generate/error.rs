@@ -5,7 +5,7 @@ use crate::chat::ChatError;
 use crate::error::EngineError;
 use crate::events::ErrorCode;
 use crate::sampling::SamplingError;
-use crate::tokenizer::TokenizerError;
+use crate::tokenizer::{RenderError, TokenizerError};
 
 /// A generation failure. Cancelling is not one: it ends with `done` / `cancelled`.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +60,15 @@ pub enum GenerateError {
     Candle(#[from] candle_core::Error),
 }
 
+impl From<RenderError> for GenerateError {
+    fn from(e: RenderError) -> Self {
+        match e {
+            RenderError::Chat(c) => GenerateError::Chat(c),
+            RenderError::Tokenizer(t) => GenerateError::Tokenizer(t),
+        }
+    }
+}
+
 impl GenerateError {
     /// The stable code of this error.
     pub fn code(&self) -> ErrorCode {
@@ -67,6 +76,7 @@ impl GenerateError {
             GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
             GenerateError::OutOfMemory(_) => ErrorCode::OutOfMemory,
             GenerateError::NonFiniteLogits { .. } => ErrorCode::NonFiniteLogits,
+            GenerateError::Chat(ChatError::BadTemplate { .. }) => ErrorCode::BadChatTemplate,
             GenerateError::EmptyPrompt
             | GenerateError::NoTokens
             | GenerateError::Chat(_)

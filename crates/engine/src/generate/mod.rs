@@ -16,14 +16,13 @@ use ts_rs::TS;
 pub use error::GenerateError;
 pub use sequence::{Outcome, Sequence};
 
-use crate::chat::{ChatOptions, ChatTemplate, Message};
-use crate::config;
+use crate::chat::{ChatOptions, Message};
 use crate::events::Event;
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
 use crate::session::Session;
 use crate::stream::Delta;
-use crate::tokenizer::{Family, GemmaTokenizer};
+use crate::tokenizer::GemmaTokenizer;
 
 /// Default prefill chunk: bounds activation memory on long prompts.
 pub const PREFILL_CHUNK: usize = 512;
@@ -162,14 +161,6 @@ impl<F: FnMut(Event)> Hooks for F {
     }
 }
 
-/// The tokenizer family that goes with a model family.
-pub fn tokenizer_family(family: config::Family) -> Family {
-    match family {
-        config::Family::Gemma3 => Family::Gemma3,
-        config::Family::Gemma4 => Family::Gemma4,
-    }
-}
-
 /// The prompt's token ids, refused when empty or longer than the model's context.
 pub fn render_checked_prompt(
     model: &Model,
@@ -195,7 +186,84 @@ pub fn render_prompt(
     tokenizer: &GemmaTokenizer,
     prompt: &Prompt,
 ) -> Result<Vec<u32>, GenerateError> {
+    if let Some((messages, thinking)) = prompt_messages(prompt) {
+        let opts = ChatOptions {
+            thinking,
+            add_generation_prompt: true,
+        };
+        return Ok(tokenizer.render(&messages, opts)?);
+    }
     Ok(match prompt {
+        Prompt::Text { text } => tokenizer.encode(text, true)?,
+        Prompt::Ids { ids } => ids.clone(),
+        Prompt::Chat { .. } | Prompt::Conversation { .. } => unreachable!("rendered above"),
+    })
+}
+
+/// A prompt as the model sees it: the exact text (the rendered template, or the plain text
+/// with its `<bos>`), its token ids, what ends the answer, and the template that wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct PromptPreview {
+    /// The text the ids encode, control tokens spelled out.
+    pub text: String,
+    /// The ids the model reads.
+    pub ids: Vec<u32>,
+    /// Ids that end the answer, with their pieces.
+    pub stops: Vec<StopToken>,
+    /// The chat template that rendered it (`None`: plain text, no template).
+    pub template: Option<crate::chat::TemplateSource>,
+}
+
+/// A token that ends the answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct StopToken {
+    /// Its id.
+    pub id: u32,
+    /// Its piece (`<turn|>`).
+    pub piece: String,
+}
+
+/// `prompt` as the model would read it (see [`PromptPreview`]).
+pub fn preview_prompt(
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+) -> Result<PromptPreview, GenerateError> {
+    let ids = render_prompt(tokenizer, prompt)?;
+    let (text, template) = match prompt_messages(prompt) {
+        Some((messages, thinking)) => {
+            let opts = ChatOptions {
+                thinking,
+                add_generation_prompt: true,
+            };
+            let text = crate::chat::unescape(&tokenizer.render_text(&messages, opts)?);
+            let source = tokenizer.template().map(|t| t.source().clone()).unwrap_or(
+                crate::chat::TemplateSource::Builtin {
+                    family: tokenizer.family(),
+                },
+            );
+            (text, Some(source))
+        }
+        None => (tokenizer.decode(&ids, false)?, None),
+    };
+    let stops = tokenizer
+        .stop_ids()
+        .iter()
+        .map(|&id| StopToken {
+            id,
+            piece: tokenizer.piece(id).unwrap_or_default(),
+        })
+        .collect();
+    Ok(PromptPreview {
+        text,
+        ids,
+        stops,
+        template,
+    })
+}
+
+/// The conversation a chat prompt renders (system turn first), with its thinking switch.
+fn prompt_messages(prompt: &Prompt) -> Option<(Vec<Message>, bool)> {
+    match prompt {
         Prompt::Chat {
             system,
             messages,
@@ -206,22 +274,11 @@ pub fn render_prompt(
                 all.push(Message::system(s));
             }
             all.extend(messages.iter().cloned());
-            let opts = ChatOptions {
-                thinking: *thinking,
-                add_generation_prompt: true,
-            };
-            ChatTemplate::new(tokenizer.family()).render_ids(tokenizer, &all, opts)?
+            Some((all, *thinking))
         }
-        Prompt::Conversation { messages, thinking } => {
-            let opts = ChatOptions {
-                thinking: *thinking,
-                add_generation_prompt: true,
-            };
-            ChatTemplate::new(tokenizer.family()).render_ids(tokenizer, messages, opts)?
-        }
-        Prompt::Text { text } => tokenizer.encode(text, true)?,
-        Prompt::Ids { ids } => ids.clone(),
-    })
+        Prompt::Conversation { messages, thinking } => Some((messages.clone(), *thinking)),
+        Prompt::Text { .. } | Prompt::Ids { .. } => None,
+    }
 }
 
 /// The context a request may reach: the prompt and every token it may generate, within the
@@ -397,11 +454,5 @@ mod tests {
             .unwrap(),
             json!({"type": "conversation", "messages": [{"role": "user", "content": "hi"}], "thinking": false})
         );
-    }
-
-    #[test]
-    fn families_map_one_to_one() {
-        assert_eq!(tokenizer_family(config::Family::Gemma3), Family::Gemma3);
-        assert_eq!(tokenizer_family(config::Family::Gemma4), Family::Gemma4);
     }
 }

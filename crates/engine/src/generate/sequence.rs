@@ -37,7 +37,7 @@ pub struct Sequence {
     prefilled: usize,
     sampler: Sampler,
     splitter: StreamSplitter,
-    stops: [u32; 2],
+    stops: Vec<u32>,
     max_tokens: usize,
     max_context: usize,
     ids: Vec<u32>,
@@ -62,14 +62,13 @@ impl Sequence {
         max_context: usize,
         started: Instant,
     ) -> Result<Self, GenerateError> {
-        let family = tokenizer.family();
         Ok(Self {
             reused,
             prefilled: reused,
             prompt,
             sampler: Sampler::new(sampling)?,
-            splitter: StreamSplitter::new(family),
-            stops: family.stop_ids(),
+            splitter: StreamSplitter::new(),
+            stops: tokenizer.stop_ids().to_vec(),
             max_tokens,
             max_context,
             ids: Vec::new(),

@@ -53,7 +53,7 @@ pub fn read_config(ws: &WeightStore) -> Result<ModelConfig> {
     let cfg = match ws.gguf_content() {
         Some(content) => {
             let mut cfg = config::gguf::config_from_gguf(content)?;
-            if cfg.family == config::Family::Gemma4 && ws.contains("rope_freqs.weight") {
+            if cfg.family.facts().rope_freq_factors() && ws.contains("rope_freqs.weight") {
                 proportional_from_freq_factors(&mut cfg, ws)?;
             }
             cfg
@@ -170,7 +170,14 @@ pub struct Model {
     dtype: DType,
     /// Bytes of the weights as held (see [`Model::weights_bytes`]).
     weights_bytes: usize,
+    /// The chat template the checkpoint ships, with where it came from; `None` for a base
+    /// checkpoint; an error when it is there but unreadable.
+    chat_template: ChatTemplateText,
 }
+
+/// A checkpoint's chat template as found in its files (see [`crate::chat::find_template`]).
+pub type ChatTemplateText =
+    std::result::Result<Option<(String, crate::chat::TemplateSource)>, String>;
 
 impl Model {
     /// Loads a model from a `.gguf` file, a `.safetensors` file (with `config.json` beside
@@ -178,7 +185,10 @@ impl Model {
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self> {
         let ws = WeightStore::open(path, opts)?;
         let cfg = read_config(&ws)?;
-        Self::from_parts(cfg, &ws)
+        let mut model = Self::from_parts(cfg, &ws)?;
+        model.chat_template =
+            crate::chat::find_template(path, ws.gguf_content()).map_err(|e| e.to_string());
+        Ok(model)
     }
 
     /// Loads Hugging Face weights with an explicit `config.json` (another spelling of the
@@ -226,7 +236,13 @@ impl Model {
             dtype: ws.dtype(),
             weights_bytes: ws.loaded_bytes(),
             config,
+            chat_template: Ok(None),
         })
+    }
+
+    /// The chat template the checkpoint ships, as text with its source (`Ok(None)`: none).
+    pub fn chat_template(&self) -> &ChatTemplateText {
+        &self.chat_template
     }
 
     /// The resolved configuration (incl. warnings).

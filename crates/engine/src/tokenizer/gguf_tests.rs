@@ -216,8 +216,7 @@ fn a_vocabulary_that_disagrees_with_the_embedding_is_refused() {
     let n = pieces().len();
     let path = write_gguf(dir.path(), n + 7, |_| {});
     let err = GemmaTokenizer::from_file(&path, Family::Gemma3)
-        .err()
-        .expect("a mismatched vocabulary must not load");
+        .expect_err("a mismatched vocabulary must not load");
     match &err {
         TokenizerError::VocabMismatch { tokens, rows, .. } => {
             assert_eq!((*tokens, *rows), (n, n + 7))

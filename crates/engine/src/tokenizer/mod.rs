@@ -1,15 +1,19 @@
 //! Gemma tokenizer: a `tokenizers::Tokenizer` loaded from `tokenizer.json` or built from a
-//! GGUF file's own vocabulary ([`gguf`]), plus the control tokens of a model family, which are
-//! emitted and decoded by id (a Gemma 3 tokenizer.json does not know Gemma 4's control
-//! strings, and user text must never turn into control ids).
+//! GGUF file's own vocabulary ([`gguf`]), with what the checkpoint says about chats: the
+//! family's control tokens found in the vocabulary by their text (never by fixed ids), the
+//! ids that end a turn, and the chat template ([`crate::chat`]). Control tokens come only
+//! from the template: text, whoever wrote it, is encoded as text.
 
 pub mod gguf;
 #[cfg(test)]
 mod gguf_tests;
 
 use std::path::Path;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+pub use crate::family::{Control, Family};
+
+use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, Message};
 
 /// Why tokenization or decoding failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,113 +40,40 @@ fn tk_err(e: tokenizers::Error) -> TokenizerError {
     TokenizerError::Tokenizer(e.to_string())
 }
 
-/// A Gemma model family: decides the control tokens and the chat template.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    Gemma3,
-    Gemma4,
-}
-
-/// Control tokens with a fixed meaning in Gemma chats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Control {
-    Pad,
-    Eos,
-    Bos,
-    /// Opens a turn (`<|turn>` / `<start_of_turn>`).
-    TurnStart,
-    /// Closes a turn (`<turn|>` / `<end_of_turn>`).
-    TurnEnd,
-    /// Opens a channel such as the thinking channel (Gemma 4 only).
-    ChannelStart,
-    /// Closes a channel (Gemma 4 only).
-    ChannelEnd,
-    /// Switches thinking on in the system turn (Gemma 4 only).
-    Think,
-}
-
-const GEMMA3_CONTROLS: &[(Control, &str, u32)] = &[
-    (Control::Pad, "<pad>", 0),
-    (Control::Eos, "<eos>", 1),
-    (Control::Bos, "<bos>", 2),
-    (Control::TurnStart, "<start_of_turn>", 105),
-    (Control::TurnEnd, "<end_of_turn>", 106),
-];
-
-const GEMMA4_CONTROLS: &[(Control, &str, u32)] = &[
-    (Control::Pad, "<pad>", 0),
-    (Control::Eos, "<eos>", 1),
-    (Control::Bos, "<bos>", 2),
-    (Control::Think, "<|think|>", 98),
-    (Control::ChannelStart, "<|channel>", 100),
-    (Control::ChannelEnd, "<channel|>", 101),
-    (Control::TurnStart, "<|turn>", 105),
-    (Control::TurnEnd, "<turn|>", 106),
-];
-
-impl Family {
-    /// (control, text, id) for every control token of the family.
-    pub fn controls(self) -> &'static [(Control, &'static str, u32)] {
-        match self {
-            Family::Gemma3 => GEMMA3_CONTROLS,
-            Family::Gemma4 => GEMMA4_CONTROLS,
-        }
-    }
-
-    /// Id of `control`, if the family has it.
-    pub fn id(self, control: Control) -> Option<u32> {
-        self.controls()
-            .iter()
-            .find(|(c, _, _)| *c == control)
-            .map(|(_, _, id)| *id)
-    }
-
-    /// Text of `control`, if the family has it.
-    pub fn text(self, control: Control) -> Option<&'static str> {
-        self.controls()
-            .iter()
-            .find(|(c, _, _)| *c == control)
-            .map(|(_, text, _)| *text)
-    }
-
-    /// The control token with id `id`, if any.
-    pub fn control_of(self, id: u32) -> Option<(Control, &'static str)> {
-        self.controls()
-            .iter()
-            .find(|(_, _, i)| *i == id)
-            .map(|(c, text, _)| (*c, *text))
-    }
-
-    /// Ids that end a generated turn: `<eos>` and the end-of-turn token.
-    pub fn stop_ids(self) -> [u32; 2] {
-        [1, 106]
-    }
-
-    /// Whether the family has a thinking channel.
-    pub fn supports_thinking(self) -> bool {
-        self == Family::Gemma4
-    }
-}
-
-/// Text or a control token: what chat templates render to before tokenization.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Segment {
-    Control(Control),
-    Text(String),
-}
-
 /// A Gemma tokenizer for one model family.
 pub struct GemmaTokenizer {
+    /// Encodes text as text: special tokens spelled in it are not matched
+    /// (`encode_special_tokens`), user-defined pieces are.
     inner: tokenizers::Tokenizer,
     family: Family,
     /// Cached: `tokenizers` recounts added tokens on every call.
     vocab_size: usize,
+    /// The family's control tokens present in this vocabulary.
+    controls: Vec<(Control, u32)>,
+    /// Special (control) pieces of the vocabulary, longest first: what a rendered template's
+    /// control strings are split at.
+    specials: Vec<(String, u32)>,
+    /// Ids that end a generated turn.
+    stops: Vec<u32>,
+    /// The checkpoint's chat template, if it ships one (or falls back to the family's).
+    template: Option<Arc<ChatTemplate>>,
+}
+
+impl std::fmt::Debug for GemmaTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GemmaTokenizer")
+            .field("family", &self.family)
+            .field("vocab_size", &self.vocab_size)
+            .field("stops", &self.stops)
+            .field("template", &self.template.as_ref().map(|t| t.source()))
+            .finish()
+    }
 }
 
 impl GemmaTokenizer {
     /// Loads `path`: a `tokenizer.json`, or a GGUF file whose own vocabulary
-    /// (`tokenizer.ggml.*`) becomes the tokenizer (see [`gguf`]).
+    /// (`tokenizer.ggml.*`) becomes the tokenizer (see [`gguf`]). No chat template yet (see
+    /// [`GemmaTokenizer::with_template`]); stops on `<eos>` and the family's end of turn.
     pub fn from_file(path: &Path, family: Family) -> Result<Self, TokenizerError> {
         if gguf::is_gguf(path) {
             return Ok(Self::wrap(gguf::tokenizer_from_file(path)?, family));
@@ -159,12 +90,48 @@ impl GemmaTokenizer {
         Self::wrap(inner, family)
     }
 
-    fn wrap(inner: tokenizers::Tokenizer, family: Family) -> Self {
+    fn wrap(mut inner: tokenizers::Tokenizer, family: Family) -> Self {
+        inner.set_encode_special_tokens(true);
         let vocab_size = inner.get_vocab_size(true);
+        let controls: Vec<(Control, u32)> = family
+            .facts()
+            .controls()
+            .iter()
+            .filter_map(|(c, text)| inner.token_to_id(text).map(|id| (*c, id)))
+            .collect();
+        let mut specials: Vec<(String, u32)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        // The family's control texts, whatever the file marks them (Gemma 4 GGUFs keep the
+        // channel markers "visible", user-defined).
+        for (_, id) in &controls {
+            if let Some(text) = inner.id_to_token(*id) {
+                if !specials.iter().any(|(_, i)| i == id) {
+                    specials.push((text, *id));
+                }
+            }
+        }
+        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let mut stops: Vec<u32> = controls
+            .iter()
+            .filter(|(c, _)| *c == Control::Eos)
+            .map(|(_, id)| *id)
+            .collect();
+        for text in family.facts().end_of_turn() {
+            stops.extend(inner.token_to_id(text));
+        }
+        stops.dedup();
         Self {
             inner,
             family,
             vocab_size,
+            controls,
+            specials,
+            stops,
+            template: None,
         }
     }
 
@@ -175,6 +142,94 @@ impl GemmaTokenizer {
             reason: e.to_string(),
         })?;
         Ok(Self::wrap(inner, family))
+    }
+
+    /// The tokenizer of a loaded model: the vocabulary at `path`, stopping also on the
+    /// file's end-of-sequence ids, with the chat template the checkpoint ships. A template
+    /// that cannot be used (it fails to parse, or to render a one-line conversation) is left
+    /// out with a warning naming the line: the model then continues plain text, as a base
+    /// model does. A checkpoint without one gets its family's built-in template only when
+    /// its `name` says it is instruction-tuned (see [`crate::chat::looks_instruct`]), with a
+    /// warning. Returns the warnings with the tokenizer.
+    pub fn for_model(
+        path: &Path,
+        model: &crate::model::Model,
+        name: &str,
+    ) -> Result<(Self, Vec<String>), TokenizerError> {
+        Self::for_checkpoint(path, model.config(), model.chat_template(), name)
+    }
+
+    /// [`GemmaTokenizer::for_model`] from a checkpoint's headers alone (its configuration and
+    /// the template found in its files, as [`crate::card::inspect`] reads them).
+    pub fn for_checkpoint(
+        path: &Path,
+        config: &crate::config::ModelConfig,
+        found: &crate::model::ChatTemplateText,
+        name: &str,
+    ) -> Result<(Self, Vec<String>), TokenizerError> {
+        let tok = Self::from_file(path, config.family)?.with_stops(&config.eos_token_ids);
+        let unusable = |e: &dyn std::fmt::Display| {
+            format!(
+                "{}: {e}; the model continues plain text",
+                crate::events::ErrorCode::BadChatTemplate
+            )
+        };
+        let mut warnings = Vec::new();
+        let template = match found {
+            Ok(Some((text, source))) => {
+                match ChatTemplate::parse(text, source.clone()).and_then(|t| tok.probe(t)) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        warnings.push(unusable(&e));
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                warnings.push(unusable(e));
+                None
+            }
+            Ok(None) if crate::chat::looks_instruct(name) => {
+                warnings.push(format!(
+                    "{name} ships no chat template: using the built-in {} template",
+                    config.family
+                ));
+                Some(ChatTemplate::builtin(config.family))
+            }
+            Ok(None) => None,
+        };
+        Ok((tok.with_template(template), warnings))
+    }
+
+    /// `template` if it renders a one-line conversation within its limits.
+    fn probe(&self, template: ChatTemplate) -> Result<ChatTemplate, ChatError> {
+        let specials: Vec<&str> = self.specials.iter().map(|(s, _)| s.as_str()).collect();
+        template.render(
+            &[Message::user("Hi")],
+            ChatOptions::default(),
+            &specials,
+            "<bos>",
+            "<eos>",
+        )?;
+        Ok(template)
+    }
+
+    /// This tokenizer with the checkpoint's chat template.
+    pub fn with_template(mut self, template: Option<ChatTemplate>) -> Self {
+        self.template = template.map(Arc::new);
+        self
+    }
+
+    /// This tokenizer also stopping on `ids` (the file's end-of-sequence list: GGUF
+    /// `tokenizer.ggml.eos_token_id`/`eot_token_id`/`eom_token_id`, or `eos_token_id` in
+    /// `config.json` / `generation_config.json`); ids outside the vocabulary are ignored.
+    pub fn with_stops(mut self, ids: &[u32]) -> Self {
+        for &id in ids {
+            if (id as usize) < self.vocab_size && !self.stops.contains(&id) {
+                self.stops.push(id);
+            }
+        }
+        self
     }
 
     pub fn family(&self) -> Family {
@@ -191,47 +246,139 @@ impl GemmaTokenizer {
         self.vocab_size
     }
 
-    /// Ids of `text` as plain text, preceded by `<bos>` when `bos` is set. Control strings of
-    /// the family inside `text` are not given control ids by this wrapper.
+    /// The id of `control` in this vocabulary, if it has it.
+    pub fn control_id(&self, control: Control) -> Option<u32> {
+        self.controls
+            .iter()
+            .find(|(c, _)| *c == control)
+            .map(|(_, id)| *id)
+    }
+
+    /// The family control token `id` is, if any.
+    pub fn control_of(&self, id: u32) -> Option<Control> {
+        self.controls
+            .iter()
+            .find(|(_, i)| *i == id)
+            .map(|(c, _)| *c)
+    }
+
+    /// Ids that end a generated turn.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stops
+    }
+
+    /// Whether the vocabulary has the family's thinking channel (its markers, found by text).
+    pub fn supports_thinking(&self) -> bool {
+        self.family.supports_thinking()
+            && [Control::ChannelStart, Control::ChannelEnd, Control::Think]
+                .iter()
+                .all(|c| self.control_id(*c).is_some())
+    }
+
+    /// The chat template, if the checkpoint has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_deref()
+    }
+
+    /// Ids of `text` as plain text, preceded by `<bos>` when `bos` is set. Control strings
+    /// inside `text` are text, never control ids.
     pub fn encode(&self, text: &str, bos: bool) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(tk_err)?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if bos {
-            ids.extend(self.family.id(Control::Bos));
+            ids.extend(self.control_id(Control::Bos));
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
     }
 
-    /// Ids of rendered segments: control tokens by id, text through the tokenizer.
-    pub fn encode_segments(&self, segments: &[Segment]) -> Result<Vec<u32>, TokenizerError> {
+    /// Ids of a rendered template: its control strings (the vocabulary's special pieces)
+    /// become their ids, the text between them is [`unescape`]d and encoded as text.
+    pub fn encode_rendered(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
-        for seg in segments {
-            match seg {
-                Segment::Control(c) => ids.extend(self.family.id(*c)),
-                Segment::Text(t) if t.is_empty() => {}
-                Segment::Text(t) => ids.extend(self.encode(t, false)?),
+        let mut text_start = 0;
+        let mut at = 0;
+        let bytes = rendered.as_bytes();
+        while at < rendered.len() {
+            // Control strings start with an ASCII byte in every vocabulary we read ('<');
+            // checking only at char boundaries keeps the scan linear.
+            let hit = if rendered.is_char_boundary(at) {
+                self.specials
+                    .iter()
+                    .find(|(s, _)| bytes[at..].starts_with(s.as_bytes()))
+            } else {
+                None
+            };
+            match hit {
+                Some((s, id)) => {
+                    let text = unescape(&rendered[text_start..at]);
+                    if !text.is_empty() {
+                        ids.extend(self.encode(&text, false)?);
+                    }
+                    ids.push(*id);
+                    at += s.len();
+                    text_start = at;
+                }
+                _ => at += 1,
             }
+        }
+        let text = unescape(&rendered[text_start..]);
+        if !text.is_empty() {
+            ids.extend(self.encode(&text, false)?);
         }
         Ok(ids)
     }
 
-    /// Ids of a string in which the family's control strings (e.g. `<|turn>`) stand for
-    /// their control tokens and everything else is text.
-    pub fn encode_with_controls(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        self.encode_segments(&split_controls(self.family, text))
+    /// The conversation rendered by the checkpoint's template (or, without one, by the
+    /// family's built-in template) as the text the model reads; control strings in user and
+    /// system messages are escaped (see [`crate::chat::escape`]).
+    pub fn render_text(
+        &self,
+        messages: &[Message],
+        opts: ChatOptions,
+    ) -> Result<String, ChatError> {
+        if opts.thinking && !self.supports_thinking() {
+            return Err(ChatError::ThinkingUnsupported(self.family));
+        }
+        let builtin;
+        let template = match self.template() {
+            Some(t) => t,
+            None => {
+                builtin = ChatTemplate::builtin(self.family);
+                &builtin
+            }
+        };
+        let specials: Vec<&str> = self.specials.iter().map(|(s, _)| s.as_str()).collect();
+        let piece = |c| {
+            self.control_id(c)
+                .and_then(|id| self.inner.id_to_token(id))
+                .unwrap_or_default()
+        };
+        template.render(
+            messages,
+            opts,
+            &specials,
+            &piece(Control::Bos),
+            &piece(Control::Eos),
+        )
     }
 
-    /// Text of `ids`: control tokens appear as the family's strings (or are dropped when
+    /// The conversation's token ids (see [`GemmaTokenizer::render_text`]).
+    pub fn render(&self, messages: &[Message], opts: ChatOptions) -> Result<Vec<u32>, RenderError> {
+        let text = self.render_text(messages, opts)?;
+        Ok(self.encode_rendered(&text)?)
+    }
+
+    /// Text of `ids`: control tokens appear as their pieces (or are dropped when
     /// `skip_controls`), everything else is decoded by the tokenizer.
     pub fn decode(&self, ids: &[u32], skip_controls: bool) -> Result<String, TokenizerError> {
         let mut out = String::new();
         let mut run_start = 0;
         for (i, &id) in ids.iter().enumerate() {
-            if let Some((_, text)) = self.family.control_of(id) {
+            if self.control_of(id).is_some() {
                 out.push_str(&self.decode_plain(&ids[run_start..i])?);
                 if !skip_controls {
-                    out.push_str(text);
+                    out.push_str(&self.inner.id_to_token(id).unwrap_or_default());
                 }
                 run_start = i + 1;
             }
@@ -252,41 +399,19 @@ impl GemmaTokenizer {
         self.inner.decode(ids, false).map_err(tk_err)
     }
 
-    /// The vocabulary piece of `id` (family control strings for control ids).
+    /// The vocabulary piece of `id`.
     pub fn piece(&self, id: u32) -> Option<String> {
-        match self.family.control_of(id) {
-            Some((_, text)) => Some(text.to_owned()),
-            None => self.inner.id_to_token(id),
-        }
+        self.inner.id_to_token(id)
     }
 }
 
-/// Splits `text` at the family's control strings.
-pub fn split_controls(family: Family, text: &str) -> Vec<Segment> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    loop {
-        let next = family
-            .controls()
-            .iter()
-            .filter_map(|(c, s, _)| rest.find(s).map(|at| (at, *c, s.len())))
-            .min_by_key(|(at, _, len)| (*at, usize::MAX - len));
-        match next {
-            Some((at, control, len)) => {
-                if at > 0 {
-                    out.push(Segment::Text(rest[..at].to_owned()));
-                }
-                out.push(Segment::Control(control));
-                rest = &rest[at + len..];
-            }
-            None => {
-                if !rest.is_empty() {
-                    out.push(Segment::Text(rest.to_owned()));
-                }
-                return out;
-            }
-        }
-    }
+/// Why a conversation could not become ids.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
 }
 
 #[cfg(test)]
@@ -294,50 +419,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn control_tables_match_the_docs() {
-        let g4 = Family::Gemma4;
-        assert_eq!(g4.id(Control::TurnStart), Some(105));
-        assert_eq!(g4.id(Control::TurnEnd), Some(106));
-        assert_eq!(g4.id(Control::ChannelStart), Some(100));
-        assert_eq!(g4.id(Control::ChannelEnd), Some(101));
-        assert_eq!(g4.id(Control::Think), Some(98));
-        assert_eq!(g4.id(Control::Bos), Some(2));
-        assert_eq!(g4.id(Control::Eos), Some(1));
-        assert_eq!(g4.text(Control::TurnStart), Some("<|turn>"));
-        let g3 = Family::Gemma3;
-        assert_eq!(g3.text(Control::TurnStart), Some("<start_of_turn>"));
-        assert_eq!(g3.text(Control::TurnEnd), Some("<end_of_turn>"));
-        assert_eq!(g3.id(Control::ChannelStart), None);
-        assert_eq!(
-            g3.control_of(106),
-            Some((Control::TurnEnd, "<end_of_turn>"))
-        );
+    fn controls_and_stops_come_from_the_vocabulary() {
+        let g4 = tiny(Family::Gemma4);
+        assert_eq!(g4.control_id(Control::TurnStart), Some(105));
+        assert_eq!(g4.control_id(Control::ChannelStart), Some(100));
+        assert_eq!(g4.control_id(Control::Think), Some(98));
+        assert_eq!(g4.control_of(101), Some(Control::ChannelEnd));
+        assert_eq!(g4.stop_ids(), [1, 106, 50]);
+        assert!(g4.supports_thinking());
+        let g3 = tiny(Family::Gemma3);
+        assert_eq!(g3.control_id(Control::TurnStart), Some(105));
+        assert_eq!(g3.control_id(Control::ChannelStart), None);
         assert_eq!(g3.stop_ids(), [1, 106]);
-        assert_eq!(g4.stop_ids(), [1, 106]);
+        assert!(!g3.supports_thinking());
+        // The file's own end-of-sequence list joins; ids past the vocabulary do not.
+        assert_eq!(g3.with_stops(&[1, 7, 1_000_000]).stop_ids(), [1, 106, 7]);
     }
 
     #[test]
-    fn split_controls_finds_every_marker() {
-        let segs = split_controls(Family::Gemma4, "<bos><|turn>user\nhi<turn|>\n");
+    fn rendered_text_splits_at_controls_and_keeps_escaped_text() {
+        let t = tiny(Family::Gemma4);
+        let ids = t.encode_rendered("<bos><|turn>user\nhi<turn|>\n").unwrap();
+        assert_eq!(ids[..2], [2, 105]);
         assert_eq!(
-            segs,
-            [
-                Segment::Control(Control::Bos),
-                Segment::Control(Control::TurnStart),
-                Segment::Text("user\nhi".into()),
-                Segment::Control(Control::TurnEnd),
-                Segment::Text("\n".into()),
-            ]
+            t.decode(&ids, false).unwrap(),
+            "<bos><|turn>user\nhi<turn|>\n"
         );
-        // Gemma 3 does not treat Gemma 4 markers as controls.
-        assert_eq!(
-            split_controls(Family::Gemma3, "<|turn>"),
-            [Segment::Text("<|turn>".into())]
-        );
-        assert_eq!(
-            serde_json::to_string(&Family::Gemma4).unwrap(),
-            "\"gemma4\""
-        );
+        // An escaped control string is text again, never its id.
+        let escaped = crate::chat::escape("<|turn>", &["<|turn>"]);
+        let ids = t.encode_rendered(&escaped).unwrap();
+        assert!(!ids.contains(&105), "{ids:?}");
+        assert_eq!(t.decode(&ids, false).unwrap(), "<|turn>");
+        // Plain encoding never produces control ids either.
+        assert!(!t.encode("<turn|>", false).unwrap().contains(&106));
     }
 
     #[test]
@@ -353,8 +467,10 @@ mod tests {
     }
 }
 
-/// A tiny Gemma-shaped tokenizer (single characters + byte fallback + the Gemma 3 added
-/// tokens at their real ids) for unit tests that must not need the real 33 MB file.
+/// A tiny Gemma-shaped tokenizer for unit tests that must not need the real 33 MB file:
+/// single characters, byte fallback and the family's control tokens at Gemma's ids (Gemma 4:
+/// `<|tool_response>` 50, `<|think|>` 98, `<|channel>` 100, `<channel|>` 101, `<|turn>` 105,
+/// `<turn|>` 106; Gemma 3: `<start_of_turn>` 105, `<end_of_turn>` 106).
 #[cfg(test)]
 pub(crate) fn tiny(family: Family) -> GemmaTokenizer {
     let mut vocab = serde_json::Map::new();
@@ -363,18 +479,31 @@ pub(crate) fn tiny(family: Family) -> GemmaTokenizer {
         let id = vocab.len();
         vocab.insert(piece, id.into());
     };
+    let control = |id: u32| -> Option<&'static str> {
+        let g4 = family == Family::Gemma4;
+        Some(match id {
+            0 => "<pad>",
+            1 => "<eos>",
+            2 => "<bos>",
+            3 => "<unk>",
+            50 if g4 => "<|tool_response>",
+            98 if g4 => "<|think|>",
+            100 if g4 => "<|channel>",
+            101 if g4 => "<channel|>",
+            105 if g4 => "<|turn>",
+            106 if g4 => "<turn|>",
+            105 => "<start_of_turn>",
+            106 => "<end_of_turn>",
+            _ => return None,
+        })
+    };
     for id in 0..110u32 {
-        let piece = match id {
-            0 => "<pad>".to_owned(),
-            1 => "<eos>".to_owned(),
-            2 => "<bos>".to_owned(),
-            3 => "<unk>".to_owned(),
-            105 => "<start_of_turn>".to_owned(),
-            106 => "<end_of_turn>".to_owned(),
-            107 => "\n".to_owned(),
-            _ => format!("<unused{id}>"),
+        let piece = match (control(id), id) {
+            (Some(c), _) => c.to_owned(),
+            (None, 107) => "\n".to_owned(),
+            (None, _) => format!("<unused{id}>"),
         };
-        if matches!(id, 0..=3 | 105 | 106) {
+        if control(id).is_some() {
             added.push(
                 serde_json::json!({"id": id, "content": piece, "single_word": false,
                 "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
@@ -421,10 +550,6 @@ mod tiny_tests {
         assert_eq!(ids.len(), 1 + 2 + 2 + 3 + 4);
         assert_eq!(t.decode(&ids, true).unwrap(), "naïve 🙂");
         assert_eq!(t.decode(&ids, false).unwrap(), "<bos>naïve 🙂");
-        let ids = t.encode_with_controls("<|turn>hi<turn|>").unwrap();
-        assert_eq!(ids.first(), Some(&105));
-        assert_eq!(ids.last(), Some(&106));
-        assert_eq!(t.decode(&ids, false).unwrap(), "<|turn>hi<turn|>");
         assert_eq!(t.piece(100).as_deref(), Some("<|channel>"));
         assert!(matches!(
             t.decode(&[5_000_000], false),

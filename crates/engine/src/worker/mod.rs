@@ -32,7 +32,7 @@ use crate::card::MemoryEstimate;
 use crate::compare::{CompareEvent, CompareRequest};
 use crate::config::ModelConfig;
 use crate::events::{Activity, ErrorCode, Event, ModelCard};
-use crate::generate::GenerateRequest;
+use crate::generate::{self, GenerateRequest, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, KvPrecision, PrecisionPolicy};
 use crate::memory::{
     context_costs, document_fits, ContextCost, DocumentFit, KvBytes, MemorySample, RssProbe,
@@ -362,6 +362,14 @@ impl EngineHandle {
             .encode(text, false)
             .map_err(|e| JobError::new(ErrorCode::BadTokenizer, e.to_string()))?;
         Ok(ids.len())
+    }
+
+    /// `prompt` as the loaded model would read it (rendered by its chat template, or as plain
+    /// text for a base model, exactly as a generation would), on the calling thread.
+    pub fn preview_prompt(&self, prompt: Prompt) -> Result<PromptPreview, JobError> {
+        let tokenizer = self.tokenizer().ok_or_else(JobError::no_model)?;
+        let prompt = prompt.for_model(Some(tokenizer.template().is_some()));
+        Ok(generate::preview_prompt(&tokenizer, &prompt)?)
     }
 
     /// Tokens sessions keep beyond their sliding windows so a turn can be rewound (and an

@@ -13,7 +13,7 @@ use crate::budget::Plan;
 use crate::card::inspect;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
 use crate::events::{Activity, Event, LoadPhase, ModelCard};
-use crate::generate::{self, tokenizer_family, GenerateError, GenerateRequest, Hooks};
+use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::memory::{
     estimate_kv_bytes, format_bytes, release_free_memory, KvBytes, RssProbe, SwitchEvent,
@@ -281,8 +281,12 @@ impl Worker {
         card.weights_bytes = model.weights_bytes() as u64;
         card.weights_measured = true;
         sink(loading(LoadPhase::Tokenizer));
-        let family = tokenizer_family(model.config().family);
-        let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, family)?;
+        let (tokenizer, warnings) =
+            GemmaTokenizer::for_model(&resolved.tokenizer, &model, &resolved.name)?;
+        // What loaded decides: a template that cannot be used leaves a base model.
+        card.has_chat_template = Some(tokenizer.template().is_some());
+        card.supports_thinking = tokenizer.supports_thinking();
+        card.warnings.extend(warnings);
         let mut session = Session::new(&model, &request.policy).map_err(LoadError::Cache)?;
         session.set_rewind_margin(self.shared.rewind_margin.load(Ordering::Relaxed));
         // Only now is the previous model dropped: a failed load loses nothing.

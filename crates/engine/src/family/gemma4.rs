@@ -1,0 +1,45 @@
+//! Gemma 4 (E2B, E4B, 31B, 26B-A4B): `<|turn>`/`<turn|>` turns, a thinking channel
+//! `<|channel>thought\n…<channel|>` switched on by `<|think|>` in the system turn, and a stop
+//! on `<|tool_response>` besides the end of the turn.
+
+use super::{Control, FamilyFacts};
+
+/// Gemma 4's facts.
+pub struct Gemma4;
+
+const CONTROLS: &[(Control, &str)] = &[
+    (Control::Pad, "<pad>"),
+    (Control::Eos, "<eos>"),
+    (Control::Bos, "<bos>"),
+    (Control::Think, "<|think|>"),
+    (Control::ChannelStart, "<|channel>"),
+    (Control::ChannelEnd, "<channel|>"),
+    (Control::TurnStart, "<|turn>"),
+    (Control::TurnEnd, "<turn|>"),
+];
+
+impl FamilyFacts for Gemma4 {
+    fn name(&self) -> &'static str {
+        "gemma4"
+    }
+    fn hf_model_types(&self) -> &'static [&'static str] {
+        &["gemma4", "gemma4_text"]
+    }
+    fn controls(&self) -> &'static [(Control, &'static str)] {
+        CONTROLS
+    }
+    fn end_of_turn(&self) -> &'static [&'static str] {
+        &["<turn|>", "<|tool_response>"]
+    }
+    fn thinks(&self) -> bool {
+        true
+    }
+    /// The E2B/E4B template as published on Jul 14, 2026 (the 26B-A4B/31B one adds an empty
+    /// thought channel after the generation prompt when thinking is off).
+    fn fallback_template(&self) -> &'static str {
+        include_str!("gemma4.jinja")
+    }
+    fn rope_freq_factors(&self) -> bool {
+        true
+    }
+}
