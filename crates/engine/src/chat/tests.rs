@@ -3,6 +3,7 @@
 //! what Hugging Face's jinja2 rendering wrote (`expected.json`, made by `make_expected.py`);
 //! then the faults a template may have, and the escaping of users' words.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -142,7 +143,7 @@ fn a_custom_template_is_honoured() {
 
 /// Each fault is a `BadTemplate`, found well within a second.
 #[test]
-fn broken_looping_and_exploding_templates_are_refused_quickly() {
+fn hostile_chat_templates_are_refused_quickly() {
     let hi = [Message::user("Hi")];
     let render = |text: &str| -> (Result<String, ChatError>, Duration) {
         let start = Instant::now();
@@ -184,7 +185,12 @@ fn broken_looping_and_exploding_templates_are_refused_quickly() {
             other => panic!("{what}: {other:?}"),
         }
         assert!(took < Duration::from_secs(1), "{what} took {took:?}");
-        println!("HOSTILE chat template {what} -> bad_chat_template ({took:?})");
+        // To the stderr handle, which libtest does not capture: scripts/hostile.sh tallies it.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "HOSTILE chat template: {what} -> {}",
+            crate::events::ErrorCode::BadChatTemplate
+        );
     }
     // A template's own refusal is the conversation's fault, not the template's.
     let t =
