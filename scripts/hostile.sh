@@ -59,6 +59,7 @@ EXPECTED=(
   "rust|generation under churn|no_corruption"
   "rust|model load larger than memory|out_of_memory"
   "rust|context growth larger than memory|out_of_memory"
+  "rust|cache switch larger than memory|out_of_memory"
   "rust|chat template: syntax|bad_chat_template"
   "rust|chat template: endless loop|bad_chat_template"
   "rust|chat template: recursion|bad_chat_template"

@@ -13,8 +13,8 @@ use kvlab_engine::config::{AttentionKind, Family};
 use kvlab_engine::events::{Activity, DoneReason, ErrorCode, Event, GenStats, LoadPhase};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
 use kvlab_engine::kv::{
-    CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LayerScope, ScopedSpecs,
-    SideFormat,
+    CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
+    ScopedSpecs, SideFormat,
 };
 use kvlab_engine::memory::{
     ByteCount, ContextCost, DocumentFit, KindBytes, KvBytes, KvPart, LayerBytes, MemorySample,
@@ -68,6 +68,7 @@ pub fn typescript() -> String {
         decl::<GenerateRequest>(&cfg),
         decl::<GgufQuant>(&cfg),
         decl::<HeadShape>(&cfg),
+        decl::<LabeledSpec>(&cfg),
         decl::<HubModel>(&cfg),
         decl::<InspectedDocument>(&cfg),
         decl::<JobError>(&cfg),

@@ -25,10 +25,6 @@ use crate::error::CommandError;
 
 type Res<T> = Result<T, CommandError>;
 
-/// Tokens sliding layers keep beyond their window, so regenerating an answer of up to this
-/// many tokens rewinds the cache instead of prefilling the conversation again.
-pub const REWIND_MARGIN: usize = 256;
-
 /// A side-by-side run as the UI sends it: one prompt through two caches.
 #[derive(Debug, Clone, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +60,6 @@ impl EngineBridge {
     /// Starts the engine thread; `on_activity` hears every change of what it is doing.
     pub fn spawn(on_activity: ActivityListener) -> Res<Self> {
         let handle = Engine::spawn()?;
-        handle.set_rewind_margin(REWIND_MARGIN);
         handle.on_activity(on_activity);
         Ok(Self { handle })
     }
@@ -81,13 +76,15 @@ impl EngineBridge {
             .estimate(path, &load_options(weights)?, context, cache)
     }
 
-    /// Loads `path` with the cache `cache` selects and returns its card. Blocks until the
+    /// Loads `path` with the cache `cache` selects, checked against memory for the `context`
+    /// the user chose (the one the estimate showed), and returns its card. Blocks until the
     /// engine has loaded it (or kept the previous model on failure).
     pub fn load(
         &self,
         path: &Path,
         cache: &CacheSelection,
         weights: Option<WeightsChoice>,
+        context: usize,
     ) -> Res<ModelCard> {
         let request = LoadRequest {
             source: ModelSource::Local {
@@ -96,7 +93,7 @@ impl EngineBridge {
             tokenizer: None,
             options: load_options(weights)?,
             policy: cache.policy()?,
-            context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
+            context,
         };
         self.handle.load_blocking(request, |_| {})
     }
@@ -176,13 +173,10 @@ impl EngineBridge {
     }
 
     /// Re-encodes the conversation's cache as `cache` selects (between two tokens when
-    /// generating) and returns the timeline marker. Blocks until done.
+    /// generating; with no model loaded, the engine keeps it for the next load) and returns
+    /// the timeline marker. Blocks until done.
     pub fn switch_cache(&self, cache: &CacheSelection) -> Res<SwitchEvent> {
-        let policy = cache.policy()?;
-        if self.handle.status().model.is_none() {
-            return Err(JobError::no_model());
-        }
-        self.handle.switch_cache(policy)
+        self.handle.switch_cache(cache.policy()?)
     }
 
     /// The engine's handle, for queries answered on the calling thread (token counts,
@@ -206,4 +200,54 @@ impl EngineBridge {
 fn finish<T>(sent: Result<T, JobError>, end: mpsc::Receiver<Res<()>>) -> Res<()> {
     sent?;
     end.recv().unwrap_or_else(|_| Err(JobError::stopped()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvlab_engine::budget::MemoryBudget;
+    use std::path::PathBuf;
+
+    fn tiny_gguf() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/engine/tests/fixtures/gguf/tiny_gemma3.f32.gguf")
+    }
+
+    fn quiet() -> ActivityListener {
+        Box::new(|_| {})
+    }
+
+    #[test]
+    fn the_load_checks_the_context_the_estimate_showed() -> Res<()> {
+        let bridge = EngineBridge::spawn(quiet())?;
+        let f32 = CacheSelection::Spec("f32".into());
+        let (short, long) = (100, 256);
+        let need = |ctx| bridge.estimate(&tiny_gguf(), ctx, &f32, None);
+        let (short_need, long_need) = (need(short)?.total_bytes, need(long)?.total_bytes);
+        assert!(short_need < long_need);
+        // Room for the short context the user picked, not for the model's longest.
+        let margin = 4096;
+        bridge
+            .handle()
+            .set_memory_budget(MemoryBudget::fixed(margin + short_need, margin));
+        assert!(need(short)?.fit.fits && !need(long)?.fit.fits);
+        let card = bridge.load(&tiny_gguf(), &f32, None, short)?;
+        assert_eq!(card.name, "tiny_gemma3.f32.gguf");
+        let refused = bridge.load(&tiny_gguf(), &f32, None, long).unwrap_err();
+        assert_eq!(refused.code, kvlab_engine::events::ErrorCode::OutOfMemory);
+        Ok(())
+    }
+
+    #[test]
+    fn the_app_rewinds_as_far_as_the_engine_says() -> Res<()> {
+        // One margin: the app's engine and a bare one estimate the same sliding layers.
+        let bridge = EngineBridge::spawn(quiet())?;
+        let bare = Engine::spawn()?;
+        let f16 = CacheSelection::Spec("f16".into());
+        let opts = load_options(None)?;
+        let app = bridge.estimate(&tiny_gguf(), 200, &f16, None)?;
+        let engine = bare.estimate(&tiny_gguf(), &opts, 200, &f16)?;
+        assert_eq!(app.kv_bytes, engine.kv_bytes);
+        Ok(())
+    }
 }

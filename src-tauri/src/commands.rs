@@ -100,9 +100,10 @@ pub async fn load_model(
     path: String,
     cache: CacheSelection,
     weights: Option<WeightsChoice>,
+    context: usize,
 ) -> Res<ModelCard> {
     let engine = state.engine.clone();
-    blocking(move || engine.load(&PathBuf::from(path), &cache, weights)).await
+    blocking(move || engine.load(&PathBuf::from(path), &cache, weights, context)).await
 }
 
 /// Opens the system file dialog for a GGUF file or a model folder.

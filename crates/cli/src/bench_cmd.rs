@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
-use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
+use kvlab_engine::device::{preferred_dtype, select_device};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::model::bench::{
     bench_decode, BenchContext, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
@@ -42,14 +42,6 @@ enum SamplingArg {
     /// The engine's default sampling (temperature 1, top-k 64, top-p 0.95, seed 0): the
     /// full sampler's cost (the app sends the same top-k and top-p at its own temperature).
     Default,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum DeviceArg {
-    Auto,
-    Cpu,
-    Metal,
-    Cuda,
 }
 
 #[derive(Subcommand)]
@@ -91,9 +83,9 @@ enum BenchCommand {
         /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README).
         #[arg(long, default_value = "f16")]
         kv: String,
-        /// Device to run on.
-        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-        device: DeviceArg,
+        /// Device: cpu, auto, metal, cuda or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
         /// Activation dtype (`auto`: what suits the device).
         #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
         dtype: DtypeArg,
@@ -167,12 +159,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 bail!("--ctx must be at least 1");
             }
             let cache_spec = CacheSpec::parse(&kv).with_context(|| format!("bad --kv `{kv}`"))?;
-            let device = select_device(match device {
-                DeviceArg::Auto => DeviceChoice::Auto,
-                DeviceArg::Cpu => DeviceChoice::Cpu,
-                DeviceArg::Metal => DeviceChoice::Metal,
-                DeviceArg::Cuda => DeviceChoice::Cuda(0),
-            })?;
+            let device = select_device(crate::model_args::parse_device(&device)?)?;
             let dtype = match dtype {
                 DtypeArg::Auto => preferred_dtype(&device),
                 DtypeArg::F32 => DType::F32,

@@ -9,7 +9,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -23,7 +22,7 @@ use kvlab_engine::WeightsChoice;
 use serde::{Deserialize, Serialize};
 
 use crate::bench_memory_cmd::{model_flags, parse_contexts};
-use crate::chat_cmd::ModelArgs;
+use crate::model_args::ModelArgs;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -240,12 +239,7 @@ fn print_row(r: &LoadRow, gguf: bool) {
 pub fn run_one(args: LoadRunArgs) -> anyhow::Result<()> {
     let contexts = parse_contexts(&args.contexts)?;
     let policy = CacheSpec::parse(&args.kv)?.to_policy();
-    let never = AtomicBool::new(false);
-    let weights = args
-        .model
-        .source()?
-        .weights(&mut |_| {}, &never)
-        .with_context(|| format!("locating {}", args.model.model))?;
+    let weights = args.model.weights()?;
     let opts = args.model.load_options()?;
     let formula = inspect(&weights, &opts)
         .with_context(|| format!("reading {}", weights.display()))?

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -19,7 +18,7 @@ use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::Logits;
 use serde::{Deserialize, Serialize};
 
-use crate::chat_cmd::ModelArgs;
+use crate::model_args::ModelArgs;
 use crate::ppl_cmd::text_path;
 
 /// `kvlab bench memory` options.
@@ -314,14 +313,7 @@ pub fn tiled_tokens(
 /// The hidden child: one configuration, one JSON object on stdout.
 pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
     let policy = CacheSpec::parse(&args.kv)?.to_policy();
-    let never = AtomicBool::new(false);
-    let resolved = args
-        .model
-        .source()?
-        .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
-        .with_context(|| format!("locating {}", args.model.model))?;
-    let model = args.model.load(&resolved.weights)?;
-    let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, model.config().family)?;
+    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
     // The decoded tokens must fit in the model's positions too.
     let room = model
         .config()
@@ -367,12 +359,11 @@ pub fn run_one(args: MemoryRunArgs) -> anyhow::Result<()> {
     let peak_process = peak_process_load.map_or(peak, |p| p.max(peak));
     // Timed after the peak was read, so the switch does not count in this run's peak.
     let switch = match &args.switch_to {
-        Some(to) => Some(switch_precision(
-            &mut cache,
-            &CacheSpec::parse(&args.kv)?.to_policy(),
-            &CacheSpec::parse(to)?.to_policy(),
-            &mut probe,
-        )?),
+        Some(to) => {
+            let plan = cache.plan(&CacheSpec::parse(to)?.to_policy())?;
+            let from = CacheSpec::parse(&args.kv)?.to_policy();
+            Some(switch_precision(&mut cache, &from, &plan, &mut probe)?)
+        }
         None => None,
     };
     let row = MemoryRow {

@@ -2,92 +2,16 @@
 //! streamed to stdout; thinking is dimmed on a terminal; a stats line ends the run (stderr).
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 
+use crate::model_args::{kv_policy, print_warnings, ModelArgs};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use kvlab_engine::chat::Message;
-use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
 use kvlab_engine::events::{DoneReason, Event, GenStats};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
-use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::WeightsChoice;
-use kvlab_engine::{Engine, LoadOptions, ModelSource, PrecisionPolicy};
-
-/// The loader's warnings, one `warning: …` line each on stderr.
-pub fn print_warnings(warnings: &[String]) {
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-}
-
-/// Options shared by the commands that load a model.
-#[derive(Args, Debug, Clone)]
-pub struct ModelArgs {
-    /// A model file or directory, a Hugging Face repo (`owner/name[@rev]`), or an asset
-    /// name (`gemma3-270m`, also `asset:gemma3-270m`).
-    #[arg(long, default_value = kvlab_assets::DEFAULT_MODEL)]
-    pub model: String,
-    /// The tokenizer.json to use (default: beside the model; for a GGUF file without one,
-    /// the vocabulary inside the file).
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Device: cpu, auto, metal, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// How a safetensors checkpoint's matrices are held, quantized while loading: q4_k,
-    /// q8_0, f16, bf16 or f32 (default: q8_0 on the CPU, bf16 on a GPU). GGUF files keep
-    /// their own types.
-    #[arg(long)]
-    pub weights: Option<WeightsChoice>,
-}
-
-impl ModelArgs {
-    /// Device and dtype for the load.
-    pub fn load_options(&self) -> anyhow::Result<LoadOptions> {
-        let choice = match self.device.as_str() {
-            "cpu" => DeviceChoice::Cpu,
-            "auto" => DeviceChoice::Auto,
-            "metal" => DeviceChoice::Metal,
-            "cuda" => DeviceChoice::Cuda(0),
-            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(i)) => DeviceChoice::Cuda(i),
-                _ => bail!("unknown --device `{other}` (cpu, auto, metal, cuda, cuda:N)"),
-            },
-        };
-        let device = select_device(choice)?;
-        Ok(LoadOptions {
-            dtype: preferred_dtype(&device),
-            weights: self
-                .weights
-                .unwrap_or_else(|| WeightsChoice::default_for(&device)),
-            device,
-        })
-    }
-
-    /// Loads the model at `weights` with these options and prints the loader's warnings
-    /// (assumptions made, keys ignored) on stderr, as every model-taking command does.
-    pub fn load(&self, weights: &std::path::Path) -> anyhow::Result<kvlab_engine::Model> {
-        let model = kvlab_engine::Model::load(weights, &self.load_options()?)
-            .with_context(|| format!("loading {}", weights.display()))?;
-        print_warnings(&model.config().warnings);
-        Ok(model)
-    }
-
-    /// The model source, asset names resolved to their files.
-    pub fn source(&self) -> anyhow::Result<ModelSource> {
-        crate::asset_names::model_source(&self.model)
-    }
-}
-
-/// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …) into a cache policy.
-pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {
-    Ok(CacheSpec::parse(spec)
-        .with_context(|| format!("bad --kv `{spec}`"))?
-        .to_policy())
-}
+use kvlab_engine::Engine;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {

@@ -3,14 +3,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
 
-use crate::chat_cmd::{kv_policy, ModelArgs};
+use crate::model_args::{kv_policy, ModelArgs};
 use kvlab_engine::WeightsChoice;
 
 #[derive(Args, Debug)]
@@ -63,12 +62,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         Some(s) => ChunkSchedule::parse(s)?,
         None => ChunkSchedule::uniform(ids.len()),
     };
-    let never = AtomicBool::new(false);
-    let weights = args
-        .model
-        .source()?
-        .weights(&mut |_| {}, &never)
-        .with_context(|| format!("locating {}", args.model.model))?;
+    let weights = args.model.weights()?;
     // Logits are for comparing with a reference: dense weights unless `--weights` says
     // otherwise (the device default would quantize a safetensors checkpoint).
     let mut model_args = args.model.clone();

@@ -9,6 +9,7 @@ mod bench_memory_cmd;
 mod chat_cmd;
 mod codec_cmd;
 mod logits_cmd;
+mod model_args;
 mod plot;
 mod ppl_cmd;
 mod ppl_fidelity;

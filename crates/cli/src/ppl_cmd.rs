@@ -2,7 +2,6 @@
 //! prefill through the cache (so a compressed cache is measured exactly as it is used).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -12,7 +11,7 @@ use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::{Model, PrecisionPolicy};
 use serde::Serialize;
 
-use crate::chat_cmd::{kv_policy, ModelArgs};
+use crate::model_args::{kv_policy, ModelArgs};
 
 #[derive(Args, Debug)]
 #[command(
@@ -115,14 +114,7 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
         bail!("--ctx must be at least 2 (one token to condition on, one to score)");
     }
     let policy = kv_policy(&args.kv)?;
-    let never = AtomicBool::new(false);
-    let resolved = args
-        .model
-        .source()?
-        .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
-        .with_context(|| format!("locating {}", args.model.model))?;
-    let model = args.model.load(&resolved.weights)?;
-    let tokenizer = GemmaTokenizer::from_file(&resolved.tokenizer, model.config().family)?;
+    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
     if let Some(reference) = &args.reference {
         if args.windows == 0 || args.score_from + 1 >= args.ctx {
             bail!("--windows must be at least 1 and --score-from below --ctx − 1");

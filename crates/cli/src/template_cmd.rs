@@ -4,7 +4,6 @@
 //! the stop set and where the template came from.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -13,7 +12,7 @@ use kvlab_engine::chat::{Message, Role};
 use kvlab_engine::generate::{preview_prompt, Prompt};
 use kvlab_engine::tokenizer::GemmaTokenizer;
 
-use crate::chat_cmd::{print_warnings, ModelArgs};
+use crate::model_args::{print_warnings, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct TemplateArgs {
@@ -69,12 +68,7 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not JSON", args.messages.display()))?;
     let messages = openai_messages(&v)?;
-    let never = AtomicBool::new(false);
-    let resolved = args
-        .model
-        .source()?
-        .resolve(args.model.tokenizer.as_deref(), &mut |_| {}, &never)
-        .with_context(|| format!("locating {}", args.model.model))?;
+    let resolved = args.model.resolve()?;
     let inspection = inspect(&resolved.weights, &args.model.load_options()?)?;
     let (tokenizer, warnings) = GemmaTokenizer::for_checkpoint(
         &resolved.tokenizer,

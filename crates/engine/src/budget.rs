@@ -10,7 +10,7 @@ use ts_rs::TS;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::kv::{presets, CacheSpec, PrecisionPolicy};
+use crate::kv::{presets, CacheSpec, ConvertPlan, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes};
 
 /// Bytes kept free by default: room for the system, the app's window and the activations of
@@ -150,6 +150,26 @@ impl MemoryFit {
             s.push_str(&offers.join(", or "));
         }
         s
+    }
+}
+
+/// Whether a planned cache switch fits `budget`: its new storages are built while the old
+/// ones are still held, so it needs [`ConvertPlan::peak_extra_bytes`] on top of what the
+/// process uses now. Checked before anything is converted.
+pub fn switch_fit(plan: &ConvertPlan, budget: &MemoryBudget) -> MemoryFit {
+    let available = budget.available();
+    let needed = plan.peak_extra_bytes();
+    MemoryFit {
+        needed_bytes: needed,
+        weights_bytes: 0,
+        kv_bytes: needed,
+        context: plan.tokens(),
+        spec: plan.policy.spec_string(),
+        available_bytes: available,
+        margin_bytes: budget.margin(),
+        fits: needed <= available.saturating_sub(budget.margin()),
+        turboquant: None,
+        max_context: None,
     }
 }
 

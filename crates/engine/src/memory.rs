@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::config::{AttentionKind, ModelConfig};
-use crate::error::{EngineError, Result};
-use crate::kv::{presets, KvCache, KvMemoryReport, KvPrecision, PrecisionPolicy, TqSide};
+use crate::error::Result;
+use crate::kv::{presets, ConvertPlan, KvCache, KvMemoryReport, KvPrecision, PrecisionPolicy};
 
 /// Bytes holding live tokens and bytes reserved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
@@ -134,39 +134,9 @@ impl KvBytes {
     }
 }
 
-/// Bytes one token's key and value take in one layer of `n_kv_heads × head_dim` stored at
-/// `precision`: dense floats, or TurboQuant codes as the codec lays them out
-/// ([`kvlab_turboquant::bytes_per_vector`]). Equals what a storage reports per token.
+/// Bytes one token's key and value take in one layer (see [`KvPrecision::token_bytes`]).
 pub fn token_bytes(precision: KvPrecision, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
-    let side = |s: &TqSide| -> Result<usize> {
-        match s {
-            TqSide::F16 => Ok(head_dim * 2),
-            TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
-                .map_err(|e| EngineError::invalid(format!("{precision}: {e}"))),
-        }
-    };
-    let pair = match precision {
-        KvPrecision::F32 => head_dim * 8,
-        KvPrecision::F16 | KvPrecision::BF16 => head_dim * 4,
-        KvPrecision::TurboQuant(p) => side(&p.key)? + side(&p.value)?,
-    };
-    Ok(n_kv_heads * pair)
-}
-
-/// Bytes a layer holds besides its tokens once it holds any: the per-head offsets of its
-/// centered TurboQuant sides (`head_dim` f32 each; see `kv::spec`).
-pub fn layer_fixed_bytes(precision: KvPrecision, n_kv_heads: usize, head_dim: usize) -> usize {
-    let KvPrecision::TurboQuant(p) = precision else {
-        return 0;
-    };
-    if !p.center {
-        return 0;
-    }
-    let coded = [p.key, p.value]
-        .iter()
-        .filter(|s| s.spec().is_some())
-        .count();
-    coded * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+    precision.token_bytes(n_kv_heads, head_dim)
 }
 
 /// KV bytes one token costs under `policy` over `config`'s cache-owning layers, per
@@ -213,14 +183,7 @@ pub fn estimate_kv_bytes(
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
-        let b = token_bytes(precision, l.n_kv_heads, l.head_dim)?;
-        // Saturating: `tokens` may come from a user (a huge context must read as "too much",
-        // never wrap to a small number).
-        total = total.saturating_add((b as u64).saturating_mul(held as u64));
-        if held > 0 {
-            total =
-                total.saturating_add(layer_fixed_bytes(precision, l.n_kv_heads, l.head_dim) as u64);
-        }
+        total = total.saturating_add(precision.held_bytes(l.n_kv_heads, l.head_dim, held)?);
     }
     Ok(total)
 }
@@ -528,24 +491,25 @@ pub fn release_free_memory() {
     }
 }
 
-/// Converts `cache` to `policy` ([`KvCache::convert`]: layer by layer, a failed layer keeps
-/// its old storage) and returns the switch marker with bytes before and after.
+/// The one way a cache changes precision: applies `plan` ([`KvCache::apply`]: all or
+/// nothing) to `cache`, stored until now as `from`, and returns the switch marker with bytes
+/// and resident memory before and after.
 pub fn switch_precision(
     cache: &mut KvCache,
     from: &PrecisionPolicy,
-    to: &PrecisionPolicy,
+    plan: &ConvertPlan,
     probe: &mut RssProbe,
 ) -> Result<SwitchEvent> {
     let before = cache.memory();
     let rss_before = probe.rss_bytes();
     let t0 = Instant::now();
-    cache.convert(to)?;
+    cache.apply(plan)?;
     let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
     // A cache that shrank hands its pages back, so resident memory drops visibly.
     release_free_memory();
     Ok(SwitchEvent::between(
         (from, &before),
-        (to, &cache.memory()),
+        (&plan.policy, &cache.memory()),
         cache.seq_len(),
         (rss_before, probe.rss_bytes()),
         duration_ms,
@@ -599,8 +563,7 @@ mod tests {
                     .expect("x");
                 s.append(&x, &x).expect("append");
                 assert_eq!(
-                    token_bytes(p, heads, dim).expect("bytes") * 3
-                        + layer_fixed_bytes(p, heads, dim),
+                    p.held_bytes(heads, dim, 3).expect("bytes") as usize,
                     s.bytes_used(),
                     "{spec} {heads}x{dim}"
                 );

@@ -3,12 +3,16 @@
 //! prefix; rewind when possible, otherwise reset and start over).
 
 use crate::error::Result;
-use crate::kv::{KvCache, KvMemoryReport, PrecisionPolicy};
+use crate::kv::{ConvertPlan, KvCache, KvMemoryReport, PrecisionPolicy};
+use crate::memory::{switch_precision, RssProbe, SwitchEvent};
 use crate::model::Model;
 
-/// Tokens sliding layers keep beyond their window so a turn whose re-rendered history differs
-/// near the end (re-tokenized answer, trimmed whitespace) can rewind instead of re-prefilling.
-pub const REWIND_MARGIN: usize = 16;
+/// Tokens sliding layers keep beyond their window, so regenerating an answer of up to this
+/// many tokens, or a turn whose re-rendered history differs near the end (re-tokenized
+/// answer, trimmed whitespace), rewinds the cache instead of prefilling the conversation
+/// again. The one margin every front end gets (the estimate counts it too); it costs this
+/// many tokens per sliding layer.
+pub const REWIND_MARGIN: usize = 256;
 
 /// A KV cache and the ids in it.
 #[derive(Debug)]
@@ -127,22 +131,16 @@ impl Session {
         Ok(out)
     }
 
-    /// Re-encodes the cache in `policy`. All or nothing: if a layer fails, the layers already
-    /// converted go back to the old policy; if even that fails, the session is cleared. The
-    /// cache is never left in a mix the caller did not ask for.
-    pub fn switch_policy(&mut self, model: &Model, policy: &PrecisionPolicy) -> Result<()> {
-        match self.cache.convert(policy) {
-            Ok(()) => {
-                self.policy = policy.clone();
-                Ok(())
-            }
-            Err(e) => {
-                if self.cache.convert(&self.policy).is_err() {
-                    // Fresh storages in the old policy: empty but consistent.
-                    *self = Session::new(model, &self.policy)?;
-                }
-                Err(e)
-            }
-        }
+    /// What switching the cache to `policy` would do and weigh ([`KvCache::plan`]).
+    pub fn plan_switch(&self, policy: &PrecisionPolicy) -> Result<ConvertPlan> {
+        self.cache.plan(policy)
+    }
+
+    /// Applies a planned switch and returns its timeline marker. All or nothing: on error the
+    /// cache, its history and its policy are exactly as before ([`KvCache::apply`]).
+    pub fn switch(&mut self, plan: &ConvertPlan, probe: &mut RssProbe) -> Result<SwitchEvent> {
+        let marker = switch_precision(&mut self.cache, &self.policy, plan, probe)?;
+        self.policy = plan.policy.clone();
+        Ok(marker)
     }
 }

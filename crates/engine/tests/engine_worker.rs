@@ -514,6 +514,72 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
 }
 
 #[test]
+fn hostile_switch_larger_than_memory_is_refused_before_converting() {
+    use kvlab_engine::budget::MemoryBudget;
+    use kvlab_engine::kv::CacheSpec;
+    use kvlab_engine::memory::format_bytes;
+    let s = setup("tiny_gemma3");
+    s.engine.set_rewind_margin(MARGIN);
+    let tq4 = CacheSpec::parse("tq4@all").expect("spec").to_policy();
+    s.engine
+        .load_blocking(
+            LoadRequest {
+                policy: tq4.clone(),
+                ..load_request("tiny_gemma3", &s.tokenizer)
+            },
+            |_| {},
+        )
+        .expect("load");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: expect[..12].to_vec(),
+            },
+            20,
+        ),
+    );
+    let held = s.engine.status();
+    assert_eq!(held.context_tokens, 31);
+    // An f32 cache of 31 tokens is built beside the TurboQuant one: one byte short of it.
+    let f32_bytes = kv_at(31);
+    let margin = 4096;
+    s.engine
+        .set_memory_budget(MemoryBudget::fixed(margin + f32_bytes - 1, margin));
+    let err = s
+        .engine
+        .switch_cache(PrecisionPolicy::uniform(KvPrecision::F32))
+        .unwrap_err();
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "HOSTILE cache switch larger than memory -> {}",
+        err.code
+    );
+    assert_eq!(err.code, ErrorCode::OutOfMemory, "{err}");
+    for want in [
+        "switch the KV cache to f32".to_string(),
+        format_bytes(f32_bytes),
+        "31 tokens".into(),
+    ] {
+        assert!(err.message.contains(&want), "{want}: {}", err.message);
+    }
+    // Nothing was converted: same policy, same bytes.
+    let after = s.engine.status();
+    assert_eq!(after.policy, tq4);
+    assert_eq!(after.kv_bytes, held.kv_bytes);
+    assert_eq!(after.context_tokens, 31);
+    // With the byte it lacked, the same switch goes through.
+    s.engine
+        .set_memory_budget(MemoryBudget::fixed(margin + f32_bytes, margin));
+    let marker = s
+        .engine
+        .switch_cache(PrecisionPolicy::uniform(KvPrecision::F32))
+        .expect("switch fits");
+    assert_eq!(marker.kv_after.used, f32_bytes);
+}
+
+#[test]
 fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     use kvlab_engine::budget::MemoryBudget;
     let s = setup("tiny_gemma3");

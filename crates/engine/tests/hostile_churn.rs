@@ -356,12 +356,14 @@ fn replay(path: &Path, start: &PrecisionPolicy, turns: &[Turn]) -> (usize, Sessi
     let model = Model::load(path, &LoadOptions::default()).expect("model");
     let mut session = Session::new(&model, start).expect("session");
     session.set_rewind_margin(MARGIN);
+    let mut probe = kvlab_engine::memory::RssProbe::new();
     let mut checked = 0;
     for (n, turn) in turns.iter().enumerate() {
         let mut switches = turn.switches.iter().peekable();
         let mut apply = |session: &mut Session| {
             while let Some((_, policy)) = switches.next_if(|(at, _)| *at == session.len()) {
-                session.switch_policy(&model, policy).expect("switch");
+                let plan = session.plan_switch(policy).expect("plan");
+                session.switch(&plan, &mut probe).expect("switch");
             }
         };
         let prepared = session.prepare(&turn.prompt).expect("prepare");

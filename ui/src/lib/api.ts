@@ -51,8 +51,12 @@ export const uiTheme = () => invoke<"light" | "dark" | null>("ui_theme");
 export const defaultModel = () => invoke<DefaultModel>("default_model");
 export const inspectModel = (path: string, context: number, cache: CacheSelection, weights: WeightsChoice | null) =>
   invoke<MemoryEstimate>("inspect_model", { path, context, cache, weights });
-export const loadModel = (path: string, cache: CacheSelection, weights: WeightsChoice | null) =>
-  invoke<ModelCard>("load_model", { path, cache, weights });
+export const loadModel = (
+  path: string,
+  cache: CacheSelection,
+  weights: WeightsChoice | null,
+  context: number,
+) => invoke<ModelCard>("load_model", { path, cache, weights, context });
 export const pickModel = (folder: boolean) => invoke<string | null>("pick_model", { folder });
 export const stopGeneration = () => invoke<void>("stop_generation");
 export const resetConversation = () => invoke<void>("reset_conversation");

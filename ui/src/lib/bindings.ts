@@ -53,9 +53,27 @@ presets: Array<CachePreset>,
 /**
  * Formats a side may take (for keys and values set apart).
  */
-formats: Array<FormatOption>, };
+formats: Array<FormatOption>, 
+/**
+ * The cache a model loads with unless the user picks another.
+ */
+default_spec: string, 
+/**
+ * The TurboQuant cache suggested for a first try: the switch demo's target and the
+ * comparison's test pane.
+ */
+suggested_spec: string, 
+/**
+ * The comparison's menu: every uniform preset on all layers, then the suggested cache
+ * on the full-attention layers only.
+ */
+compare: Array<LabeledSpec>, };
 
 export type CachePreset = { 
+/**
+ * A short stable name (`tq3.5`, `tq4-k4v3`): its SPEC on all layers without the scope.
+ */
+id: string, 
 /**
  * Button label (`TQ 3.5`).
  */
@@ -464,6 +482,16 @@ precision: string,
  * Their bytes.
  */
 bytes: ByteCount, };
+
+export type LabeledSpec = { 
+/**
+ * Canonical SPEC.
+ */
+spec: string, 
+/**
+ * What the menu shows.
+ */
+label: string, };
 
 export type LayerBytes = { 
 /**

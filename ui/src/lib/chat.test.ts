@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { Event, GenStats } from "./api";
-import { applyEvent, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
+import { applyEvent, conversationTitle, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 
 const stats: GenStats = {
   prompt_tokens: 10,
@@ -88,5 +88,22 @@ describe("toMarkdown", () => {
     expect(md).toBe(
       "# Capitals\n\n> **System:** Be brief.\n\n## You\n\nCapital of France?\n\n## Model\n\nParis.\n\n*3 tokens · 20.0 tok/s · cache f16*\n",
     );
+  });
+});
+
+describe("conversationTitle", () => {
+  it("comes from what the user typed, not from the documents they attached", () => {
+    const doc = "File `notes.md`:\n```\nsecret plans\n```\n\nSummarize this";
+    const msgs = [userMessage(doc, ["notes.md"], "Summarize this\nplease"), pendingAnswer()];
+    expect(conversationTitle(msgs)).toBe("Summarize this");
+  });
+
+  it("names the files when the user typed nothing", () => {
+    expect(conversationTitle([userMessage("File `a.txt`:\n...", ["a.txt", "b.txt"], "")])).toBe("a.txt, b.txt");
+  });
+
+  it("is the first line of a plain message, cut to 48 characters", () => {
+    expect(conversationTitle([userMessage(`${"x".repeat(60)}\nmore`)])).toBe("x".repeat(48));
+    expect(conversationTitle([])).toBe("New chat");
   });
 });

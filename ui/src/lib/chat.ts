@@ -97,3 +97,18 @@ export function toMarkdown(title: string, system: string, messages: ChatMessage[
   }
   return parts.join("\n\n") + "\n";
 }
+
+/**
+ * A conversation's title from the user's own words: the first line of what they typed in the
+ * first message (never the attached documents' text), at most 48 characters. When they typed
+ * nothing but attached files, the files' names.
+ */
+export function conversationTitle(messages: ChatMessage[], fallback = "New chat"): string {
+  const first = messages.find((m) => m.role === "user");
+  if (!first) return fallback;
+  const typed = (first.attachments?.length ? (first.display ?? "") : first.content).trim();
+  const line = typed.split("\n")[0].trim();
+  if (line) return line.slice(0, 48);
+  if (first.attachments?.length) return first.attachments.join(", ").slice(0, 48);
+  return fallback;
+}

@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it, vi } from "vitest";
-import type { CacheSelection, Event, GenerateRequest, ModelCard, SwitchEvent } from "./api";
+import type { CacheOptions, CacheSelection, Event, GenerateRequest, ModelCard, SwitchEvent } from "./api";
 
 // The store talks to the app through api.ts: stand in for the engine here.
 const engine = vi.hoisted(() => ({
@@ -55,6 +55,9 @@ const starter = (id: string) => STARTERS.find((s) => s.id === id)!;
 
 function storeWithModel(): InstanceType<typeof AppStore> {
   const store = new AppStore();
+  // What the engine's cache options name (see kv/presets.rs).
+  store.cacheOptions = { default_spec: "f16", suggested_spec: "tq3.5@all" } as CacheOptions;
+  store.cacheSpec = store.cacheOptions.default_spec;
   store.card = { name: "gemma-3-270m", has_chat_template: false, supports_thinking: false } as ModelCard;
   return store;
 }
@@ -94,7 +97,8 @@ describe("first-run starters", () => {
     const prompt = (engine.requests[0] as GenerateRequest).prompt;
     expect(prompt.type === "conversation" && prompt.messages.at(-1)).toEqual({ role: "user", content: ALICE_OPENING });
     expect(engine.switches).toEqual([]);
-    expect(store.sessionTitle).toBe("CHAPTER I. Down the Rabbit-Hole");
+    // The user typed nothing: the title names the document, not its first line.
+    expect(store.sessionTitle).toBe("Alice's Adventures in Wonderland, chapter I");
   });
 
   it("switch the cache mid-answer, after the starter's token count, and mark the timeline", async () => {

@@ -3,8 +3,11 @@
 // continues a long document, so the KV cache grows on the timeline; the other switches the
 // cache precision mid-answer, so the timeline marks the switch while the answer streams.
 
-import type { ModelCard } from "./api";
+import type { CacheOptions, ModelCard } from "./api";
 import type { IconName } from "./icons";
+
+/** A cache the engine's options name: its default, or the TurboQuant cache it suggests. */
+export type CacheRole = keyof Pick<CacheOptions, "default_spec" | "suggested_spec">;
 
 export interface Starter {
   id: string;
@@ -15,10 +18,10 @@ export interface Starter {
   prompt: string;
   /** Shown as an attachment chip instead of the prompt's text, when set. */
   document?: string;
-  /** The cache precision to start the answer in (a SPEC), when set. */
-  from?: string;
-  /** The cache precision to switch to mid-answer (a SPEC), when set. */
-  switchTo?: string;
+  /** The cache to start the answer in, when set: one the engine names in its cache options. */
+  from?: CacheRole;
+  /** The cache to switch to mid-answer, when set (as `from`). */
+  switchTo?: CacheRole;
   /** Answer tokens to wait for before switching. */
   switchAfter?: number;
 }
@@ -75,8 +78,8 @@ export const STARTERS: Starter[] = [
       "Starts a story in FP16, then re-encodes its KV cache as TurboQuant 3.5 bits after 16 tokens, while the story goes on. The timeline marks the switch and the bytes it saved.",
     prompt:
       "The old lighthouse keeper had kept a logbook for forty years. On the last page, in handwriting that grew smaller and smaller, she wrote down the story of the night the ship came in without a crew. It began like this:",
-    from: "f16",
-    switchTo: "tq3.5@all",
+    from: "default_spec",
+    switchTo: "suggested_spec",
     switchAfter: 16,
   },
 ];

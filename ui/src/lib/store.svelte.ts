@@ -17,7 +17,7 @@ import type {
 } from "./api";
 import { documentPayload } from "./documents";
 import { frameBatch } from "./frameBatch";
-import { applyEvent, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
+import { applyEvent, conversationTitle, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
 import { MemoryTimeline, type XAxis } from "./timeline";
 
@@ -63,8 +63,9 @@ export class AppStore {
   settings: Settings = $state({ temperature: 0.7, top_p: 0.95, max_tokens: 256, thinking: false });
   messages: ChatMessage[] = $state([]);
   generating = $state(false);
-  /** The cache as the engine names it (canonical SPEC). */
-  cacheSpec = $state("f16");
+  /** The cache as the engine names it (canonical SPEC); the engine's default until its cache
+   * options arrive. */
+  cacheSpec = $state("");
   /** How a safetensors checkpoint's weights are held; null: the device's default. */
   weights: api.WeightsChoice | null = $state(null);
   switchError = $state("");
@@ -95,7 +96,13 @@ export class AppStore {
   async start(): Promise<void> {
     api.systemInfo().then((i) => (this.info = i)).catch(() => {});
     api.engineStatus().then((s) => (this.status = s)).catch(() => {});
-    api.cacheOptions().then((o) => (this.cacheOptions = o)).catch((e) => (this.switchError = api.errorText(e)));
+    // Awaited: the cache the first load uses is the engine's default.
+    try {
+      this.cacheOptions = await api.cacheOptions();
+      if (!this.cacheSpec) this.cacheSpec = this.cacheOptions.default_spec;
+    } catch (e) {
+      this.switchError = api.errorText(e);
+    }
     await this.refreshSessions();
     let restored: SavedSession | null = null;
     if (this.sessions.length) {
@@ -144,7 +151,7 @@ export class AppStore {
     this.modelPath = path;
     await this.estimateFor(path);
     try {
-      this.card = await api.loadModel(path, this.cacheSpec, this.weights);
+      this.card = await api.loadModel(path, this.cacheSpec, this.weights, this.context);
       if (!this.card.supports_thinking) this.settings.thinking = false;
       await this.refreshContextCosts();
     } catch (e) {
@@ -196,7 +203,7 @@ export class AppStore {
       if (this.messages[at]?.streaming) this.messages[at] = { ...this.messages[at], streaming: false };
       this.generating = false;
       if (this.sessionTitle === "New chat" && this.messages[0]) {
-        this.sessionTitle = this.messages[0].content.split("\n")[0].slice(0, 48) || "New chat";
+        this.sessionTitle = conversationTitle(this.messages);
       }
       await this.save();
     }
@@ -229,16 +236,18 @@ export class AppStore {
    */
   async sendStarter(s: Starter): Promise<void> {
     if (this.generating || !this.card) return;
-    if (s.from && this.cacheSpec !== s.from) await this.switchCache(s.from);
+    const from = s.from && this.cacheOptions?.[s.from];
+    const switchTo = s.switchTo && this.cacheOptions?.[s.switchTo];
+    if (from && this.cacheSpec !== from) await this.switchCache(from);
     this.messages.push(userMessage(s.prompt, s.document ? [s.document] : undefined, s.document ? "" : undefined));
     this.messages.push(pendingAnswer());
     const start = this.streamed;
     const answering = this.run(this.messages.length - 1);
-    if (s.switchTo) {
+    if (switchTo) {
       while (this.generating && this.streamed - start < (s.switchAfter ?? 16)) {
         await new Promise((r) => setTimeout(r, 40));
       }
-      await this.switchCache(s.switchTo);
+      await this.switchCache(switchTo);
     }
     await answering;
   }
@@ -387,10 +396,8 @@ export class AppStore {
       // are not joined by a misleading straight line.
       if (this.timeline.length) this.timeline.push({ tMs: Date.now(), tokens: 0, values: {} });
       this.timelineVersion += 1;
-      if (s.cache_spec && s.cache_spec !== this.cacheSpec) {
-        if (this.card) await this.switchCache(s.cache_spec);
-        else this.cacheSpec = s.cache_spec;
-      }
+      // With no model loaded the engine keeps the cache for the next load.
+      if (s.cache_spec && s.cache_spec !== this.cacheSpec) await this.switchCache(s.cache_spec);
       return s;
     } catch (e) {
       this.sessionError = `Not opened: ${api.errorText(e)}`;

@@ -141,7 +141,7 @@ pub trait Hooks {
     fn emit(&mut self, event: Event);
     /// Called before every token and between prefill chunks, with the cache at a token
     /// boundary: the place to apply control jobs (cache switches) or set the cancel flag.
-    fn between_steps(&mut self, _model: &Model, _session: &mut Session) {}
+    fn between_steps(&mut self, _session: &mut Session) {}
     /// Called once before anything runs, with the context the request may grow the session
     /// to (`tokens`): an error refuses the request, leaving the session untouched (the
     /// engine thread refuses what would not fit in memory).
@@ -335,7 +335,7 @@ pub fn generate(
     )?;
     // Prefill everything after the reused prefix; the last chunk's logits start decoding.
     while let Some(chunk) = seq.next_prefill(req.prefill_chunk) {
-        hooks.between_steps(model, session);
+        hooks.between_steps(session);
         if cancel.load(Ordering::Relaxed) {
             seq.cancel();
             break;
@@ -345,7 +345,7 @@ pub fn generate(
         seq.prefilled(n, logits, t.elapsed().as_secs_f64());
     }
     loop {
-        hooks.between_steps(model, session);
+        hooks.between_steps(session);
         let cancelled = cancel.load(Ordering::Relaxed);
         let sampled = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e));
         if let Err(GenerateError::NonFiniteLogits { .. }) = &sampled {

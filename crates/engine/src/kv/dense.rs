@@ -56,10 +56,6 @@ impl DenseStorage {
         dtype_of(self.precision)
     }
 
-    fn elem_bytes(&self) -> usize {
-        self.dtype().size_in_bytes()
-    }
-
     /// Moves the live tokens to the front of fresh buffers of `cap` tokens.
     fn reallocate(&mut self, cap: usize) -> Result<()> {
         let (h, d) = (self.shape.n_kv_heads, self.shape.head_dim);
@@ -85,6 +81,14 @@ impl DenseStorage {
             ))),
             _ => Ok(None),
         }
+    }
+}
+
+impl DenseStorage {
+    /// The precision's byte formula for `tokens` tokens of this layer's shape.
+    fn held(&self, tokens: usize) -> usize {
+        let (h, d) = (self.shape.n_kv_heads, self.shape.head_dim);
+        self.precision.held_bytes(h, d, tokens).unwrap_or(u64::MAX) as usize
     }
 }
 
@@ -175,11 +179,11 @@ impl KvStorage for DenseStorage {
     }
 
     fn bytes_used(&self) -> usize {
-        2 * self.len * self.shape.n_kv_heads * self.shape.head_dim * self.elem_bytes()
+        self.held(self.len)
     }
 
     fn bytes_allocated(&self) -> usize {
-        2 * self.cap * self.shape.n_kv_heads * self.shape.head_dim * self.elem_bytes()
+        self.held(self.cap)
     }
 
     fn to_dense_range(&self, from: usize, len: usize) -> Result<(Tensor, Tensor)> {

@@ -6,9 +6,11 @@ mod attend;
 mod attend_cpu;
 mod dense;
 mod pool;
+mod precision;
 pub mod presets;
 pub mod spec;
 mod storage;
+mod switch;
 mod turboquant;
 
 use std::collections::BTreeMap;
@@ -20,10 +22,11 @@ pub use attend::attend_dense;
 pub use dense::{DenseStorage, BLOCK_TOKENS};
 pub use presets::{
     cache_options, canonical, presets, CacheChoice, CacheOptions, CachePreset, CacheSelection,
-    FormatOption, ScopedSpecs, SideFormat,
+    FormatOption, LabeledSpec, ScopedSpecs, SideFormat,
 };
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
 pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
+pub use switch::{ConvertPlan, LayerChange};
 pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
 
 /// Tokens converted per piece when a layer changes precision (bounds the f32 staging copy).
@@ -61,6 +64,14 @@ pub struct PrecisionPolicy {
     /// Per-layer exceptions.
     #[serde(default)]
     pub overrides: BTreeMap<usize, KvPrecision>,
+}
+
+impl Default for PrecisionPolicy {
+    /// FP16 everywhere: what llama.cpp stores by default, and the engine's cache unless a
+    /// caller picks another.
+    fn default() -> Self {
+        Self::uniform(KvPrecision::F16)
+    }
 }
 
 impl PrecisionPolicy {
@@ -359,52 +370,6 @@ impl KvCache {
             }
         }
         self.seq_len = len;
-        Ok(())
-    }
-
-    /// Re-encodes layer `layer`'s tokens in `precision` (a no-op if already there).
-    ///
-    /// The new storage is filled [`CONVERT_CHUNK`] tokens at a time from the old one and
-    /// swapped in only when complete: on error the old storage is untouched, and the switch
-    /// holds at most one layer's two copies plus one chunk of f32. Dense → TurboQuant
-    /// encodes; TurboQuant → dense decodes, which keeps the quantization error already
-    /// made (the original values are gone); TurboQuant → other bits decodes then re-encodes.
-    pub fn convert_layer(&mut self, layer: usize, precision: KvPrecision) -> Result<()> {
-        let o = self.owned_mut(layer)?;
-        if o.storage.precision() == precision {
-            return Ok(());
-        }
-        let mut fresh = new_storage(precision, o.shape.clone())?;
-        let n = o.storage.len();
-        let mut at = 0;
-        while at < n {
-            let m = CONVERT_CHUNK.min(n - at);
-            let (k, v) = o.storage.to_dense_range(at, m)?;
-            fresh.append(&k, &v)?;
-            at += m;
-        }
-        o.storage = fresh;
-        Ok(())
-    }
-
-    /// Re-encodes every owning layer as the policy says, layer by layer (never two copies
-    /// of the whole cache). Every target storage is built empty first, so a policy the
-    /// codec cannot serve (e.g. a head dimension it refuses) fails before any layer
-    /// changes. If encoding itself fails part-way (a non-finite or f16-overflowing vector),
-    /// the failing layer keeps its old storage and the layers before it keep their new
-    /// one: every layer stays valid and consistent, only the precisions are mixed.
-    pub fn convert(&mut self, policy: &PrecisionPolicy) -> Result<()> {
-        for (i, slot) in self.slots.iter().enumerate() {
-            if let Some(o) = &slot.owned {
-                new_storage(policy.for_layer(i, slot.kind), o.shape.clone())?;
-            }
-        }
-        for i in 0..self.slots.len() {
-            if self.slots[i].owned.is_some() {
-                let p = policy.for_layer(i, self.slots[i].kind);
-                self.convert_layer(i, p)?;
-            }
-        }
         Ok(())
     }
 

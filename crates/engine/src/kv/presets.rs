@@ -170,6 +170,8 @@ pub struct ScopedSpecs {
 /// One preset of the cache menu.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct CachePreset {
+    /// A short stable name (`tq3.5`, `tq4-k4v3`): its SPEC on all layers without the scope.
+    pub id: String,
     /// Button label (`TQ 3.5`).
     pub label: String,
     /// Keys' and values' format.
@@ -180,14 +182,36 @@ pub struct CachePreset {
     pub specs: ScopedSpecs,
 }
 
-/// Everything a cache menu offers.
+/// A cache a menu offers by its SPEC, with the label it shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct LabeledSpec {
+    /// Canonical SPEC.
+    pub spec: String,
+    /// What the menu shows.
+    pub label: String,
+}
+
+/// Everything a cache menu offers. Front ends name caches only through these SPECs, never
+/// by writing one of their own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct CacheOptions {
     /// The presets, in menu order.
     pub presets: Vec<CachePreset>,
     /// Formats a side may take (for keys and values set apart).
     pub formats: Vec<FormatOption>,
+    /// The cache a model loads with unless the user picks another.
+    pub default_spec: String,
+    /// The TurboQuant cache suggested for a first try: the switch demo's target and the
+    /// comparison's test pane.
+    pub suggested_spec: String,
+    /// The comparison's menu: every uniform preset on all layers, then the suggested cache
+    /// on the full-attention layers only.
+    pub compare: Vec<LabeledSpec>,
 }
+
+/// The suggested TurboQuant cache's keys and values: 3.5 bits, the paper's quality-neutral
+/// point.
+const SUGGESTED: SideFormat = SideFormat::Tq3_5;
 
 /// A format with its label.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
@@ -218,12 +242,14 @@ pub fn presets() -> Vec<CachePreset> {
                 .ok()
                 .map(|s| s.to_string())
             };
+            let all = at(LayerScope::All)?;
             Some(CachePreset {
+                id: all.trim_end_matches("@all").to_string(),
                 label,
                 keys,
                 values,
                 specs: ScopedSpecs {
-                    all: at(LayerScope::All)?,
+                    all,
                     full: at(LayerScope::Full)?,
                     sliding: at(LayerScope::Sliding)?,
                 },
@@ -234,8 +260,29 @@ pub fn presets() -> Vec<CachePreset> {
 
 /// The whole cache menu.
 pub fn cache_options() -> CacheOptions {
+    let presets = presets();
+    let suggested = presets
+        .iter()
+        .find(|p| p.keys == SUGGESTED && p.values == SUGGESTED);
+    let mut compare: Vec<LabeledSpec> = presets
+        .iter()
+        .filter(|p| p.keys == p.values)
+        .map(|p| LabeledSpec {
+            spec: p.specs.all.clone(),
+            label: p.label.clone(),
+        })
+        .collect();
+    if let Some(p) = suggested {
+        compare.push(LabeledSpec {
+            spec: p.specs.full.clone(),
+            label: format!("{} full layers only", p.label),
+        });
+    }
     CacheOptions {
-        presets: presets(),
+        default_spec: PrecisionPolicy::default().spec_string(),
+        suggested_spec: suggested.map(|p| p.specs.all.clone()).unwrap_or_default(),
+        compare,
+        presets,
         formats: SideFormat::ALL
             .iter()
             .filter(|f| !f.is_dense() || **f == SideFormat::F16)
@@ -361,6 +408,17 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["FP16", "TQ 4", "TQ 3.5", "TQ 3", "TQ 2.5", "TQ 2"]
         );
+        // The UI names caches only through these.
+        assert_eq!(options.default_spec, "f16");
+        assert_eq!(options.suggested_spec, "tq3.5@all");
+        let compare: Vec<_> = options
+            .compare
+            .iter()
+            .map(|c| (c.spec.as_str(), c.label.as_str()))
+            .collect();
+        assert_eq!(compare.len(), 8);
+        assert_eq!(compare[1], ("f16", "FP16"));
+        assert_eq!(compare[7], ("tq3.5", "TQ 3.5 full layers only"));
     }
 
     #[test]

@@ -5,52 +5,8 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::spec::TqPrecision;
+pub use super::precision::KvPrecision;
 use crate::error::Result;
-
-/// Storage precision of a layer's keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum KvPrecision {
-    /// 32-bit floats (reference precision).
-    F32,
-    /// IEEE half precision (what llama.cpp stores by default).
-    F16,
-    /// bfloat16.
-    BF16,
-    /// TurboQuant codes (keys and values each quantized or dense f16), see
-    /// [`super::spec::TqPrecision`].
-    #[serde(rename = "turboquant")]
-    TurboQuant(TqPrecision),
-}
-
-impl KvPrecision {
-    /// Short lowercase name (`f32`, `f16`, `bf16`, `turboquant`); `Display` gives the full
-    /// form (`tq4`, `k4v3+nc`).
-    pub fn name(self) -> &'static str {
-        match self {
-            KvPrecision::F32 => "f32",
-            KvPrecision::F16 => "f16",
-            KvPrecision::BF16 => "bf16",
-            KvPrecision::TurboQuant(_) => "turboquant",
-        }
-    }
-
-    /// True for dense float precisions.
-    pub fn is_dense(self) -> bool {
-        !matches!(self, KvPrecision::TurboQuant(_))
-    }
-}
-
-impl std::fmt::Display for KvPrecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KvPrecision::TurboQuant(p) => write!(f, "{p}"),
-            other => f.write_str(other.name()),
-        }
-    }
-}
 
 /// Which stored keys a block of queries may see, in absolute token positions.
 ///

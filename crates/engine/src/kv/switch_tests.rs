@@ -1,6 +1,7 @@
 //! Tests of live precision switches on a whole cache: conversions keep the tokens (exactly
 //! for TurboQuant → dense, which keeps the quantization error), work across conversion
-//! chunks and sliding windows, and a failed conversion leaves the old storage intact.
+//! chunks and sliding windows, plans say what a switch will weigh, and a failed conversion
+//! leaves the whole cache as it was.
 
 use std::path::PathBuf;
 
@@ -103,7 +104,7 @@ fn switches_keep_every_layer_consistent() -> Result<()> {
 }
 
 #[test]
-fn a_failed_conversion_leaves_the_old_storage() -> Result<()> {
+fn a_failed_switch_leaves_every_layer_as_it_was() -> Result<()> {
     let cfg = config()?;
     let mut cache = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
     fill(&mut cache, &cfg, 40, 7)?;
@@ -129,33 +130,57 @@ fn a_failed_conversion_leaves_the_old_storage() -> Result<()> {
 
     let mut policy = spec("tq4")?;
     policy.sliding = KvPrecision::F32;
-    let err = cache.convert(&policy);
+    let plan = cache.plan(&policy)?;
+    assert_eq!(plan.bytes_before(), mem_before.total.0 as u64);
+    let err = cache.apply(&plan);
     assert!(matches!(err, Err(EngineError::Codec(_))), "{err:?}");
-    // Layer 5 is untouched; layer 2 (converted first) is valid TurboQuant; sliding layers
-    // were never asked to change.
-    let s5 = cache
-        .storage(5)
-        .ok_or_else(|| EngineError::invalid("no 5"))?;
-    assert_eq!(s5.precision(), KvPrecision::F32);
-    assert_eq!(s5.len(), 41);
-    let (k5, v5) = dense(&cache, 5)?;
-    let (bk, bv) = &before[cfg
-        .cache_owning_layers()
-        .position(|l| l.index == 5)
-        .unwrap_or(0)];
-    assert_eq!(max_diff(&k5, bk)?, 0.0);
-    assert_eq!(max_diff(&v5, bv)?, 0.0);
-    assert!(!cache
-        .storage(2)
-        .ok_or_else(|| EngineError::invalid("no 2"))?
-        .precision()
-        .is_dense());
-    assert_eq!(cache.memory().layers[0], mem_before.layers[0]);
+    // Nothing changed: layer 2, converted before layer 5 failed, kept its old storage too,
+    // bit for bit, and the cache weighs what it did.
+    for (l, (bk, bv)) in cfg.cache_owning_layers().zip(&before) {
+        let s = cache
+            .storage(l.index)
+            .ok_or_else(|| EngineError::invalid("no storage"))?;
+        assert_eq!(s.precision(), KvPrecision::F32, "layer {}", l.index);
+        let (k, v) = dense(&cache, l.index)?;
+        assert_eq!(max_diff(&k, bk)?, 0.0, "layer {}", l.index);
+        assert_eq!(max_diff(&v, bv)?, 0.0, "layer {}", l.index);
+    }
+    assert_eq!(cache.memory(), mem_before);
     // Every layer still attends.
     for l in &cfg.layers {
         let q = chunk(9, l.n_heads, 1, l.head_dim)?;
         let o = cache.attend(l.index, &q, cache.seq_len() - 1, l.attn_scale)?;
         assert_eq!(o.dims(), &[l.n_heads, 1, l.head_dim]);
     }
+    Ok(())
+}
+
+#[test]
+fn a_plan_weighs_what_the_switched_cache_holds() -> Result<()> {
+    let cfg = config()?;
+    let mut cache = KvCache::new(&cfg, &spec("f16")?, &Device::Cpu)?;
+    fill(&mut cache, &cfg, 300, 64)?;
+    for to in ["tq3.5@all", "k4v3@full", "f32", "f16"] {
+        let before = cache.memory();
+        let plan = cache.plan(&spec(to)?)?;
+        assert_eq!(plan.bytes_before(), before.total.0 as u64, "{to}");
+        assert_eq!(plan.tokens(), 300);
+        // Planning changes nothing.
+        assert_eq!(cache.memory(), before, "{to}");
+        let extra: u64 = plan
+            .layers
+            .iter()
+            .filter(|l| l.from != l.to)
+            .map(|l| l.bytes_after)
+            .sum();
+        assert_eq!(plan.peak_extra_bytes(), extra);
+        assert_eq!(plan.is_noop(), extra == 0 && to == "f16", "{to}");
+        cache.apply(&plan)?;
+        assert_eq!(cache.memory().total.0 as u64, plan.bytes_after(), "{to}");
+    }
+    // A plan is for the cache as it was: after another step it is refused, not misapplied.
+    let plan = cache.plan(&spec("tq4@all")?)?;
+    fill(&mut cache, &cfg, 1, 1)?;
+    assert!(cache.apply(&plan).is_err());
     Ok(())
 }

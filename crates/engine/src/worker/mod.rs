@@ -33,7 +33,7 @@ use crate::compare::{CompareEvent, CompareRequest};
 use crate::config::ModelConfig;
 use crate::events::{Activity, ErrorCode, Event, ModelCard};
 use crate::generate::{self, GenerateRequest, Prompt, PromptPreview};
-use crate::kv::{CacheSelection, KvPrecision, PrecisionPolicy};
+use crate::kv::{CacheSelection, PrecisionPolicy};
 use crate::memory::{
     context_costs, document_fits, ContextCost, DocumentFit, KvBytes, MemorySample, RssProbe,
     SwitchEvent,
@@ -103,7 +103,7 @@ impl LoadRequest {
             source,
             tokenizer: None,
             options: LoadOptions::default(),
-            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            policy: PrecisionPolicy::default(),
             context: DEFAULT_LOAD_CONTEXT,
         }
     }
@@ -224,7 +224,7 @@ impl Engine {
                 busy: false,
                 context_tokens: 0,
                 kv_bytes: 0,
-                policy: PrecisionPolicy::uniform(KvPrecision::F16),
+                policy: PrecisionPolicy::default(),
                 weights_bytes: 0,
                 kv: KvBytes::default(),
                 activity: Activity::NoModel,

@@ -4,20 +4,17 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
 use super::error::{JobError, LoadError};
 use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
-use crate::budget::Plan;
+use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
-use crate::events::{Activity, Event, LoadPhase, ModelCard};
+use crate::events::{Activity, ErrorCode, Event, LoadPhase, ModelCard};
 use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
-use crate::memory::{
-    estimate_kv_bytes, format_bytes, release_free_memory, KvBytes, RssProbe, SwitchEvent,
-};
+use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
 use crate::session::Session;
 use crate::source::ModelSource;
@@ -150,7 +147,12 @@ impl Worker {
             }
             Job::SwitchCache { policy, reply } => {
                 let r = match self.loaded.as_mut() {
-                    Some(l) => marked_switch(&l.model, &mut l.session, &policy, &mut self.probe),
+                    Some(l) => checked_switch(
+                        &mut l.session,
+                        &policy,
+                        &self.shared.budget,
+                        &mut self.probe,
+                    ),
                     None => {
                         let empty = empty_report();
                         let marker = SwitchEvent::between(
@@ -390,7 +392,6 @@ impl Worker {
         };
         let mut hooks = CmpHooks {
             sink,
-            model,
             session,
             queue: Queue {
                 rx: &self.rx,
@@ -410,27 +411,23 @@ impl Worker {
     }
 }
 
-/// Converts the session's cache to `policy` and returns the timeline marker.
-fn marked_switch(
-    model: &Model,
+/// Switches the session's cache to `policy` if the switch fits the memory budget (checked
+/// on the plan, before anything is converted) and returns the timeline marker.
+fn checked_switch(
     session: &mut Session,
     policy: &PrecisionPolicy,
+    budget: &Mutex<MemoryBudget>,
     probe: &mut RssProbe,
 ) -> Result<SwitchEvent, JobError> {
-    let (from, before) = (session.policy().clone(), session.memory());
-    let rss_before = probe.rss_bytes();
-    let t0 = Instant::now();
-    session.switch_policy(model, policy)?;
-    let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // A cache that shrank hands its pages back, so resident memory drops visibly.
-    release_free_memory();
-    Ok(SwitchEvent::between(
-        (&from, &before),
-        (policy, &session.memory()),
-        session.len(),
-        (rss_before, probe.rss_bytes()),
-        duration_ms,
-    ))
+    let plan = session.plan_switch(policy)?;
+    let fit = switch_fit(&plan, &lock(budget));
+    if !fit.fits {
+        return Err(JobError::new(
+            ErrorCode::OutOfMemory,
+            fit.message(&format!("switch the KV cache to {}", fit.spec)),
+        ));
+    }
+    Ok(session.switch(&plan, probe)?)
 }
 
 /// What a status bar shows for a model being loaded.
@@ -464,7 +461,7 @@ struct Queue<'a> {
 }
 
 impl Queue<'_> {
-    fn between_steps(&mut self, model: &Model, session: &mut Session) {
+    fn between_steps(&mut self, session: &mut Session) {
         {
             // Live context figures for status queries during a long generation.
             let memory = session.memory();
@@ -478,7 +475,12 @@ impl Queue<'_> {
             match job {
                 Job::Cancel => self.cancel.cancel(),
                 Job::SwitchCache { policy, reply } => {
-                    let _ = reply.send(marked_switch(model, session, &policy, self.probe));
+                    let _ = reply.send(checked_switch(
+                        session,
+                        &policy,
+                        &self.shared.budget,
+                        self.probe,
+                    ));
                 }
                 Job::Shutdown => {
                     self.cancel.cancel();
@@ -523,8 +525,8 @@ impl Hooks for GenHooks<'_> {
         }
     }
 
-    fn between_steps(&mut self, model: &Model, session: &mut Session) {
-        self.queue.between_steps(model, session);
+    fn between_steps(&mut self, session: &mut Session) {
+        self.queue.between_steps(session);
     }
 
     fn admit(
@@ -555,7 +557,6 @@ impl Hooks for GenHooks<'_> {
 /// rounds (cache switches apply to the chat session, which the comparison leaves alone).
 struct CmpHooks<'a> {
     sink: &'a mut CompareSink,
-    model: &'a Model,
     session: &'a mut Session,
     queue: Queue<'a>,
 }
@@ -566,7 +567,7 @@ impl CompareHooks for CmpHooks<'_> {
     }
 
     fn between_steps(&mut self) {
-        self.queue.between_steps(self.model, self.session);
+        self.queue.between_steps(self.session);
     }
 
     fn admit(

@@ -1,0 +1,129 @@
+//! How every model-taking command opens its model, written once: `--model`, `--tokenizer`,
+//! `--device` and `--weights` ([`ModelArgs`]), resolved to local files, loaded with the
+//! loader's warnings printed, with the tokenizer the engine itself would build (the file's
+//! own template and stops). One `--device` parser ([`parse_device`]) for every command.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
+use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::source::ResolvedModel;
+use kvlab_engine::tokenizer::GemmaTokenizer;
+use kvlab_engine::{LoadOptions, Model, ModelSource, PrecisionPolicy, WeightsChoice};
+
+/// The loader's warnings, one `warning: …` line each on stderr.
+pub fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// Options shared by the commands that load a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A model file or directory, a Hugging Face repo (`owner/name[@rev]`), or an asset
+    /// name (`gemma3-270m`, also `asset:gemma3-270m`).
+    #[arg(long, default_value = kvlab_assets::DEFAULT_MODEL)]
+    pub model: String,
+    /// The tokenizer.json to use (default: beside the model; for a GGUF file without one,
+    /// the vocabulary inside the file).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Device: cpu, auto, metal, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// How a safetensors checkpoint's matrices are held, quantized while loading: q4_k,
+    /// q8_0, f16, bf16 or f32 (default: q8_0 on the CPU, bf16 on a GPU). GGUF files keep
+    /// their own types.
+    #[arg(long)]
+    pub weights: Option<WeightsChoice>,
+}
+
+impl ModelArgs {
+    /// Device and dtype for the load.
+    pub fn load_options(&self) -> anyhow::Result<LoadOptions> {
+        let device = select_device(parse_device(&self.device)?)?;
+        Ok(LoadOptions {
+            dtype: preferred_dtype(&device),
+            weights: self
+                .weights
+                .unwrap_or_else(|| WeightsChoice::default_for(&device)),
+            device,
+        })
+    }
+
+    /// Loads the model at `weights` with these options and prints the loader's warnings
+    /// (assumptions made, keys ignored) on stderr, as every model-taking command does.
+    pub fn load(&self, weights: &Path) -> anyhow::Result<Model> {
+        let model = Model::load(weights, &self.load_options()?)
+            .with_context(|| format!("loading {}", weights.display()))?;
+        print_warnings(&model.config().warnings);
+        Ok(model)
+    }
+
+    /// The model source, asset names resolved to their files.
+    pub fn source(&self) -> anyhow::Result<ModelSource> {
+        crate::asset_names::model_source(&self.model)
+    }
+
+    /// The model's local files: Hub repositories downloaded, the tokenizer found (or
+    /// `--tokenizer`).
+    pub fn resolve(&self) -> anyhow::Result<ResolvedModel> {
+        let never = AtomicBool::new(false);
+        self.source()?
+            .resolve(self.tokenizer.as_deref(), &mut |_| {}, &never)
+            .with_context(|| format!("locating {}", self.model))
+    }
+
+    /// The model's weights file or folder only (Hub repositories downloaded), for commands
+    /// that need no tokenizer.
+    pub fn weights(&self) -> anyhow::Result<PathBuf> {
+        let never = AtomicBool::new(false);
+        self.source()?
+            .weights(&mut |_| {}, &never)
+            .with_context(|| format!("locating {}", self.model))
+    }
+
+    /// Resolves, loads, and builds the tokenizer the engine would (the checkpoint's own
+    /// template and stops), printing every warning.
+    pub fn open(&self) -> anyhow::Result<OpenedModel> {
+        let resolved = self.resolve()?;
+        let model = self.load(&resolved.weights)?;
+        let (tokenizer, warnings) =
+            GemmaTokenizer::for_model(&resolved.tokenizer, &model, &resolved.name)?;
+        print_warnings(&warnings);
+        Ok(OpenedModel { model, tokenizer })
+    }
+}
+
+/// A model opened by [`ModelArgs::open`].
+pub struct OpenedModel {
+    /// The loaded model.
+    pub model: Model,
+    /// Its tokenizer, as the engine builds it.
+    pub tokenizer: GemmaTokenizer,
+}
+
+/// Parses `--device`: cpu, auto, metal, cuda or cuda:N.
+pub fn parse_device(s: &str) -> anyhow::Result<DeviceChoice> {
+    Ok(match s {
+        "cpu" => DeviceChoice::Cpu,
+        "auto" => DeviceChoice::Auto,
+        "metal" => DeviceChoice::Metal,
+        "cuda" => DeviceChoice::Cuda(0),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => DeviceChoice::Cuda(i),
+            _ => bail!("unknown --device `{other}` (cpu, auto, metal, cuda, cuda:N)"),
+        },
+    })
+}
+
+/// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …) into a cache policy.
+pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {
+    Ok(CacheSpec::parse(spec)
+        .with_context(|| format!("bad --kv `{spec}`"))?
+        .to_policy())
+}
