@@ -1,18 +1,18 @@
 //! `kvlab bench decode`: prefill a context of N tokens, then decode M more (greedy, or the
 //! engine's default sampling), and print prefill and decode throughput plus the KV cache bytes, and with
-//! `--profile` where each phase's time went. A thin face over `kvlab_engine::model::bench`.
+//! `--profile` where each phase's time went. A thin face over `kvlab_engine::bench::decode`.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
-use kvlab_engine::device::{preferred_dtype, select_device};
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::model::bench::{
+use kvlab_engine::bench::decode::{
     bench_decode, BenchContext, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
 };
-use kvlab_engine::model::golden::{check_golden, GoldenReport};
+use kvlab_engine::bench::golden::{check_golden, GoldenReport};
+use kvlab_engine::device::{preferred_dtype, select_device};
+use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::source::find_tokenizer;
 use kvlab_engine::tokenizer::GemmaTokenizer;

@@ -351,7 +351,7 @@ fn a_rewind_margin_lets_an_answer_be_regenerated_without_prefilling_again() {
         again.reused_tokens
     };
     // A margin of 16 cannot reach back 20 answer tokens past the window; the default
-    // (kvlab_engine::session::REWIND_MARGIN, 256, the one every front end gets) can.
+    // (kvlab_engine::REWIND_MARGIN, 256, the one every front end gets) can.
     assert_eq!(regenerate(Some(16)), 0);
     assert_eq!(regenerate(Some(64)), 11);
     assert_eq!(regenerate(None), 11);

@@ -3,9 +3,15 @@
 //! and the thinking/answer splitter, emitting events. Stops on the family's stop ids,
 //! `max_tokens`, a full context, or a cancel flag checked before every token.
 
+pub mod compare;
+pub mod detok;
 mod error;
+pub mod fidelity;
+pub mod sampling;
 pub mod score;
 mod sequence;
+pub(crate) mod session;
+pub mod stream;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -20,9 +26,9 @@ use crate::chat::{ChatOptions, Message};
 use crate::events::Event;
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
-use crate::session::Session;
 use crate::stream::Delta;
 use crate::tokenizer::GemmaTokenizer;
+use session::Session;
 
 /// Default prefill chunk: bounds activation memory on long prompts.
 pub const PREFILL_CHUNK: usize = 512;

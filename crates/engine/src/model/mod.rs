@@ -17,10 +17,7 @@
 //! ```
 
 mod attention;
-#[cfg(feature = "bench")]
-pub mod bench;
 mod fused;
-pub mod golden;
 mod layer;
 mod linear;
 mod mlp;

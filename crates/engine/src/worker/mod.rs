@@ -32,6 +32,7 @@ use crate::card::MemoryEstimate;
 use crate::compare::{CompareEvent, CompareRequest};
 use crate::config::ModelConfig;
 use crate::events::{Activity, ErrorCode, Event, ModelCard};
+use crate::generate::session::REWIND_MARGIN;
 use crate::generate::{self, GenerateRequest, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, PrecisionPolicy};
 use crate::memory::{
@@ -39,7 +40,6 @@ use crate::memory::{
     SwitchEvent,
 };
 use crate::model::LoadOptions;
-use crate::session::REWIND_MARGIN;
 use crate::source::ModelSource;
 use crate::tokenizer::GemmaTokenizer;
 

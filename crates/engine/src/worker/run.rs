@@ -12,11 +12,11 @@ use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
 use crate::events::{Activity, ErrorCode, Event, LoadPhase, ModelCard};
+use crate::generate::session::Session;
 use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
-use crate::session::Session;
 use crate::source::ModelSource;
 use crate::tokenizer::GemmaTokenizer;
 

@@ -10,9 +10,9 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::{Logits, Model};
 use crate::error::{EngineError, Result};
 use crate::kv::PrecisionPolicy;
+use crate::model::{Logits, Model};
 
 /// How far a model's logits are from the golden ones.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Logits, Model};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
+use crate::model::{Logits, Model};
 use crate::profile;
 use crate::sampling::{Sampler, SamplingParams};
 

@@ -1,0 +1,175 @@
+//! Tests of the byte formulas, the estimate and the timeline against real storages.
+
+use super::*;
+use crate::config::{AttentionKind, ModelConfig};
+use crate::kv::{
+    new_storage, presets, CacheSpec, KvCache, KvPrecision, PrecisionPolicy, StorageShape,
+};
+use candle_core::{Device, Tensor};
+
+fn tiny_config() -> ModelConfig {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny_gemma3/config.json");
+    crate::config::hf::load_config(&path).expect("fixture config")
+}
+
+fn policy(spec: &str) -> PrecisionPolicy {
+    CacheSpec::parse(spec).expect("spec").to_policy()
+}
+
+#[test]
+fn bytes_read_in_binary_units() {
+    assert_eq!(format_bytes(0), "0 B");
+    assert_eq!(format_bytes(1023), "1023 B");
+    assert_eq!(format_bytes(1536), "1.50 KiB");
+    assert_eq!(format_bytes(10 << 20), "10.0 MiB");
+    assert_eq!(format_bytes(300 << 30), "300 GiB");
+    assert_eq!(format_bytes(u64::MAX), "16384 PiB");
+}
+
+#[test]
+fn token_bytes_match_what_a_storage_holds() {
+    for spec in [
+        "f32",
+        "f16",
+        "bf16",
+        "tq4@all",
+        "tq3.5@all",
+        "tq2.5@all",
+        "k4v3@all",
+        "k4vf16@all",
+        "tq3+prod@all",
+    ] {
+        let p = policy(spec).full;
+        for (heads, dim) in [(1, 256), (2, 16), (4, 128)] {
+            let shape = StorageShape::new(heads, dim, Device::Cpu);
+            let mut s = new_storage(p, shape).expect("storage");
+            let x =
+                Tensor::ones((heads, 3, dim), candle_core::DType::F32, &Device::Cpu).expect("x");
+            s.append(&x, &x).expect("append");
+            assert_eq!(
+                p.held_bytes(heads, dim, 3).expect("bytes") as usize,
+                s.bytes_used(),
+                "{spec} {heads}x{dim}"
+            );
+        }
+    }
+    // 256 dims: f16 512 B per vector, 3.5 bits 112 B + a 2 B norm.
+    assert_eq!(KvPrecision::F16.token_bytes(1, 256).expect("f16"), 1024);
+    assert_eq!(
+        policy("tq3.5@all").full.token_bytes(1, 256).expect("tq"),
+        228
+    );
+}
+
+#[test]
+fn estimate_equals_a_filled_cache_and_splits_by_kind() {
+    let cfg = tiny_config();
+    for spec in ["f32", "f16", "tq4", "tq3.5@all", "k4v3@sliding"] {
+        let p = policy(spec);
+        for tokens in [0, 5, 7, 8, 40] {
+            let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
+            cache.fill_synthetic(tokens, 1).expect("fill");
+            assert_eq!(
+                estimate_kv_bytes(&cfg, &p, tokens, 0).expect("estimate"),
+                cache.memory().total.0 as u64,
+                "{spec} at {tokens} tokens"
+            );
+            // With a rewind margin sliding layers keep `window − 1 + margin` tokens.
+            let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
+            cache.set_rewind_margin(3);
+            cache.fill_synthetic(tokens, 1).expect("fill");
+            assert_eq!(
+                estimate_kv_bytes(&cfg, &p, tokens, 3).expect("estimate"),
+                cache.memory().total.0 as u64,
+                "{spec} at {tokens} tokens, margin 3"
+            );
+        }
+    }
+    // 4 sliding and 2 full layers of 2 KV heads × 16 dims: 128 B per layer-token in f16.
+    let f16 = policy_token_bytes(&cfg, &policy("f16")).expect("f16");
+    assert_eq!(
+        f16,
+        KindTokenBytes {
+            sliding: 4 * 128,
+            full: 2 * 128
+        }
+    );
+    let tq = policy_token_bytes(&cfg, &policy("tq4")).expect("tq4");
+    assert_eq!(tq.sliding, f16.sliding);
+    assert!(tq.full < f16.full / 2, "{tq:?}");
+}
+
+#[test]
+fn preset_costs_follow_the_codec_layout() {
+    // 4 sliding and 2 full layers of 2 KV heads × 16 dims.
+    let costs = token_costs(&tiny_config());
+    assert_eq!(costs.len(), presets().len());
+    let by = |spec: &str| costs.iter().find(|c| c.spec == spec).expect(spec);
+    // f16: 2 heads × (16 + 16 values) × 2 B = 128 B per layer.
+    assert_eq!(
+        (
+            by("f16").sliding_bytes_per_token,
+            by("f16").full_bytes_per_token
+        ),
+        (4 * 128, 2 * 128)
+    );
+    assert_eq!(by("f32").full_bytes_per_token, 2 * 256);
+    // 3.5 bits × 16 dims = 7 B of codes + a 2 B norm per vector.
+    assert_eq!(by("tq3.5@all").full_bytes_per_token, 2 * 2 * 2 * 9);
+    // k4v3: 8 + 2 and 6 + 2 bytes.
+    assert_eq!(by("k4v3@all").sliding_bytes_per_token, 4 * 2 * (10 + 8));
+}
+
+#[test]
+fn context_and_document_costs_are_differences_of_the_estimate() {
+    // Window 8: sliding layers hold the last 7 tokens (plus the rewind margin).
+    let cfg = tiny_config();
+    let f16 = |costs: &[ContextCost]| costs.iter().find(|c| c.spec == "f16").unwrap().bytes;
+    assert_eq!(
+        f16(&context_costs(&cfg, 100, 0)),
+        2 * 128 * 100 + 4 * 128 * 7
+    );
+    assert_eq!(
+        f16(&context_costs(&cfg, 100, 16)),
+        2 * 128 * 100 + 4 * 128 * (7 + 16)
+    );
+    let fits = document_fits(&cfg, 10, &[20, 300], 16, 0);
+    // At 10 tokens the sliding layers are full already: only the full layers grow.
+    assert_eq!(f16(&fits[0].costs), 2 * 128 * 20);
+    assert_eq!((fits[0].context_after, fits[0].fits), (46, true));
+    // The second document comes on top of the first, past the 256-token context.
+    assert_eq!(f16(&fits[1].costs), 2 * 128 * 300);
+    assert_eq!((fits[1].context_after, fits[1].fits), (346, false));
+    let tq = fits[0]
+        .costs
+        .iter()
+        .find(|c| c.spec == "tq3.5@all")
+        .unwrap();
+    assert_eq!(tq.bytes, 2 * 36 * 20);
+}
+
+#[test]
+fn kv_parts_sum_layers_per_kind_and_precision() {
+    let cfg = tiny_config();
+    let mut cache = KvCache::new(&cfg, &policy("tq3.5"), &Device::Cpu).expect("cache");
+    cache.fill_synthetic(20, 1).expect("fill");
+    let kv = KvBytes::of(&cache);
+    let parts: Vec<(AttentionKind, &str, u64)> = kv
+        .parts
+        .iter()
+        .map(|p| (p.kind, p.precision.as_str(), p.bytes.used))
+        .collect();
+    // Four sliding f16 layers (7 tokens held), two full TQ 3.5 ones (20 + offsets).
+    assert_eq!(
+        parts,
+        [
+            (AttentionKind::Sliding, "f16", 4 * 128 * 7),
+            (AttentionKind::Full, "tq3.5", 2 * (36 * 20 + 256)),
+        ]
+    );
+    assert_eq!(
+        kv.parts.iter().map(|p| p.bytes.used).sum::<u64>(),
+        kv.total_used
+    );
+}
