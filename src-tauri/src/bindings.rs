@@ -26,9 +26,10 @@ use kvlab_engine::{JobError, WeightFormat, WeightsChoice};
 use ts_rs::{Config, TS};
 
 use crate::bridge::CompareRequest;
-use crate::commands::{DefaultModel, InspectedDocument, SystemInfo};
+use crate::documents::commands::InspectedDocument;
 use crate::documents::{Document, DocumentKind};
-use crate::download::{DownloadUpdate, Downloaded, HubModel};
+use crate::downloads::{DownloadUpdate, Downloaded, HubModel};
+use crate::models::commands::{DefaultModel, SystemInfo};
 use crate::sessions::{SessionList, SessionSummary, UnreadableSession};
 
 /// One exported declaration.

@@ -1,13 +1,17 @@
 //! KV Lab's desktop shell: a thin Tauri layer that turns UI commands into engine jobs and
 //! engine output into channel messages and low-rate events. It holds handles, never the model.
+//! One folder per domain (`models`, `chat`, `documents`, `sessions`, `downloads`), each with
+//! its commands; `bridge` is the one handle on the engine thread.
 
 #[cfg(test)]
 mod bindings;
+mod blocking;
 mod bridge;
-mod commands;
+mod chat;
 pub mod documents;
-mod download;
+mod downloads;
 pub mod error;
+mod models;
 mod monitor;
 pub mod platform;
 pub mod sessions;
@@ -38,35 +42,35 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
         .plugin(tauri_plugin_dialog::init())
         .plugin(webview_guard::plugin())
-        .manage(download::Downloads::default())
+        .manage(downloads::Downloads::default())
         .invoke_handler(tauri::generate_handler![
-            commands::system_info,
-            commands::engine_status,
-            commands::default_model,
-            commands::inspect_model,
-            commands::load_model,
-            commands::pick_model,
-            commands::generate,
-            commands::preview_prompt,
-            commands::compare,
-            commands::stop_generation,
-            commands::reset_conversation,
-            commands::switch_cache,
-            commands::cache_options,
-            commands::context_costs,
-            commands::document_fits,
-            commands::inspect_document_path,
-            commands::inspect_document_bytes,
-            commands::list_sessions,
-            commands::load_session,
-            commands::save_session,
-            commands::rename_session,
-            commands::delete_session,
-            commands::export_file,
-            download::hub_models,
-            download::hub_quants,
-            download::start_download,
-            download::cancel_download,
+            models::commands::system_info,
+            models::commands::engine_status,
+            models::commands::default_model,
+            models::commands::inspect_model,
+            models::commands::load_model,
+            models::commands::pick_model,
+            chat::commands::generate,
+            chat::commands::preview_prompt,
+            chat::commands::compare,
+            chat::commands::stop_generation,
+            chat::commands::reset_conversation,
+            chat::commands::switch_cache,
+            chat::commands::cache_options,
+            chat::commands::context_costs,
+            documents::commands::document_fits,
+            documents::commands::inspect_document_path,
+            documents::commands::inspect_document_bytes,
+            sessions::commands::list_sessions,
+            sessions::commands::load_session,
+            sessions::commands::save_session,
+            sessions::commands::rename_session,
+            sessions::commands::delete_session,
+            sessions::commands::export_file,
+            downloads::hub_models,
+            downloads::hub_quants,
+            downloads::start_download,
+            downloads::cancel_download,
             window::ui_theme,
         ])
         .setup(|app| {

@@ -5,9 +5,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::bridge::EngineBridge;
-use crate::commands::DefaultModel;
 use crate::documents::Reader;
 use crate::error::{CommandError, ErrorCode};
+use crate::models::commands::DefaultModel;
 use crate::sessions::SessionStore;
 
 pub struct AppState {

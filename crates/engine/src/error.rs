@@ -73,8 +73,8 @@ pub enum EngineError {
 
 impl EngineError {
     /// The stable code a caller sees for this error.
-    pub fn code(&self) -> crate::events::ErrorCode {
-        use crate::events::ErrorCode as C;
+    pub fn code(&self) -> crate::contract::ErrorCode {
+        use crate::contract::ErrorCode as C;
         match self {
             EngineError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 C::ModelNotFound

@@ -13,7 +13,8 @@
 //! - **The cache and its memory:** [`kv`] (layout × precision, each precision's byte formula,
 //!   switches planned then applied, SPEC strings, the presets and cache menu), [`memory`]
 //!   (reported bytes, estimates and costs, timeline samples, switch markers, process memory).
-//! - **The contract with front ends:** [`events`] (events, the one [`ErrorCode`], activity),
+//! - **The contract with front ends:** [`contract`] (also reached as `events`: events, the
+//!   one [`ErrorCode`], activity),
 //!   [`JobError`]. Their serde shapes are pinned by tests and mirrored into the UI's generated
 //!   TypeScript types.
 //! - **Measuring (feature `bench`):** `bench` (decode benchmark, golden checks, matmul timings).
@@ -28,9 +29,9 @@ pub mod budget;
 pub mod card;
 pub mod chat;
 pub mod config;
+pub mod contract;
 pub mod device;
 mod error;
-pub mod events;
 pub mod family;
 pub mod generate;
 pub mod kv;
@@ -49,8 +50,10 @@ pub mod worker;
 pub use bench::{bench_matmul, MatmulBenchRow};
 pub use card::{MemoryEstimate, ModelCard};
 pub use config::ModelConfig;
+/// The contract under its older name: `kvlab_engine::events::Event`.
+pub use contract as events;
+pub use contract::ErrorCode;
 pub use error::{EngineError, Result};
-pub use events::ErrorCode;
 pub use generate::session::{Session, REWIND_MARGIN};
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};

@@ -227,7 +227,7 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
     let status = s.engine.status();
     let sample = s.engine.memory_sample(7, &mut RssProbe::new());
     assert_eq!((sample.t_ms, sample.tokens_in_context), (7, 17));
-    assert_eq!(sample.kv.total_used, status.kv_bytes as u64);
+    assert_eq!(sample.kv.total_used, status.kv.total_used);
     assert_eq!(
         sample.kv.by_kind.sliding.used + sample.kv.by_kind.full.used,
         sample.kv.total_used

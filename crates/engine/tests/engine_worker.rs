@@ -208,7 +208,7 @@ fn reset_clears_the_context() {
     assert_eq!(s.engine.status().context_tokens, 16);
     s.engine.reset().expect("reset");
     let st = s.engine.status();
-    assert_eq!((st.context_tokens, st.kv_bytes), (0, 0));
+    assert_eq!((st.context_tokens, st.kv.total_used), (0, 0));
     let again = run(&s.engine, greedy(prompt, 5));
     assert_eq!(again.stats().reused_tokens, 0);
     assert_eq!(again.stats().prefill_tokens, 12);
@@ -567,7 +567,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
     // Nothing was converted: same policy, same bytes.
     let after = s.engine.status();
     assert_eq!(after.policy, tq4);
-    assert_eq!(after.kv_bytes, held.kv_bytes);
+    assert_eq!(after.kv, held.kv);
     assert_eq!(after.context_tokens, 31);
     // With the byte it lacked, the same switch goes through.
     s.engine
@@ -600,7 +600,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     );
     let mut history = expect[..12].to_vec();
     history.extend(first.done().1);
-    let held = s.engine.status().kv_bytes as u64;
+    let held = s.engine.status().kv.total_used;
     assert_eq!(held, kv_at(31));
     // Room for the conversation to grow to 52 tokens, not more.
     let margin = 4096;

@@ -502,7 +502,7 @@ fn non_finite(lab: &Lab, row: &str, path: &Path) {
         status.context_tokens, 0,
         "{row}: the poisoned cache is dropped"
     );
-    assert_eq!(status.kv_bytes, 0, "{row}");
+    assert_eq!(status.kv.total_used, 0, "{row}");
     let good = common::fixture("tiny_dense").join("model.safetensors");
     lab.engine
         .load_blocking(request(&good, &lab.tokenizer), |_| {})

@@ -7,18 +7,15 @@ import type {
   CacheOptions,
   CacheSelection,
   ContextCost,
-  DocumentFit,
-  InspectedDocument,
   MemoryEstimate,
   MemorySample,
   ModelCard,
-  SessionSummary,
-  UnreadableSession,
 } from "./api";
-import { documentPayload } from "./documents";
+import { AttachmentStore } from "./attachments.svelte";
 import { frameBatch } from "./frameBatch";
 import { applyEvent, conversationTitle, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
+import { SessionListStore } from "./sessionList.svelte";
 import { MemoryTimeline, type XAxis } from "./timeline";
 
 export interface Settings {
@@ -70,10 +67,12 @@ export class AppStore {
   weights: api.WeightsChoice | null = $state(null);
   switchError = $state("");
 
-  attachments: InspectedDocument[] = $state([]);
-  /** Each attachment's cost and fit, in attachment order (the engine's figures). */
-  fits: DocumentFit[] = $state([]);
-  docNotice = $state("");
+  /** Documents attached to the next message (the documents domain). */
+  docs = new AttachmentStore(() => ({
+    loaded: !!this.card,
+    reserve: this.settings.max_tokens,
+    maxBytes: this.info?.max_document_bytes,
+  }));
 
   timeline = new MemoryTimeline();
   timelineVersion = $state(0);
@@ -83,11 +82,12 @@ export class AppStore {
   sessionId = $state(newId("s"));
   sessionTitle = $state("New chat");
   sessionCreated = Date.now();
-  sessions: SessionSummary[] = $state([]);
-  /** Why the last session action (save, open, rename, delete, export) failed. */
-  sessionError = $state("");
-  /** Session files that could not be read (a corrupt one is set aside under a new name). */
-  unreadableSessions: UnreadableSession[] = $state([]);
+  /** The saved conversations (the sessions domain). */
+  sessionList = new SessionListStore({
+    currentId: () => this.sessionId,
+    renamed: (title) => (this.sessionTitle = title),
+    deleted: () => this.reset(),
+  });
 
   /** Answer tokens streamed so far, all answers together (a starter's switch waits on it). */
   private streamed = 0;
@@ -103,10 +103,10 @@ export class AppStore {
     } catch (e) {
       this.switchError = api.errorText(e);
     }
-    await this.refreshSessions();
+    await this.sessionList.refresh();
     let restored: SavedSession | null = null;
-    if (this.sessions.length) {
-      restored = await this.openSession(this.sessions[0].id, false);
+    if (this.sessionList.sessions.length) {
+      restored = await this.openSession(this.sessionList.sessions[0].id, false);
     }
     try {
       const d = await api.defaultModel();
@@ -215,14 +215,11 @@ export class AppStore {
   }
 
   async send(text: string): Promise<void> {
-    const docs = this.attachments;
-    if ((!text.trim() && !docs.length) || this.generating || !this.card) return;
+    if ((!text.trim() && !this.docs.attachments.length) || this.generating || !this.card) return;
+    const docs = this.docs.take();
     const body = docs.map((d) => `File \`${d.name}\`:\n\n\`\`\`\n${d.text}\n\`\`\``).join("\n\n");
     const content = body ? `${body}\n\n${text}`.trim() : text;
     this.messages.push(userMessage(content, docs.length ? docs.map((d) => d.name) : undefined, docs.length ? text : undefined));
-    this.attachments = [];
-    this.fits = [];
-    this.docNotice = "";
     this.messages.push(pendingAnswer());
     await this.run(this.messages.length - 1);
   }
@@ -267,8 +264,7 @@ export class AppStore {
     if (this.generating) await this.stop();
     await api.resetConversation().catch(() => {});
     this.messages = [];
-    this.attachments = [];
-    this.fits = [];
+    this.docs.clear();
     this.sessionId = newId("s");
     this.sessionTitle = "New chat";
     this.sessionCreated = Date.now();
@@ -298,50 +294,6 @@ export class AppStore {
     }
   }
 
-  /** Attaches a document the engine has read and counted; refusals leave the chat untouched. */
-  async attach(read: () => Promise<InspectedDocument>): Promise<void> {
-    try {
-      const doc = await read();
-      this.attachments.push(doc);
-      this.docNotice = "";
-      await this.refreshFits();
-    } catch (e) {
-      this.docNotice = api.errorText(e);
-    }
-  }
-
-  /** Attaches files the web view holds (a DOM drop or the picker), one after another. */
-  async attachFiles(files: File[]): Promise<void> {
-    for (const f of files) {
-      await this.attach(async () =>
-        api.inspectDocumentBytes(f.name, await documentPayload(f, this.info?.max_document_bytes), f.size),
-      );
-    }
-  }
-
-  /** Removes an attachment and recounts the others' costs. */
-  async detach(doc: InspectedDocument): Promise<void> {
-    this.attachments = this.attachments.filter((a) => a !== doc);
-    await this.refreshFits();
-  }
-
-  /** Asks the engine what each attachment costs on top of the conversation and those before it. */
-  async refreshFits(): Promise<void> {
-    if (!this.card || !this.attachments.length) {
-      this.fits = [];
-      return;
-    }
-    try {
-      this.fits = await api.documentFits(
-        this.attachments.map((d) => d.tokens),
-        this.settings.max_tokens,
-      );
-    } catch (e) {
-      this.fits = [];
-      this.docNotice = api.errorText(e);
-    }
-  }
-
   snapshot(): SavedSession {
     return {
       id: this.sessionId,
@@ -361,22 +313,10 @@ export class AppStore {
     if (!this.messages.length) return;
     try {
       await api.saveSession(this.snapshot());
-      await this.refreshSessions();
-      this.sessionError = "";
+      await this.sessionList.refresh();
+      this.sessionList.error = "";
     } catch (e) {
-      this.sessionError = `Not saved: ${api.errorText(e)}`;
-    }
-  }
-
-  async refreshSessions(): Promise<void> {
-    try {
-      const list = await api.listSessions();
-      this.sessions = list.sessions;
-      // A set-aside file is reported once (it is no longer listed): keep it until dismissed.
-      this.unreadableSessions = [...this.unreadableSessions, ...list.unreadable];
-    } catch (e) {
-      this.sessions = [];
-      this.sessionError = `Sessions not listed: ${api.errorText(e)}`;
+      this.sessionList.error = `Not saved: ${api.errorText(e)}`;
     }
   }
 
@@ -400,33 +340,8 @@ export class AppStore {
       if (s.cache_spec && s.cache_spec !== this.cacheSpec) await this.switchCache(s.cache_spec);
       return s;
     } catch (e) {
-      this.sessionError = `Not opened: ${api.errorText(e)}`;
+      this.sessionList.error = `Not opened: ${api.errorText(e)}`;
       return null;
     }
-  }
-
-  async renameSession(id: string, title: string): Promise<void> {
-    if (!title.trim()) return;
-    try {
-      await api.renameSession(id, title);
-      this.sessionError = "";
-    } catch (e) {
-      this.sessionError = `Not renamed: ${api.errorText(e)}`;
-      return;
-    }
-    if (id === this.sessionId) this.sessionTitle = title.trim();
-    await this.refreshSessions();
-  }
-
-  async deleteSession(id: string): Promise<void> {
-    try {
-      await api.deleteSession(id);
-      this.sessionError = "";
-    } catch (e) {
-      this.sessionError = `Not deleted: ${api.errorText(e)}`;
-      return;
-    }
-    if (id === this.sessionId) await this.reset();
-    await this.refreshSessions();
   }
 }

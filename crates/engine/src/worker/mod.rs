@@ -29,9 +29,10 @@ pub use error::{JobError, LoadError};
 pub use crate::budget::MemoryBudget;
 
 use crate::card::MemoryEstimate;
+use crate::card::ModelCard;
 use crate::compare::{CompareEvent, CompareRequest};
 use crate::config::ModelConfig;
-use crate::events::{Activity, ErrorCode, Event, ModelCard};
+use crate::events::{Activity, ErrorCode, Event};
 use crate::generate::session::REWIND_MARGIN;
 use crate::generate::{self, GenerateRequest, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, PrecisionPolicy};
@@ -172,14 +173,13 @@ pub struct EngineStatus {
     pub busy: bool,
     /// Tokens in the cache.
     pub context_tokens: usize,
-    /// Bytes the cache holds.
-    pub kv_bytes: usize,
     /// The cache precisions (of the loaded model, or for the next load).
     pub policy: PrecisionPolicy,
     /// Bytes of the loaded model's weights as held (0 without a model).
     #[serde(default)]
     pub weights_bytes: u64,
-    /// The cache's bytes per layer, kind and precision (`kv.total_used == kv_bytes`).
+    /// The cache's bytes: per layer, kind and precision, used and allocated (the one shape
+    /// KV bytes take outside the cache).
     #[serde(default)]
     pub kv: KvBytes,
     /// What the engine is doing, for a status bar.
@@ -223,7 +223,6 @@ impl Engine {
                 model: None,
                 busy: false,
                 context_tokens: 0,
-                kv_bytes: 0,
                 policy: PrecisionPolicy::default(),
                 weights_bytes: 0,
                 kv: KvBytes::default(),

@@ -10,8 +10,9 @@ use super::error::{JobError, LoadError};
 use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
 use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
+use crate::card::ModelCard;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
-use crate::events::{Activity, ErrorCode, Event, LoadPhase, ModelCard};
+use crate::events::{Activity, ErrorCode, Event, LoadPhase};
 use crate::generate::session::Session;
 use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
@@ -240,7 +241,6 @@ impl Worker {
                 let memory = l.session.memory();
                 s.model = Some(l.card.clone());
                 s.context_tokens = l.session.len();
-                s.kv_bytes = memory.total.0;
                 s.kv = KvBytes::from_report(&memory);
                 s.policy = l.session.policy().clone();
                 s.weights_bytes = l.model.weights_bytes() as u64;
@@ -248,7 +248,6 @@ impl Worker {
             None => {
                 s.model = None;
                 s.context_tokens = 0;
-                s.kv_bytes = 0;
                 s.kv = KvBytes::default();
                 s.policy = self.policy.clone();
                 s.weights_bytes = 0;
@@ -467,7 +466,6 @@ impl Queue<'_> {
             let memory = session.memory();
             let mut st = lock(&self.shared.status);
             st.context_tokens = session.len();
-            st.kv_bytes = memory.total.0;
             st.kv = KvBytes::from_report(&memory);
             st.policy = session.policy().clone();
         }

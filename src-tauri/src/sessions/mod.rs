@@ -6,6 +6,8 @@
 //! name, never deleted, and reported, while the other sessions load. The session body is the
 //! UI's own JSON; only `id` and `title` are read here.
 
+pub mod commands;
+
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Write};

@@ -4,6 +4,8 @@
 //! process with limits ([`isolated`]): `inspect` here is what that child runs. The chat is
 //! never touched here; token costs are counted by the engine thread afterwards.
 
+pub mod commands;
+
 pub mod child;
 pub mod isolated;
 mod pdf;
@@ -212,7 +214,7 @@ mod tests {
 
     #[test]
     fn a_pdf_is_told_by_its_header_and_gives_its_text() {
-        let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
+        let report = include_bytes!("../../../tests/fixtures/documents/report.pdf");
         // Named like anything: the %PDF- header decides.
         let d = inspect("upload.bin", report).unwrap();
         assert_eq!(
@@ -242,12 +244,12 @@ mod tests {
             "{}",
             e.message
         );
-        let scan = include_bytes!("../../tests/fixtures/documents/scan.pdf");
+        let scan = include_bytes!("../../../tests/fixtures/documents/scan.pdf");
         assert_eq!(
             inspect("scan.pdf", scan).unwrap_err().code,
             ErrorCode::PdfNoText
         );
-        let report = include_bytes!("../../tests/fixtures/documents/report.pdf");
+        let report = include_bytes!("../../../tests/fixtures/documents/report.pdf");
         let e = inspect("cut.pdf", &report[..report.len() / 2]).unwrap_err();
         assert_eq!(e.code, ErrorCode::PdfUnreadable);
         // The size limit applies to PDFs as to any file.

@@ -1,0 +1,75 @@
+//! Commands of the chat domain: a turn streamed over a channel, the prompt as the model reads
+//! it, the side-by-side comparison, stop and reset, and the cache: its menu, its costs, and
+//! switching it (the marker goes back to the caller, which draws it on the timeline).
+
+use kvlab_engine::compare::CompareEvent;
+use kvlab_engine::events::Event;
+use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview};
+use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
+use kvlab_engine::memory::{ContextCost, SwitchEvent};
+use tauri::ipc::Channel;
+use tauri::State;
+
+use crate::blocking::{blocking, Res};
+use crate::bridge::CompareRequest;
+use crate::state::AppState;
+
+/// Runs one chat turn; the engine's events stream over `on_event`.
+#[tauri::command]
+pub async fn generate(
+    state: State<'_, AppState>,
+    request: GenerateRequest,
+    on_event: Channel<Event>,
+) -> Res<()> {
+    let engine = state.engine.clone();
+    blocking(move || engine.generate(request, move |ev| on_event.send(ev).is_ok())).await
+}
+
+/// A prompt as the loaded model reads it: the text its chat template renders (or the plain
+/// text of a base model), the token ids and the stop set.
+#[tauri::command]
+pub async fn preview_prompt(state: State<'_, AppState>, prompt: Prompt) -> Res<PromptPreview> {
+    let engine = state.engine.clone();
+    blocking(move || engine.handle().preview_prompt(prompt)).await
+}
+
+/// Runs one prompt through two caches side by side, with fidelity.
+#[tauri::command]
+pub async fn compare(
+    state: State<'_, AppState>,
+    request: CompareRequest,
+    on_event: Channel<CompareEvent>,
+) -> Res<()> {
+    let engine = state.engine.clone();
+    blocking(move || engine.compare(request, move |ev| on_event.send(ev).is_ok())).await
+}
+
+#[tauri::command]
+pub fn stop_generation(state: State<'_, AppState>) {
+    state.engine.cancel();
+}
+
+#[tauri::command]
+pub async fn reset_conversation(state: State<'_, AppState>) -> Res<()> {
+    let engine = state.engine.clone();
+    blocking(move || engine.reset()).await
+}
+
+/// Re-encodes the conversation's cache; returns the timeline marker.
+#[tauri::command]
+pub async fn switch_cache(state: State<'_, AppState>, cache: CacheSelection) -> Res<SwitchEvent> {
+    let engine = state.engine.clone();
+    blocking(move || engine.switch_cache(&cache)).await
+}
+
+/// The cache menu: presets and formats, each with its canonical SPEC.
+#[tauri::command]
+pub fn cache_options() -> CacheOptions {
+    engine_cache_options()
+}
+
+/// KV bytes of a context of `tokens` under every preset, on the loaded model.
+#[tauri::command]
+pub fn context_costs(state: State<'_, AppState>, tokens: usize) -> Res<Vec<ContextCost>> {
+    state.engine.handle().context_costs(tokens)
+}
