@@ -112,7 +112,72 @@ pub fn typescript() -> String {
         out.push_str(&d);
         out.push('\n');
     }
+    out.push_str(&facts());
     out
+}
+
+/// Facts the UI needs as values, written once in Rust: the app's event names, the weights
+/// menu, and the engine's byte formatting and Hub-id rule on sample inputs, which the UI's
+/// own `formatBytes` and `isRepoId` must reproduce (format.test.ts, download.test.ts).
+fn facts() -> String {
+    let json = |v: serde_json::Value| v.to_string();
+    let bytes: Vec<(u64, String)> = [
+        0u64,
+        1,
+        1023,
+        1024,
+        1536,
+        10 << 20,
+        (12.34 * 1048576.0) as u64,
+        130 << 20,
+        1023 << 20,
+        (1536u64) << 20,
+        300 << 30,
+        5 << 40,
+        2 << 50,
+    ]
+    .into_iter()
+    .map(|b| (b, kvlab_engine::memory::format_bytes(b)))
+    .collect();
+    let repos: Vec<(&str, bool)> = [
+        "google/gemma-4-E2B-it",
+        "a/b",
+        "google/gemma-3-270m@main",
+        " org.x/model_v1.5 ",
+        "unsloth/gemma-4-E4B-it-GGUF:Q8_0",
+        "unsloth/gemma-4-E4B-it-GGUF:Q4_K_M@main",
+        "a/b@v:1",
+        "",
+        "gemma",
+        "a/b/c",
+        "/abs/path",
+        "./x",
+        "a/.hidden",
+        "a/b@",
+        "a/b:",
+        "a/b@c@d",
+        "a/b:Q8:x",
+        "a b/c",
+    ]
+    .into_iter()
+    .map(|r| (r, crate::downloads::parse_repo(r).is_ok()))
+    .collect();
+    format!(
+        "\n/** The app's event names. */\nexport const APP_EVENTS = {} as const;\n\
+         \n/** How a safetensors checkpoint's weights may be held, in menu order. */\n\
+         export const WEIGHTS_CHOICES: Array<WeightsChoice> = {};\n\
+         \n/** The engine's `format_bytes` on sample sizes. */\n\
+         export const FORMAT_BYTES_EXAMPLES: Array<[number, string]> = {};\n\
+         \n/** Whether the app takes each string as a Hub id (`source::hub_id`). */\n\
+         export const REPO_ID_EXAMPLES: Array<[string, boolean]> = {};\n",
+        json(serde_json::json!({
+            "engineStatus": crate::STATUS_EVENT,
+            "memorySample": crate::monitor::MEMORY_EVENT,
+        })),
+        json(serde_json::json!(kvlab_engine::WEIGHTS_CHOICES)),
+        json(serde_json::json!(bytes)),
+        json(serde_json::json!(repos)),
+    )
 }
 
 #[test]

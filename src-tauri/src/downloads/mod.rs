@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use kvlab_engine::source::gguf_quants::GgufQuant;
 use kvlab_engine::source::hub::{download_model, list_gguf_quants, DownloadProgress, HubOptions};
 use kvlab_engine::source::SourceError;
-use kvlab_engine::ModelSource;
 use serde::Serialize;
 use tauri::ipc::Channel;
 use tauri::State;
@@ -165,14 +164,10 @@ impl<F: FnMut(DownloadUpdate)> Reporter<F> {
 type RepoId = (String, Option<String>, Option<String>);
 
 /// `owner/name[:QUANT][@revision]` as (repo, revision, quant), or an `invalid_request` error.
-fn parse_repo(s: &str) -> Result<RepoId, CommandError> {
-    match ModelSource::parse(s.trim()) {
-        ModelSource::Hub {
-            repo,
-            revision,
-            quant,
-        } => Ok((repo, revision, quant)),
-        _ => Err(CommandError::new(
+pub(crate) fn parse_repo(s: &str) -> Result<RepoId, CommandError> {
+    match kvlab_engine::source::hub_id(s.trim()) {
+        Some((repo, quant, revision)) => Ok((repo, revision, quant)),
+        None => Err(CommandError::new(
             ErrorCode::InvalidRequest,
             format!("`{s}` is not a Hugging Face repository id (owner/name)"),
         )),

@@ -34,6 +34,8 @@ import type {
 } from "./bindings";
 
 export type * from "./bindings";
+export { WEIGHTS_CHOICES } from "./bindings";
+import { APP_EVENTS } from "./bindings";
 
 /** Whether `e` is a coded error as commands reject with. */
 export function isCommandError(e: unknown): e is JobError {
@@ -99,11 +101,11 @@ export function compare(request: CompareRequest, onEvent: (e: CompareEvent) => v
 }
 
 export function onMemorySample(cb: (s: MemorySample) => void): Promise<UnlistenFn> {
-  return listen<MemorySample>("memory-sample", (event) => cb(event.payload));
+  return listen<MemorySample>(APP_EVENTS.memorySample, (event) => cb(event.payload));
 }
 
 export function onEngineStatus(cb: (s: Activity) => void): Promise<UnlistenFn> {
-  return listen<Activity>("engine-status", (event) => cb(event.payload));
+  return listen<Activity>(APP_EVENTS.engineStatus, (event) => cb(event.payload));
 }
 
 // Model downloads from the Hugging Face Hub (src-tauri/src/download).

@@ -905,3 +905,15 @@ code: ErrorCode, message: string, };
 export type WeightFormat = "gguf" | "safetensors";
 
 export type WeightsChoice = "q4_k" | "q8_0" | "f16" | "bf16" | "f32";
+
+/** The app's event names. */
+export const APP_EVENTS = {"engineStatus":"engine-status","memorySample":"memory-sample"} as const;
+
+/** How a safetensors checkpoint's weights may be held, in menu order. */
+export const WEIGHTS_CHOICES: Array<WeightsChoice> = ["q4_k","q8_0","f16","bf16","f32"];
+
+/** The engine's `format_bytes` on sample sizes. */
+export const FORMAT_BYTES_EXAMPLES: Array<[number, string]> = [[0,"0 B"],[1,"1 B"],[1023,"1023 B"],[1024,"1.00 KiB"],[1536,"1.50 KiB"],[10485760,"10.0 MiB"],[12939427,"12.3 MiB"],[136314880,"130 MiB"],[1072693248,"1023 MiB"],[1610612736,"1.50 GiB"],[322122547200,"300 GiB"],[5497558138880,"5.00 TiB"],[2251799813685248,"2.00 PiB"]];
+
+/** Whether the app takes each string as a Hub id (`source::hub_id`). */
+export const REPO_ID_EXAMPLES: Array<[string, boolean]> = [["google/gemma-4-E2B-it",true],["a/b",true],["google/gemma-3-270m@main",true],[" org.x/model_v1.5 ",true],["unsloth/gemma-4-E4B-it-GGUF:Q8_0",true],["unsloth/gemma-4-E4B-it-GGUF:Q4_K_M@main",true],["a/b@v:1",true],["",false],["gemma",false],["a/b/c",false],["/abs/path",false],["./x",false],["a/.hidden",false],["a/b@",false],["a/b:",false],["a/b@c@d",false],["a/b:Q8:x",false],["a b/c",false]];

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { DownloadUpdate } from "./api";
+import { REPO_ID_EXAMPLES } from "./bindings";
 import { fileLine, formatEta, formatSpeed, isRepoId, offerOffline, percent, progressLine } from "./download";
 
 const update = (over: Partial<DownloadUpdate> = {}): DownloadUpdate => ({
@@ -15,6 +16,11 @@ const update = (over: Partial<DownloadUpdate> = {}): DownloadUpdate => ({
 });
 
 describe("isRepoId", () => {
+  it("takes exactly the ids the engine takes", () => {
+    expect(REPO_ID_EXAMPLES.length).toBeGreaterThan(10);
+    for (const [id, ok] of REPO_ID_EXAMPLES) expect(isRepoId(id), JSON.stringify(id)).toBe(ok);
+  });
+
   it("accepts owner/name with an optional revision", () => {
     for (const ok of ["google/gemma-4-E2B-it", "a/b", "google/gemma-3-270m@main", " org.x/model_v1.5 "]) {
       expect(isRepoId(ok), ok).toBe(true);

@@ -6,10 +6,15 @@ import { formatBytes } from "./format";
 
 const PART = /^(?!\.)[A-Za-z0-9._-]+$/;
 
-/** `owner/name` or `owner/name@revision`, as the Hub (and the engine) accept it. */
+/**
+ * `owner/name[:QUANT][@revision]`, as the engine accepts it (its `source::hub_id`; the tests
+ * check this against examples generated from it).
+ */
 export function isRepoId(s: string): boolean {
-  const [repo, revision, ...rest] = s.trim().split("@");
+  const [head, revision, ...rest] = s.trim().split("@");
   if (rest.length || revision === "") return false;
+  const [repo, quant, ...more] = head.split(":");
+  if (more.length || quant === "") return false;
   const parts = repo.split("/");
   return parts.length === 2 && parts.every((p) => PART.test(p));
 }

@@ -1,7 +1,13 @@
 import { describe, expect, it } from "vitest";
+import { FORMAT_BYTES_EXAMPLES } from "./bindings";
 import { formatBytes, formatRate, templateLabel } from "./format";
 
 describe("formatBytes", () => {
+  it("writes every size as the engine's format_bytes does", () => {
+    expect(FORMAT_BYTES_EXAMPLES.length).toBeGreaterThan(10);
+    for (const [bytes, text] of FORMAT_BYTES_EXAMPLES) expect(formatBytes(bytes), String(bytes)).toBe(text);
+  });
+
   it("uses binary units with three significant digits", () => {
     expect(formatBytes(0)).toBe("0 B");
     expect(formatBytes(1023)).toBe("1023 B");

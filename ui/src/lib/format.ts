@@ -2,7 +2,7 @@ import type { Activity, Family, GenStats, TemplateSource } from "./api";
 
 // Human-readable numbers for the UI: bytes in binary units, rates, durations.
 
-const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 
 /** Formats a byte count with binary units and three significant digits ("1.50 GiB"). */
 export function formatBytes(bytes: number): string {

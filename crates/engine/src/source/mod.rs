@@ -261,6 +261,25 @@ fn is_hub_id(s: &str) -> bool {
     }
 }
 
+/// `owner/name[:QUANT][@revision]` by its form alone (no file system check) as (repo, quant,
+/// revision): the one rule every front end uses for a Hub id (the UI checks its typing
+/// against examples generated from this function).
+pub fn hub_id(s: &str) -> Option<(String, Option<String>, Option<String>)> {
+    let (head, revision) = match s.split_once('@') {
+        Some((_, "")) => return None,
+        Some((_, rev)) if rev.contains('@') => return None,
+        Some((head, rev)) => (head, Some(rev.to_owned())),
+        None => (s, None),
+    };
+    let (repo, quant) = match head.split_once(':') {
+        Some((_, "")) => return None,
+        Some((_, q)) if q.contains(':') => return None,
+        Some((repo, q)) => (repo, Some(q.to_owned())),
+        None => (head, None),
+    };
+    is_hub_id(repo).then(|| (repo.to_owned(), quant, revision))
+}
+
 impl ModelSource {
     /// Reads a user string: an existing path is `Local`; `owner/name[:QUANT][@revision]` is
     /// `Hub`; anything else is a (missing) `Local`.
@@ -269,17 +288,9 @@ impl ModelSource {
         if path.exists() {
             return Self::Local { path: path.into() };
         }
-        let (repo, revision) = match s.split_once('@') {
-            Some((r, rev)) if !rev.is_empty() => (r, Some(rev.to_owned())),
-            _ => (s, None),
-        };
-        let (repo, quant) = match repo.split_once(':') {
-            Some((r, q)) if !q.is_empty() => (r, Some(q.to_owned())),
-            _ => (repo, None),
-        };
-        if is_hub_id(repo) {
+        if let Some((repo, quant, revision)) = hub_id(s) {
             return Self::Hub {
-                repo: repo.into(),
+                repo,
                 revision,
                 quant,
             };
@@ -482,6 +493,11 @@ mod tests {
             "a/b/c",
             "model.gguf",
             "gemma3-270m",
+            // One revision and one quant at most, neither empty.
+            "a/b@c@d",
+            "a/b:Q8:x",
+            "a/b@",
+            "a/b:",
         ] {
             assert_eq!(ModelSource::parse(s), ModelSource::Local { path: s.into() });
         }
