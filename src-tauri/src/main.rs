@@ -15,5 +15,6 @@ fn main() {
         eprintln!("kvlab: {e}");
     }
     kvlab_app::platform::ensure_valid_locale();
+    kvlab_app::platform::prefer_software_rendering_without_gpu();
     kvlab_app::run();
 }

@@ -78,6 +78,19 @@ describe("StreamingMarkdown", () => {
     expect(naive / c.chars).toBeGreaterThan(50);
   });
 
+  it("keeps the finished blocks' HTML the same string until another block ends", () => {
+    const sm = new StreamingMarkdown(render);
+    const first = sm.parts("One.\n\nTwo, still");
+    const second = sm.parts("One.\n\nTwo, still open");
+    // The page keeps the finished blocks' nodes only if their HTML is the identical string.
+    expect(second.done).toBe(first.done);
+    expect(second.done).toBe(render("One.\n\n"));
+    expect(second.open).toBe(render("Two, still open"));
+    const third = sm.parts("One.\n\nTwo, still open.\n\nThree");
+    expect(third.done).toBe(render("One.\n\n") + render("Two, still open.\n\n"));
+    expect(third.done + third.open).toBe(render("One.\n\nTwo, still open.\n\nThree"));
+  });
+
   it("starts over for a text that is not a continuation (a regenerated answer)", () => {
     const sm = new StreamingMarkdown(render);
     stream(sm, DOC, 5);

@@ -29,6 +29,15 @@ export class StreamingMarkdown {
 
   /** HTML for `text`, which is the previous text with more appended (or a new text). */
   update(text: string): string {
+    const { done, open } = this.parts(text);
+    return done + open;
+  }
+
+  /**
+   * `update`'s HTML in two parts: the finished blocks, which change only when a block ends
+   * (the same string otherwise, so the page keeps their nodes), and the open block.
+   */
+  parts(text: string): { done: string; open: string } {
     if (!text.startsWith(this.scannedSource)) this.reset();
     const cut = this.lastBoundary(text);
     if (cut > this.doneSource.length) {
@@ -36,7 +45,7 @@ export class StreamingMarkdown {
       this.doneSource = text.slice(0, cut);
     }
     const tail = text.slice(this.doneSource.length);
-    return tail.trim() ? this.doneHtml + this.render(tail) : this.doneHtml;
+    return { done: this.doneHtml, open: tail.trim() ? this.render(tail) : "" };
   }
 
   /** HTML for the finished text: one render of the whole, exactly as a restored message. */
