@@ -31,6 +31,8 @@
 # PyPI (its vendored llama.cpp; llama-bench and llama-quantize), into $KVLAB_CACHE/llama.cpp;
 # never committed.
 # BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
+# Above BENCH_FULL_DEPTH (default 4096) only the f16 decode rows and no profile are measured:
+# the targets ask no more there, and on the E2B each extra 16k-token prefill costs ~8 minutes.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
@@ -38,6 +40,7 @@ cd "$ROOT"
 DEPTHS=(${BENCH_DEPTHS:-512 4096 16384})
 THREADS="${BENCH_THREADS:-2}"
 ROUNDS="${BENCH_ROUNDS:-2}"
+FULL_DEPTH="${BENCH_FULL_DEPTH:-4096}"
 GEN=32
 LLAMA_DIR="$KVLAB_CACHE/llama.cpp"
 LLAMA_BENCH="$LLAMA_DIR/build/bin/llama-bench"
@@ -107,6 +110,7 @@ for round in $(seq "$ROUNDS"); do
       read -r p t < <(kvlab "$m" "$d" f16)
       echo "$m kvlab prefill $d $p" >>"$RESULTS"
       echo "$m kvlab decode $d $t" >>"$RESULTS"
+      [ "$d" -gt "$FULL_DEPTH" ] && continue
       echo "$m llama prefill $d $(llama "$m" "$d" prefill)" >>"$RESULTS"
       read -r p t < <(kvlab "$m" "$d" tq4@all)
       echo "$m kvlab-tq4 prefill $d $p" >>"$RESULTS"
@@ -120,6 +124,7 @@ PROFILES="$(mktemp)"
 trap 'rm -f "$RESULTS" "$PROFILES"' EXIT
 for m in "${MODELS[@]}"; do
   for d in "${DEPTHS[@]}"; do
+    [ "$d" -gt "$FULL_DEPTH" ] && continue
     {
       echo "$m, depth $d, f16 KV (ms per token, top rows):"
       "$KVLAB" --threads "$THREADS" bench decode --model "${PATHS[$m]}" --ctx "$d" \
@@ -176,7 +181,10 @@ for model in sys.argv[2:]:
         g = lambda who, what: best[(model, who, what, d)]
         ld, kd, td = g("llama", "decode"), g("kvlab", "decode"), g("kvlab-tq4", "decode")
         lp, kp, tp = g("llama", "prefill"), g("kvlab", "prefill"), g("kvlab-tq4", "prefill")
-        print(f"| {d} | {ld:.1f} | {kd:.1f} | {kd/ld:.2f} | {td:.1f} | {td/ld:.2f} | {td/kd:.2f} | {lp:.0f} | {kp:.0f} | {kp/lp:.2f} | {tp/kp:.2f} |")
+        # A figure not measured at this depth (above BENCH_FULL_DEPTH) prints as a dash.
+        f = lambda x, fmt: format(x, fmt) if x else "–"
+        r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
+        print(f"| {d} | {f(ld, '.1f')} | {f(kd, '.1f')} | {r(kd, ld)} | {f(td, '.1f')} | {r(td, ld)} | {r(td, kd)} | {f(lp, '.0f')} | {f(kp, '.0f')} | {r(kp, lp)} | {r(tp, kp)} |")
 app_rows = sorted({k[3] for k in best if k[0] == "app" and k[1] == "app"}, key=str)
 if app_rows:
     print()
