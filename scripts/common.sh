@@ -14,7 +14,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # every crate is compiled once; scripts/hostile.sh runs its tests with the same.
 # kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
 # are always compiled, linted and run.
-TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets --features kvlab/custom-protocol,kvlab-engine/hub)
+TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets -p kvlab-server --features kvlab/custom-protocol,kvlab-engine/hub)
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
 

@@ -81,6 +81,18 @@ check_disk() {
   fi
 }
 
+# tests/server/test_openai.py: the real `openai` client in its own venv, kept in the cache
+# (wheels too), reinstalled only when tests/server/requirements.txt changes.
+install_openai_client() {
+  local venv="$KVLAB_CACHE/openai-venv" req="$ROOT/tests/server/requirements.txt"
+  if [ -x "$venv/bin/python" ] && cmp -s "$req" "$venv/requirements.txt"; then return 0; fi
+  say "installing the openai client into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --cache-dir "$KVLAB_CACHE/pip" -r "$req"
+  cp "$req" "$venv/requirements.txt"
+}
+
 check_disk
 install_system_packages
 install_rust
@@ -90,6 +102,7 @@ if [ "$MODE" = test ]; then
   install_tauri_driver
   install_rust_targets
   npm_ci "$ROOT/tests/e2e"
+  install_openai_client
 fi
 say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"
 # The small kvlab-assets crate alone (no candle, no engine): the engine and the CLI are built

@@ -45,6 +45,11 @@ step ui-check npm --prefix ui run --silent check
 step ui-test npm --prefix ui test
 # The same packages and features as the test step, so the app build only links.
 step app-build cargo build "${FEATURES[@]}"
+# `kvlab serve` under the real openai client (tests/server), on the offline 270M.
+KVLAB_BIN="$CARGO_TARGET_DIR/debug/kvlab"
+step server-test env KVLAB_BIN="$KVLAB_BIN" \
+  KVLAB_SERVE_MODEL="$("$KVLAB_BIN" assets path gemma3-270m)" \
+  "$KVLAB_CACHE/openai-venv/bin/python" "$ROOT/tests/server/test_openai.py"
 export KVLAB_APP_BIN="$CARGO_TARGET_DIR/debug/kvlab-app"
 export KVLAB_E2E_ARTIFACTS="${KVLAB_E2E_ARTIFACTS:-$ROOT/tests/e2e/artifacts}"
 step e2e xvfb-run -a -s "-screen 0 1440x900x24" npm --prefix tests/e2e test
@@ -65,6 +70,10 @@ add "${ui_pass:-0}" "${ui_fail:-0}"
 e2e_pass=$(grep -oE '^ℹ pass [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[0-9]+' || true)
 e2e_fail=$(grep -oE '^ℹ fail [0-9]+' "$LOGS/e2e.log" 2>/dev/null | grep -oE '[0-9]+' || true)
 add "${e2e_pass:-0}" "${e2e_fail:-0}"
+# Python's unittest: "Ran N tests", then "OK" or "FAILED (failures=F, errors=E)".
+py_ran=$(grep -oE '^Ran [0-9]+ tests?' "$LOGS/server-test.log" 2>/dev/null | grep -oE '[0-9]+' || true)
+py_bad=$(grep -oE '^FAILED \(.*\)' "$LOGS/server-test.log" 2>/dev/null | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}' || true)
+add $(( ${py_ran:-0} - ${py_bad:-0} )) "${py_bad:-0}"
 
 say "step times"
 printf '  %s\n' "${step_times[@]}"

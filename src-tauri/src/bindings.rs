@@ -25,6 +25,7 @@ use kvlab_engine::source::gguf_quants::GgufQuant;
 use kvlab_engine::{JobError, WeightFormat, WeightsChoice};
 use ts_rs::{Config, TS};
 
+use crate::api_server::ServerInfo;
 use crate::bridge::CompareRequest;
 use crate::documents::commands::InspectedDocument;
 use crate::documents::{Document, DocumentKind};
@@ -78,6 +79,7 @@ pub fn typescript() -> String {
         decl::<KvPart>(&cfg),
         decl::<LayerBytes>(&cfg),
         decl::<LayerCounts>(&cfg),
+        decl::<ServerInfo>(&cfg),
         decl::<LayerScope>(&cfg),
         decl::<LoadPhase>(&cfg),
         decl::<PromptPreview>(&cfg),
@@ -169,7 +171,9 @@ fn facts() -> String {
          \n/** The engine's `format_bytes` on sample sizes. */\n\
          export const FORMAT_BYTES_EXAMPLES: Array<[number, string]> = {};\n\
          \n/** Whether the app takes each string as a Hub id (`source::hub_id`). */\n\
-         export const REPO_ID_EXAMPLES: Array<[string, boolean]> = {};\n",
+         export const REPO_ID_EXAMPLES: Array<[string, boolean]> = {};\n\
+         \n/** The one set of chat defaults (`SamplingParams::chat`, `DEFAULT_MAX_TOKENS`). */\n\
+         export const CHAT_DEFAULTS: {{ sampling: SamplingParams; max_tokens: number }} = {};\n",
         json(serde_json::json!({
             "engineStatus": crate::STATUS_EVENT,
             "memorySample": crate::monitor::MEMORY_EVENT,
@@ -177,6 +181,10 @@ fn facts() -> String {
         json(serde_json::json!(kvlab_engine::WEIGHTS_CHOICES)),
         json(serde_json::json!(bytes)),
         json(serde_json::json!(repos)),
+        json(serde_json::json!({
+            "sampling": kvlab_engine::sampling::SamplingParams::chat(),
+            "max_tokens": kvlab_engine::generate::DEFAULT_MAX_TOKENS,
+        })),
     )
 }
 

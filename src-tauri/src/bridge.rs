@@ -4,9 +4,6 @@
 //! works; its blocking waits are meant for `spawn_blocking` threads (the commands run them
 //! there), never Tauri's async workers.
 
-use std::path::Path;
-use std::sync::mpsc;
-
 use kvlab_engine::compare::{CompareEvent, CompareRequest as EngineCompare};
 use kvlab_engine::device::DeviceChoice;
 use kvlab_engine::events::{Activity, Event};
@@ -14,11 +11,12 @@ use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::worker::{ActivityListener, JobError, LoadRequest};
+use kvlab_engine::worker::{ActivityListener, LoadRequest};
 use kvlab_engine::{
     Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelCard, ModelSource, WeightsChoice,
 };
 use serde::Deserialize;
+use std::path::Path;
 use ts_rs::TS;
 
 use crate::error::CommandError;
@@ -99,38 +97,20 @@ impl EngineBridge {
     }
 
     /// Runs one chat turn; `on_event` gets the engine's events as they come (false: the UI
-    /// is gone, stop). Blocks until the turn ends.
+    /// is gone, which cancels the turn). Blocks until the turn ends.
     pub fn generate(
         &self,
         request: GenerateRequest,
-        mut on_event: impl FnMut(Event) -> bool + Send + 'static,
+        on_event: impl FnMut(Event) -> bool + Send + 'static,
     ) -> Res<()> {
-        let (end_tx, end_rx) = mpsc::channel();
-        let canceller = self.handle.clone();
-        let sent = self.handle.generate(
-            request,
-            Box::new(move |ev| {
-                let end = match &ev {
-                    Event::Done { .. } => Some(Ok(())),
-                    Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
-                    _ => None,
-                };
-                if !on_event(ev) {
-                    canceller.cancel();
-                }
-                if let Some(end) = end {
-                    let _ = end_tx.send(end);
-                }
-            }),
-        );
-        finish(sent, end_rx)
+        self.handle.stream_blocking(request, on_event)
     }
 
     /// Runs one prompt through two caches side by side, then fidelity. Blocks until it ends.
     pub fn compare(
         &self,
         req: CompareRequest,
-        mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
+        on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
     ) -> Res<()> {
         let request = EngineCompare {
             prompt: req.prompt,
@@ -139,27 +119,7 @@ impl EngineBridge {
             policies: [req.caches[0].policy()?, req.caches[1].policy()?],
             prefill_chunk: PREFILL_CHUNK,
         };
-        let (end_tx, end_rx) = mpsc::channel();
-        let canceller = self.handle.clone();
-        let sent = self.handle.compare(
-            request,
-            Box::new(move |ev| {
-                let end = match &ev {
-                    CompareEvent::Finished { .. } => Some(Ok(())),
-                    CompareEvent::Error { code, message } => {
-                        Some(Err(JobError::new(*code, message)))
-                    }
-                    CompareEvent::Pane { .. } => None,
-                };
-                if !on_event(ev) {
-                    canceller.cancel();
-                }
-                if let Some(end) = end {
-                    let _ = end_tx.send(end);
-                }
-            }),
-        );
-        finish(sent, end_rx)
+        self.handle.compare_blocking(request, on_event)
     }
 
     /// Stops the running generation or comparison before its next token.
@@ -194,12 +154,6 @@ impl EngineBridge {
     pub fn activity(&self) -> Activity {
         self.handle.status().activity
     }
-}
-
-/// Waits for a streaming job's end (or its refusal).
-fn finish<T>(sent: Result<T, JobError>, end: mpsc::Receiver<Res<()>>) -> Res<()> {
-    sent?;
-    end.recv().unwrap_or_else(|_| Err(JobError::stopped()))
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! KV Lab's desktop shell: a thin Tauri layer that turns UI commands into engine jobs and
 //! engine output into channel messages and low-rate events. It holds handles, never the model.
 //! One folder per domain (`models`, `chat`, `documents`, `sessions`, `downloads`), each with
-//! its commands; `bridge` is the one handle on the engine thread.
+//! its commands; `bridge` is the one handle on the engine thread; `api_server` is the switch for
+//! the local OpenAI-compatible server on that same engine.
 
+mod api_server;
 #[cfg(test)]
 mod bindings;
 mod blocking;
@@ -43,6 +45,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
         .plugin(tauri_plugin_dialog::init())
         .plugin(webview_guard::plugin())
         .manage(downloads::Downloads::default())
+        .manage(api_server::ApiServer::default())
         .invoke_handler(tauri::generate_handler![
             models::commands::system_info,
             models::commands::engine_status,
@@ -72,6 +75,9 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             downloads::start_download,
             downloads::cancel_download,
             window::ui_theme,
+            api_server::server_start,
+            api_server::server_stop,
+            api_server::server_status,
         ])
         .setup(|app| {
             window::apply_size(app);

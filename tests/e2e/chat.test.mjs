@@ -1,8 +1,8 @@
 // The real app on the real offline model (Gemma 3 270M): loads on start, streams two chat
 // turns, stops mid-answer, shows per-answer stats, switches the cache precision mid-chat
 // (timeline marker, KV bytes drop), attaches a dropped text file and refuses a binary one,
-// attaches a dropped PDF (its text extracted) and refuses locked or textless ones, and restores the
-// conversation after a relaunch. Screenshots go to the artifacts dir.
+// attaches a dropped PDF (its text extracted) and refuses locked or textless ones, serves the
+// loaded model over the Local API switch, and restores the conversation after a relaunch. Screenshots go to the artifacts dir.
 
 import assert from "node:assert/strict";
 import { mkdtempSync, readFileSync } from "node:fs";
@@ -294,6 +294,38 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   await shot("compare.png");
   await app.browser.keys("Escape");
   await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
+});
+
+test("the Local API switch serves the loaded model to an OpenAI-style client, then stops", async () => {
+  const panel = await $('[data-testid="server-panel"]');
+  await panel.scrollIntoView();
+  // Port 0: any free port (the URL says which), so the test never collides with a server.
+  await setNumber(app.browser, "server-port", 0);
+  const toggle = await $('[data-testid="server-toggle"]');
+  await toggle.click();
+  const urlEl = await $('[data-testid="server-url"]');
+  await urlEl.waitForDisplayed({ timeout: 10_000 });
+  const url = await urlEl.getText();
+  assert.match(url, /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
+  const name = await (await $('[data-testid="model-card"] h2 span')).getText();
+  const models = await (await fetch(`${url}/models`)).json();
+  assert.deepEqual(models.data.map((m) => m.id), [name]);
+  const r = await fetch(`${url}/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: name, messages: [{ role: "user", content: "The sea" }], temperature: 0, max_tokens: 4 }),
+  });
+  assert.equal(r.status, 200);
+  const body = await r.json();
+  assert.equal(body.usage.completion_tokens, 4);
+  // The app's own cache, as the panel shows it, with its exact bytes.
+  const current = await $('[data-testid="cache-current"]');
+  assert.equal(body.usage.kv_cache, await current.getAttribute("data-policy"));
+  assert.ok(body.usage.kv_bytes > 0);
+  await shot("server.png");
+  await toggle.click();
+  await urlEl.waitForDisplayed({ reverse: true, timeout: 5_000 });
+  await assert.rejects(fetch(`${url}/models`));
 });
 
 test("quitting and relaunching restores the conversation", async () => {

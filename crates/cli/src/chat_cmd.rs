@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use kvlab_engine::chat::Message;
 use kvlab_engine::events::{DoneReason, Event, GenStats};
-use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
+use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::Engine;
@@ -27,16 +27,16 @@ pub struct ChatArgs {
     #[arg(long)]
     think: bool,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS)]
     max_tokens: usize,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = SamplingParams::default().temperature)]
+    #[arg(long, default_value_t = SamplingParams::chat().temperature)]
     temp: f32,
     /// Keep the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SamplingParams::chat().top_k.unwrap_or(0))]
     top_k: usize,
     /// Keep the smallest set of tokens with probability ≥ P (1 = off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = SamplingParams::chat().top_p.unwrap_or(1.0))]
     top_p: f32,
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
@@ -134,6 +134,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         sampling,
         max_tokens: args.max_tokens,
         prefill_chunk: PREFILL_CHUNK,
+        cache: None,
     };
     let (events, _cancel) = engine.generate_channel(request)?;
     let tty = std::io::stdout().is_terminal();

@@ -13,6 +13,7 @@ mod model_args;
 mod plot;
 mod ppl_cmd;
 mod ppl_fidelity;
+mod serve_cmd;
 mod template_cmd;
 
 use clap::{Parser, Subcommand};
@@ -53,6 +54,8 @@ enum Command {
     Logits(logits_cmd::LogitsArgs),
     /// A conversation as the model reads it (its own chat template), ids and stops.
     Template(template_cmd::TemplateArgs),
+    /// Serve the model over a local OpenAI-compatible API (with KV Lab's cache fields).
+    Serve(serve_cmd::ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ppl(args) => ppl_cmd::run(args)?,
         Command::Logits(args) => logits_cmd::run(args)?,
         Command::Template(args) => template_cmd::run(args)?,
+        Command::Serve(args) => serve_cmd::run(args)?,
     }
     Ok(())
 }

@@ -666,3 +666,127 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+#[test]
+fn requests_wait_their_turn_in_order_and_a_full_queue_is_refused() {
+    use kvlab_engine::worker::MAX_QUEUED;
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let prompt = || Prompt::Ids {
+        ids: expect[..12].to_vec(),
+    };
+    // The first request holds the engine thread inside its first token's callback until
+    // released, so everything sent meanwhile is waiting when it goes on.
+    let (started_tx, started_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut held = Some((started_tx, release_rx));
+    let first_order = Arc::clone(&order);
+    s.engine
+        .stream(greedy(prompt(), 4), move |ev| {
+            if let (Event::Token { .. }, Some((started, release))) = (&ev, held.take()) {
+                started.send(()).expect("test listening");
+                release.recv().expect("released");
+            }
+            if let Event::Done { token_ids, .. } = ev {
+                first_order.lock().unwrap().push((usize::MAX, token_ids));
+            }
+            true
+        })
+        .expect("send");
+    started_rx.recv().expect("the first request started");
+    let mut cancels = Vec::new();
+    for i in 0..MAX_QUEUED {
+        let order = Arc::clone(&order);
+        let cancel = s
+            .engine
+            .stream(greedy(prompt(), 4), move |ev| {
+                if let Event::Done { token_ids, .. } = ev {
+                    order.lock().unwrap().push((i, token_ids));
+                }
+                true
+            })
+            .expect("send");
+        cancels.push(cancel);
+    }
+    // One past the queue's size: refused at once, with its own code.
+    let (over, _) = s
+        .engine
+        .generate_channel(greedy(prompt(), 4))
+        .expect("send");
+    // A queued request cancelled before its turn never runs.
+    cancels[3].cancel();
+    release_tx.send(()).expect("release");
+    let refused = Run {
+        events: vec![over.recv().expect("an answer")],
+    };
+    assert_eq!(refused.error().0, ErrorCode::QueueFull);
+    // Everything else ran after the first, in the order it was sent.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while order.lock().unwrap().len() < MAX_QUEUED + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never drained"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let order = order.lock().unwrap().clone();
+    let indices: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    let mut want = vec![usize::MAX];
+    want.extend(0..MAX_QUEUED);
+    assert_eq!(indices, want);
+    for (i, ids) in &order {
+        if *i == 3 {
+            assert!(ids.is_empty(), "the cancelled request generated {ids:?}");
+        } else {
+            // Each queued answer is the one it would get alone.
+            assert_eq!(ids, &expect[12..16], "request {i}");
+        }
+    }
+    assert_eq!(s.engine.status().queued, 0);
+}
+
+#[test]
+fn a_request_whose_client_left_is_cancelled_and_the_engine_goes_on() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let (tx, rx) = mpsc::channel();
+    let mut seen = 0;
+    // The "client" reads three tokens, then is gone.
+    s.engine
+        .stream(
+            greedy(
+                Prompt::Ids {
+                    ids: expect[..12].to_vec(),
+                },
+                expect.len() - 12,
+            ),
+            move |ev| {
+                if matches!(ev, Event::Token { .. }) {
+                    seen += 1;
+                }
+                if matches!(ev, Event::Done { .. }) {
+                    let _ = tx.send(ev);
+                }
+                seen < 3
+            },
+        )
+        .expect("send");
+    let done = Run {
+        events: vec![rx.recv().expect("done")],
+    };
+    let (reason, ids) = done.done();
+    assert_eq!(reason, DoneReason::Cancelled);
+    assert_eq!(ids, expect[12..15]);
+    // The engine is free for the next request at once.
+    let next = run(
+        &s.engine,
+        greedy(
+            Prompt::Ids {
+                ids: expect[..12].to_vec(),
+            },
+            2,
+        ),
+    );
+    assert_eq!(next.done().1, expect[12..14]);
+}

@@ -221,9 +221,9 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     tally.stops += 1;
                 }
                 5 => {
-                    // A second generation while busy: refused at once, exactly once. (Asking
-                    // for no tokens: should the turn have just ended, it is refused as
-                    // invalid and still leaves the conversation alone.)
+                    // A second generation while busy waits its turn in the queue and, asking
+                    // for no tokens, is then refused as invalid, exactly once, leaving the
+                    // conversation alone.
                     let (rx2, _) = engine.generate_channel(request(&prompt, 0)).expect("send");
                     match rx2.recv_timeout(Duration::from_secs(60)).expect("reply") {
                         Event::Error { code, .. } => assert!(
@@ -365,6 +365,15 @@ fn replay(path: &Path, start: &PrecisionPolicy, turns: &[Turn]) -> (usize, Sessi
                 session.switch(&plan, &mut probe).expect("switch");
             }
         };
+        // A turn cancelled while it waited in the engine's queue never ran: the cache is as
+        // the last turn left it.
+        if turn.ids.is_empty()
+            && turn.reason == DoneReason::Cancelled
+            && turn.context == session.len()
+        {
+            apply(&mut session);
+            continue;
+        }
         let prepared = session.prepare(&turn.prompt).expect("prepare");
         apply(&mut session);
         // A stop before the prefill leaves the cache at the reused prefix.

@@ -26,6 +26,7 @@ import type {
   ModelCard,
   Prompt,
   PromptPreview,
+  ServerInfo,
   SessionList,
   SessionSummary,
   SwitchEvent,
@@ -34,7 +35,7 @@ import type {
 } from "./bindings";
 
 export type * from "./bindings";
-export { WEIGHTS_CHOICES } from "./bindings";
+export { CHAT_DEFAULTS, WEIGHTS_CHOICES } from "./bindings";
 import { APP_EVENTS } from "./bindings";
 
 /** Whether `e` is a coded error as commands reject with. */
@@ -82,6 +83,11 @@ export const exportFile = (fileName: string, contents: string | Uint8Array) =>
     fileName,
     contents: Array.from(typeof contents === "string" ? new TextEncoder().encode(contents) : contents),
   });
+
+// The local OpenAI-compatible server on the app's engine (src-tauri/src/api_server).
+export const serverStatus = () => invoke<ServerInfo>("server_status");
+export const serverStart = (port: number) => invoke<ServerInfo>("server_start", { port });
+export const serverStop = () => invoke<ServerInfo>("server_stop");
 
 /** Starts a generation; `onEvent` receives the engine's events in order. Resolves when it ends. */
 export function generate(request: GenerateRequest, onEvent: (e: Event) => void): Promise<void> {

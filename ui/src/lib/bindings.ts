@@ -231,7 +231,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template" | "queue_full";
 
 export type Event = { "type": "loading", 
 /**
@@ -363,7 +363,12 @@ max_tokens: number,
 /**
  * Prefill chunk size.
  */
-prefill_chunk?: number, };
+prefill_chunk?: number, 
+/**
+ * The cache this request runs with: the conversation's cache is re-encoded to it first
+ * (a switch, checked against memory) when it holds another. `None`: as it is.
+ */
+cache?: CacheSelection, };
 
 export type GgufQuant = { 
 /**
@@ -795,6 +800,16 @@ full: string,
  */
 sliding: string, };
 
+export type ServerInfo = { 
+/**
+ * The base URL clients use (`http://127.0.0.1:8080/v1`) while it runs.
+ */
+url: string | null, 
+/**
+ * The port it listens on, or the one it would start on.
+ */
+port: number, };
+
 export type SessionList = { sessions: Array<SessionSummary>, unreadable: Array<UnreadableSession>, };
 
 export type SessionSummary = { id: string, title: string, updated_ms: number, };
@@ -917,3 +932,6 @@ export const FORMAT_BYTES_EXAMPLES: Array<[number, string]> = [[0,"0 B"],[1,"1 B
 
 /** Whether the app takes each string as a Hub id (`source::hub_id`). */
 export const REPO_ID_EXAMPLES: Array<[string, boolean]> = [["google/gemma-4-E2B-it",true],["a/b",true],["google/gemma-3-270m@main",true],[" org.x/model_v1.5 ",true],["unsloth/gemma-4-E4B-it-GGUF:Q8_0",true],["unsloth/gemma-4-E4B-it-GGUF:Q4_K_M@main",true],["a/b@v:1",true],["",false],["gemma",false],["a/b/c",false],["/abs/path",false],["./x",false],["a/.hidden",false],["a/b@",false],["a/b:",false],["a/b@c@d",false],["a/b:Q8:x",false],["a b/c",false]];
+
+/** The one set of chat defaults (`SamplingParams::chat`, `DEFAULT_MAX_TOKENS`). */
+export const CHAT_DEFAULTS: { sampling: SamplingParams; max_tokens: number } = {"max_tokens":512,"sampling":{"seed":0,"temperature":1.0,"top_k":64,"top_p":0.949999988079071}};

@@ -57,7 +57,13 @@ export class AppStore {
   contextCosts: ContextCost[] = $state([]);
 
   system = $state(DEFAULT_SYSTEM);
-  settings: Settings = $state({ temperature: 0.7, top_p: 0.95, max_tokens: 256, thinking: false });
+  // The engine's one set of chat defaults (generated into bindings.ts).
+  settings: Settings = $state({
+    temperature: api.CHAT_DEFAULTS.sampling.temperature,
+    top_p: api.CHAT_DEFAULTS.sampling.top_p ?? 1,
+    max_tokens: api.CHAT_DEFAULTS.max_tokens,
+    thinking: false,
+  });
   messages: ChatMessage[] = $state([]);
   generating = $state(false);
   /** The cache as the engine names it (canonical SPEC); the engine's default until its cache
@@ -175,7 +181,7 @@ export class AppStore {
   private request(upTo: number): api.GenerateRequest {
     return {
       prompt: { type: "conversation", messages: toWire(this.system, this.messages, upTo), thinking: this.settings.thinking },
-      sampling: { temperature: this.settings.temperature, top_k: 64, top_p: this.settings.top_p, seed: Date.now() % 1_000_000 },
+      sampling: { ...api.CHAT_DEFAULTS.sampling, temperature: this.settings.temperature, top_p: this.settings.top_p, seed: Date.now() % 1_000_000 },
       max_tokens: this.settings.max_tokens,
     };
   }

@@ -90,11 +90,14 @@ pub enum ErrorCode {
     /// The model's chat template cannot be used (it fails to parse or render, or runs past
     /// its limits): the message names the line; the model still continues plain text.
     BadChatTemplate,
+    /// The engine's request queue is full (it holds [`crate::worker::MAX_QUEUED`] waiting
+    /// requests); try again once one has finished.
+    QueueFull,
 }
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 38] = [
+    pub const ALL: [ErrorCode; 39] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -133,6 +136,7 @@ impl ErrorCode {
         ErrorCode::DocumentCrashed,
         ErrorCode::SessionCorrupt,
         ErrorCode::BadChatTemplate,
+        ErrorCode::QueueFull,
     ];
 }
 
@@ -178,6 +182,7 @@ impl ErrorCode {
             ErrorCode::DocumentCrashed => "document_crashed",
             ErrorCode::SessionCorrupt => "session_corrupt",
             ErrorCode::BadChatTemplate => "bad_chat_template",
+            ErrorCode::QueueFull => "queue_full",
         }
     }
 }

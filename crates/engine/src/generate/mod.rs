@@ -33,8 +33,12 @@ use session::Session;
 /// Default prefill chunk: bounds activation memory on long prompts.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Tokens an answer may run to unless the request says: the app's, the CLI's and the
+/// server's default alike.
+pub const DEFAULT_MAX_TOKENS: usize = 512;
+
 fn default_max_tokens() -> usize {
-    512
+    DEFAULT_MAX_TOKENS
 }
 
 fn default_chunk() -> usize {
@@ -127,6 +131,11 @@ pub struct GenerateRequest {
     #[serde(default = "default_chunk")]
     #[ts(as = "Option<usize>", optional)]
     pub prefill_chunk: usize,
+    /// The cache this request runs with: the conversation's cache is re-encoded to it first
+    /// (a switch, checked against memory) when it holds another. `None`: as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub cache: Option<crate::kv::CacheSelection>,
 }
 
 impl GenerateRequest {
@@ -137,6 +146,7 @@ impl GenerateRequest {
             sampling: SamplingParams::default(),
             max_tokens: default_max_tokens(),
             prefill_chunk: PREFILL_CHUNK,
+            cache: None,
         }
     }
 }

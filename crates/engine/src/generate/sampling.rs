@@ -40,6 +40,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
+        Self::chat()
+    }
+}
+
+impl SamplingParams {
+    /// The one set of chat defaults, Gemma's recommended sampling (temperature 1, top-k 64,
+    /// top-p 0.95): what the app's controls start at (generated into the UI's bindings), the
+    /// CLI's flags default to and a server request without settings gets.
+    pub fn chat() -> Self {
         Self {
             temperature: 1.0,
             top_k: Some(64),
@@ -47,9 +56,7 @@ impl Default for SamplingParams {
             seed: 0,
         }
     }
-}
 
-impl SamplingParams {
     /// Always the most likely token.
     pub fn greedy() -> Self {
         Self {

@@ -82,6 +82,18 @@ impl JobError {
         Self::new(ErrorCode::NoModel, "no model is loaded")
     }
 
+    /// The request queue is full.
+    pub fn queue_full() -> Self {
+        Self::new(
+            ErrorCode::QueueFull,
+            format!(
+                "{} requests are already waiting for the engine; try again when one has \
+                 finished",
+                super::MAX_QUEUED
+            ),
+        )
+    }
+
     /// The engine thread has stopped.
     pub fn stopped() -> Self {
         Self::new(ErrorCode::EngineStopped, "the engine thread has stopped")

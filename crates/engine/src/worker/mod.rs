@@ -4,7 +4,13 @@
 //! at any time without waiting for a running generation.
 //!
 //! Between two generated tokens the thread looks at its queue: `Cancel` and `SwitchCache`
-//! take effect there; other jobs that need the model answer `busy`.
+//! take effect there (control jobs never wait); generations and comparisons wait in a FIFO
+//! queue of at most [`MAX_QUEUED`] (`queue_full` past it); loads, resets and unloads, which
+//! would change what the running job stands on, answer `busy`.
+//!
+//! [`EngineHandle::stream`] is the one way a front end runs a request: events go to its
+//! callback until the request ends, and a callback that returns false (its client is gone)
+//! cancels that request, running or still queued, and no other.
 //!
 //! Besides generation the thread runs side-by-side comparisons of two cache policies
 //! ([`crate::compare`]). Nothing that only reads waits for it: the loaded tokenizer and
@@ -110,6 +116,9 @@ impl LoadRequest {
     }
 }
 
+/// Requests that may wait behind the running one; one more is refused as `queue_full`.
+pub const MAX_QUEUED: usize = 16;
+
 /// A request to the engine thread.
 pub enum Job {
     /// Load a model (replacing the current one only once the new one is ready).
@@ -184,6 +193,9 @@ pub struct EngineStatus {
     pub kv: KvBytes,
     /// What the engine is doing, for a status bar.
     pub activity: Activity,
+    /// Requests waiting behind the running one.
+    #[serde(default)]
+    pub queued: usize,
 }
 
 /// Called with the engine's activity whenever it changes (on the engine thread: keep it
@@ -227,6 +239,7 @@ impl Engine {
                 weights_bytes: 0,
                 kv: KvBytes::default(),
                 activity: Activity::NoModel,
+                queued: 0,
             }),
             active: Mutex::new(None),
             tokenizer: Mutex::new(None),
@@ -307,14 +320,61 @@ impl EngineHandle {
         Ok(cancel)
     }
 
+    /// Runs a generation, queued behind any running one: `on_event` gets its events on the
+    /// engine thread (keep it quick: forward them) until `done` or `error`; returning false
+    /// (the caller's client is gone) cancels this request and no other. Returns its cancel
+    /// token (a stop button's).
+    pub fn stream(
+        &self,
+        request: GenerateRequest,
+        mut on_event: impl FnMut(Event) -> bool + Send + 'static,
+    ) -> Result<CancelToken, JobError> {
+        let cancel = CancelToken::new();
+        let own = cancel.clone();
+        self.send(Job::Generate {
+            request,
+            sink: Box::new(move |ev| {
+                if !on_event(ev) {
+                    own.cancel();
+                }
+            }),
+            cancel: cancel.clone(),
+        })?;
+        Ok(cancel)
+    }
+
+    /// [`EngineHandle::stream`], waiting on the calling thread until the request ends: `Ok`
+    /// after `done`, the job's error after `error`. `on_event` sees every event first.
+    pub fn stream_blocking(
+        &self,
+        request: GenerateRequest,
+        on_event: impl FnMut(Event) -> bool + Send + 'static,
+    ) -> Result<(), JobError> {
+        let (tx, rx) = mpsc::channel();
+        let mut on_event = on_event;
+        self.stream(request, move |ev| {
+            let end = match &ev {
+                Event::Done { .. } => Some(Ok(())),
+                Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
+                _ => None,
+            };
+            let keep = on_event(ev);
+            if let Some(end) = end {
+                let _ = tx.send(end);
+            }
+            keep
+        })?;
+        rx.recv().unwrap_or_else(|_| Err(JobError::stopped()))
+    }
+
     /// Starts a generation whose events arrive on the returned receiver (ends after `done`
-    /// or `error`).
+    /// or `error`); dropping the receiver cancels it ([`EngineHandle::stream`]).
     pub fn generate_channel(
         &self,
         request: GenerateRequest,
     ) -> Result<(Receiver<Event>, CancelToken), JobError> {
         let (tx, rx) = mpsc::channel();
-        let cancel = self.generate(request, channel_sink(tx))?;
+        let cancel = self.stream(request, move |ev| tx.send(ev).is_ok())?;
         Ok((rx, cancel))
     }
 
@@ -331,6 +391,39 @@ impl EngineHandle {
             cancel: cancel.clone(),
         })?;
         Ok(cancel)
+    }
+
+    /// Runs a comparison, queued like a generation, waiting on the calling thread until it
+    /// ends: `Ok` after `finished`, its error after `error`. `on_event` (on the engine
+    /// thread) sees every event first; returning false cancels this comparison.
+    pub fn compare_blocking(
+        &self,
+        request: CompareRequest,
+        mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
+    ) -> Result<(), JobError> {
+        let (tx, rx) = mpsc::channel();
+        let cancel = CancelToken::new();
+        let own = cancel.clone();
+        self.send(Job::Compare {
+            request,
+            sink: Box::new(move |ev| {
+                let end = match &ev {
+                    CompareEvent::Finished { .. } => Some(Ok(())),
+                    CompareEvent::Error { code, message } => {
+                        Some(Err(JobError::new(*code, message)))
+                    }
+                    CompareEvent::Pane { .. } => None,
+                };
+                if !on_event(ev) {
+                    own.cancel();
+                }
+                if let Some(end) = end {
+                    let _ = tx.send(end);
+                }
+            }),
+            cancel,
+        })?;
+        rx.recv().unwrap_or_else(|_| Err(JobError::stopped()))
     }
 
     /// Starts a comparison whose events arrive on the returned receiver (ends after

@@ -7,12 +7,12 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use super::error::{JobError, LoadError};
-use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared};
+use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared, MAX_QUEUED};
 use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
 use crate::card::ModelCard;
 use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
-use crate::events::{Activity, ErrorCode, Event, LoadPhase};
+use crate::events::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
 use crate::generate::session::Session;
 use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
@@ -68,7 +68,10 @@ impl Worker {
     pub(super) fn run(mut self) {
         loop {
             let job = match self.deferred.pop_front() {
-                Some(j) => j,
+                Some(j) => {
+                    lock(&self.shared.status).queued = queued_requests(&self.deferred);
+                    j
+                }
                 None => match self.rx.recv() {
                     Ok(j) => j,
                     // Every handle is gone.
@@ -109,6 +112,14 @@ impl Worker {
                 mut sink,
                 cancel,
             } => {
+                // Cancelled while it waited in the queue (its client left): it never runs.
+                if cancel.is_cancelled() {
+                    sink(Event::Done {
+                        reason: DoneReason::Cancelled,
+                        token_ids: Vec::new(),
+                    });
+                    return true;
+                }
                 self.begin(&cancel, self.generating());
                 let last = match self.generate(&request, &mut sink, &cancel) {
                     Ok(done) => done,
@@ -124,6 +135,14 @@ impl Worker {
                 mut sink,
                 cancel,
             } => {
+                if cancel.is_cancelled() {
+                    let e = JobError::new(ErrorCode::Cancelled, "cancelled before it started");
+                    sink(CompareEvent::Error {
+                        code: e.code,
+                        message: e.message,
+                    });
+                    return true;
+                }
                 self.begin(&cancel, self.generating());
                 let last = match self.compare(&request, &mut sink, &cancel) {
                     Ok(fidelity) => CompareEvent::Finished { fidelity },
@@ -342,6 +361,19 @@ impl Worker {
         cancel: &CancelToken,
     ) -> Result<Option<Event>, JobError> {
         let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
+        // A request that names its cache gets it: the conversation's cache is re-encoded
+        // (checked against memory first), exactly as a switch from the app would.
+        if let Some(cache) = &request.cache {
+            let policy = cache.policy()?;
+            if &policy != loaded.session.policy() {
+                checked_switch(
+                    &mut loaded.session,
+                    &policy,
+                    &self.shared.budget,
+                    &mut self.probe,
+                )?;
+            }
+        }
         // Base checkpoints without a chat template get a conversation as plain text.
         let request = GenerateRequest {
             prompt: request
@@ -449,8 +481,18 @@ fn empty_report() -> KvMemoryReport {
     }
 }
 
+/// Requests (generations and comparisons) waiting in `deferred`.
+fn queued_requests(deferred: &VecDeque<Job>) -> usize {
+    deferred
+        .iter()
+        .filter(|j| matches!(j, Job::Generate { .. } | Job::Compare { .. }))
+        .count()
+}
+
 /// The engine's queue as a running job sees it: between steps it applies cancels and cache
-/// switches, defers a shutdown, and refuses jobs that need the model (`busy`).
+/// switches, moves a shutdown to the front, queues requests in arrival order (up to
+/// [`MAX_QUEUED`]; past it they are refused as `queue_full`), and refuses the jobs that would
+/// change the model or the conversation under the running one (`busy`).
 struct Queue<'a> {
     rx: &'a Receiver<Job>,
     shared: &'a Shared,
@@ -460,6 +502,25 @@ struct Queue<'a> {
 }
 
 impl Queue<'_> {
+    /// Queues a request behind the running one, or refuses it when the queue is full.
+    fn enqueue(&mut self, job: Job) {
+        let queued = queued_requests(self.deferred);
+        if queued < MAX_QUEUED {
+            self.deferred.push_back(job);
+            lock(&self.shared.status).queued = queued + 1;
+            return;
+        }
+        let e = JobError::queue_full();
+        match job {
+            Job::Generate { mut sink, .. } => sink(e.to_event()),
+            Job::Compare { mut sink, .. } => sink(CompareEvent::Error {
+                code: e.code,
+                message: e.message,
+            }),
+            _ => {}
+        }
+    }
+
     fn between_steps(&mut self, session: &mut Session) {
         {
             // Live context figures for status queries during a long generation.
@@ -482,19 +543,10 @@ impl Queue<'_> {
                 }
                 Job::Shutdown => {
                     self.cancel.cancel();
-                    self.deferred.push_back(Job::Shutdown);
+                    self.deferred.push_front(Job::Shutdown);
                 }
                 Job::Load { mut sink, .. } => sink(JobError::busy("load a model").to_event()),
-                Job::Generate { mut sink, .. } => {
-                    sink(JobError::busy("start another generation").to_event())
-                }
-                Job::Compare { mut sink, .. } => {
-                    let e = JobError::busy("start a comparison");
-                    sink(CompareEvent::Error {
-                        code: e.code,
-                        message: e.message,
-                    })
-                }
+                job @ (Job::Generate { .. } | Job::Compare { .. }) => self.enqueue(job),
                 Job::Reset { reply } => {
                     let _ = reply.send(Err(JobError::busy("reset")));
                 }

@@ -1,0 +1,178 @@
+//! KV Lab's local OpenAI-compatible server: a thin HTTP face on the engine thread
+//! ([`kvlab_engine::EngineHandle`]), which owns every request from queue to end. It speaks
+//! `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` (streamed as
+//! server-sent events or not), plus what no peer has: a request's `kv_cache` (any cache SPEC),
+//! the cache's bytes in every `usage`, `GET /v1/kv` (the live memory timeline) and
+//! `GET /metrics` (Prometheus). Safe by default: loopback only unless the user binds wider
+//! (then an API key is required), `Host` checked against DNS rebinding, bodies capped.
+
+pub mod answer;
+pub mod api;
+pub mod error;
+pub mod guard;
+pub mod metrics;
+mod routes;
+pub mod stop;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use kvlab_engine::memory::{unix_ms, MemorySample, RssProbe};
+use kvlab_engine::EngineHandle;
+
+pub use error::ApiError;
+
+/// Largest request body accepted (a long document pasted into a prompt fits; a runaway
+/// client does not).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
+/// How often the memory timeline served at `/v1/kv` is sampled, and how much of it is kept.
+pub const KV_SAMPLE_PERIOD: Duration = Duration::from_millis(500);
+pub const KV_SAMPLES_KEPT: usize = 1200;
+
+/// How the server is set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// Required as `Authorization: Bearer <key>` when set.
+    pub api_key: Option<String>,
+    /// Host names accepted in `Host` besides the loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// The cache SPEC a request without `kv_cache` runs with (`kvlab serve --kv`); `None`:
+    /// the cache as it is (the app's server: whatever the user picked in the app).
+    pub default_kv: Option<String>,
+}
+
+impl ServerConfig {
+    /// Loopback on `port`, no key.
+    pub fn local(port: u16) -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            api_key: None,
+            allowed_hosts: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            default_kv: None,
+        }
+    }
+
+    /// Refuses a set-up that would expose the model: an address beyond loopback without a
+    /// key. The bound address's own name is accepted in `Host`.
+    pub fn checked(mut self) -> Result<Self, ServerError> {
+        let ip = self.addr.ip();
+        if !ip.is_loopback() {
+            if self.api_key.as_deref().is_none_or(str::is_empty) {
+                return Err(ServerError::KeyRequired(ip));
+            }
+            if !ip.is_unspecified() {
+                self.allowed_hosts.push(ip.to_string());
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Why the server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("listening on {0}, beyond this machine, needs an API key (--api-key)")]
+    KeyRequired(IpAddr),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the server stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+/// What the handlers share.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub config: ServerConfig,
+    pub counters: metrics::Counters,
+    /// The memory timeline, newest last.
+    pub timeline: Mutex<VecDeque<MemorySample>>,
+    probe: Mutex<RssProbe>,
+}
+
+impl AppState {
+    /// A memory sample now, kept in the timeline.
+    pub fn sample(&self) -> MemorySample {
+        let s = {
+            let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
+            self.engine.memory_sample(unix_ms(), &mut probe)
+        };
+        let mut t = self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+        if t.len() == KV_SAMPLES_KEPT {
+            t.pop_front();
+        }
+        t.push_back(s.clone());
+        s
+    }
+}
+
+/// The routes on `engine`, guarded as `config` says.
+pub fn router(engine: EngineHandle, config: ServerConfig) -> (Router, Arc<AppState>) {
+    let state = Arc::new(AppState {
+        engine,
+        counters: metrics::Counters::default(),
+        timeline: Mutex::new(VecDeque::new()),
+        probe: Mutex::new(RssProbe::new()),
+        config,
+    });
+    let router = Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/kv", get(routes::kv))
+        .route("/metrics", get(routes::metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::guard,
+        ))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(Arc::clone(&state));
+    (router, state)
+}
+
+/// Binds `config.addr`; the returned listener's address has the real port (for port 0).
+pub async fn bind(config: &ServerConfig) -> Result<tokio::net::TcpListener, ServerError> {
+    tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })
+}
+
+/// Serves until `shutdown` resolves, sampling the memory timeline meanwhile.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: EngineHandle,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let (router, state) = router(engine, config);
+    let sampler = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(KV_SAMPLE_PERIOD);
+        loop {
+            tick.tick().await;
+            state.sample();
+        }
+    });
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServerError::Serve);
+    sampler.abort();
+    served
+}

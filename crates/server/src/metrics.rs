@@ -1,0 +1,115 @@
+//! Prometheus text for `/metrics`: the server's request and token counters, and the engine's
+//! queue depth and exact KV bytes by attention kind and precision at the moment of the scrape.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvlab_engine::config::AttentionKind;
+use kvlab_engine::worker::EngineStatus;
+
+/// Counters since the server started.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub chat_requests: AtomicU64,
+    pub completion_requests: AtomicU64,
+    pub failed_requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+}
+
+impl Counters {
+    /// Adds a finished request's tokens.
+    pub fn tokens(&self, prompt: usize, generated: usize) {
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
+    }
+}
+
+/// The exposition text.
+pub fn render(c: &Counters, status: &EngineStatus) -> String {
+    let mut out = String::new();
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_requests_total Requests received, by endpoint."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_requests_total counter");
+    let _ = writeln!(
+        out,
+        "kvlab_requests_total{{endpoint=\"chat\"}} {}",
+        get(&c.chat_requests)
+    );
+    let _ = writeln!(
+        out,
+        "kvlab_requests_total{{endpoint=\"completions\"}} {}",
+        get(&c.completion_requests)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_failed_requests_total Requests answered with an error."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_failed_requests_total counter");
+    let _ = writeln!(
+        out,
+        "kvlab_failed_requests_total {}",
+        get(&c.failed_requests)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_tokens_total Tokens read (prompt) and written (generated)."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_tokens_total counter");
+    let _ = writeln!(
+        out,
+        "kvlab_tokens_total{{kind=\"prompt\"}} {}",
+        get(&c.prompt_tokens)
+    );
+    let _ = writeln!(
+        out,
+        "kvlab_tokens_total{{kind=\"generated\"}} {}",
+        get(&c.generated_tokens)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_queue_depth Requests waiting behind the running one."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_queue_depth gauge");
+    let _ = writeln!(out, "kvlab_queue_depth {}", status.queued);
+    let _ = writeln!(out, "# HELP kvlab_busy 1 while the engine runs a job.");
+    let _ = writeln!(out, "# TYPE kvlab_busy gauge");
+    let _ = writeln!(out, "kvlab_busy {}", u8::from(status.busy));
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_context_tokens Tokens in the conversation's cache."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_context_tokens gauge");
+    let _ = writeln!(out, "kvlab_context_tokens {}", status.context_tokens);
+    let _ = writeln!(out, "# HELP kvlab_kv_bytes KV cache bytes holding live tokens, by attention kind and precision.");
+    let _ = writeln!(out, "# TYPE kvlab_kv_bytes gauge");
+    for part in &status.kv.parts {
+        let kind = match part.kind {
+            AttentionKind::Sliding => "sliding",
+            AttentionKind::Full => "full",
+        };
+        let _ = writeln!(
+            out,
+            "kvlab_kv_bytes{{kind=\"{kind}\",precision=\"{}\"}} {}",
+            part.precision, part.bytes.used
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_kv_bytes_total KV cache bytes holding live tokens."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_kv_bytes_total gauge");
+    let _ = writeln!(out, "kvlab_kv_bytes_total {}", status.kv.total_used);
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_weights_bytes Bytes of the model's weights as held."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_weights_bytes gauge");
+    let _ = writeln!(out, "kvlab_weights_bytes {}", status.weights_bytes);
+    out
+}
