@@ -41,9 +41,20 @@ pub struct ChatArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// KV cache SPEC: f16, bf16, f32, or a TurboQuant spec such as tq4.
-    #[arg(long, default_value = "f16")]
-    kv: String,
+    /// KV cache SPEC: f16, bf16, f32, or a TurboQuant spec such as tq4 (default: f16, or
+    /// the precision of the --load-cache file).
+    #[arg(long)]
+    kv: Option<String>,
+    /// After the answer, save the conversation's KV cache to this file, in the precision it
+    /// holds (prompt and answer; `--load-cache` continues from it).
+    #[arg(long)]
+    save_cache: Option<std::path::PathBuf>,
+    /// Before the prompt, restore a KV cache saved by `--save-cache` (same model and cache
+    /// precision): the run continues where that one stopped, without reading its tokens
+    /// again; the prompt, if any, is appended to it as plain text (`--prompt ""` simply
+    /// goes on generating).
+    #[arg(long)]
+    load_cache: Option<std::path::PathBuf>,
     /// How to prompt: `chat` renders the chat template; `raw` continues the text as is
     /// (for base models); `auto` uses raw only when the checkpoint has no chat template.
     #[arg(long, value_enum, default_value_t = Template::Auto)]
@@ -67,7 +78,17 @@ const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    let policy = kv_policy(&args.kv)?;
+    // A restored cache is read in the precision it was saved in.
+    let kv = match (&args.kv, &args.load_cache) {
+        (Some(kv), _) => kv.clone(),
+        (None, Some(file)) => {
+            kvlab_engine::kv::persist::peek(file)
+                .with_context(|| format!("reading {}", file.display()))?
+                .spec
+        }
+        (None, None) => "f16".to_string(),
+    };
+    let policy = kv_policy(&kv)?;
     let switch = match (&args.switch_at, &args.switch_to) {
         (Some(at), Some(to)) => Some((*at, to.clone(), kv_policy(to)?)),
         _ => None,
@@ -106,12 +127,38 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         top_p: (args.top_p < 1.0).then_some(args.top_p),
         seed: args.seed,
     };
+    let restored = match &args.load_cache {
+        Some(file) => {
+            let r = engine.restore_cache(file).map_err(|e| {
+                anyhow::anyhow!("restoring {}: [{}] {}", file.display(), e.code, e.message)
+            })?;
+            eprintln!(
+                "[restored {} tokens ({}, {:.2} MiB) from {} in {:.3} s, instead of reading them again]",
+                r.tokens,
+                r.spec,
+                r.bytes as f64 / 1048576.0,
+                file.display(),
+                r.secs
+            );
+            Some(r)
+        }
+        None => None,
+    };
     let raw = match args.template {
         Template::Raw => true,
         Template::Chat => false,
         Template::Auto => card.has_chat_template == Some(false),
     };
-    let prompt = if raw {
+    let prompt = if let Some(r) = &restored {
+        // What the cache holds, what was sampled after it, then the new text.
+        let mut ids = r.token_ids.clone();
+        ids.extend(&r.pending);
+        if !args.prompt.is_empty() {
+            let tokenizer = engine.tokenizer().context("no tokenizer")?;
+            ids.extend(tokenizer.encode(&args.prompt, false)?);
+        }
+        Prompt::Ids { ids }
+    } else if raw {
         eprintln!(
             "(no chat template: continuing the prompt as plain text; --template chat forces it)"
         );
@@ -178,6 +225,24 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     }
     writeln!(out)?;
     drop(out);
+    if let Some(file) = &args.save_cache {
+        let saved = engine.save_cache(file).map_err(|e| {
+            anyhow::anyhow!(
+                "saving the cache to {}: [{}] {}",
+                file.display(),
+                e.code,
+                e.message
+            )
+        })?;
+        eprintln!(
+            "[saved {} tokens ({}) to {}: {:.2} MiB in {:.3} s]",
+            saved.tokens,
+            saved.spec,
+            file.display(),
+            saved.bytes as f64 / 1048576.0,
+            saved.secs
+        );
+    }
     engine.shutdown();
     if let Some(s) = stats {
         eprintln!("{}", stats_line(&s, reason));

@@ -66,6 +66,21 @@ pub enum EngineError {
     /// The TurboQuant codec refused a spec or a vector (e.g. a norm beyond the f16 range).
     #[error("kv codec: {0}")]
     Codec(#[from] kvlab_turboquant::Error),
+    /// A cache file could not be written or read (a missing folder, a full disk).
+    #[error("cache file {path}: {source}")]
+    CacheIo {
+        /// The file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// A saved KV cache file is damaged: truncated, a checksum that fails, sizes that lie.
+    #[error("corrupt cache file: {0}")]
+    CacheCorrupt(String),
+    /// A saved KV cache file is sound but not for this conversation: another model, another
+    /// policy, another format version.
+    #[error("the cache file does not fit: {0}")]
+    CacheMismatch(String),
     /// A tensor operation failed inside candle.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
@@ -79,7 +94,7 @@ impl EngineError {
             EngineError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 C::ModelNotFound
             }
-            EngineError::Io { .. } => C::Io,
+            EngineError::Io { .. } | EngineError::CacheIo { .. } => C::Io,
             EngineError::UnsupportedArchitecture(_) => C::UnsupportedModel,
             EngineError::ConfigParse { .. }
             | EngineError::ConfigContradiction(_)
@@ -87,6 +102,8 @@ impl EngineError {
             | EngineError::ShapeMismatch { .. }
             | EngineError::CorruptFile { .. } => C::BadModelFile,
             EngineError::InvalidRequest(_) => C::InvalidRequest,
+            EngineError::CacheCorrupt(_) => C::CacheCorrupt,
+            EngineError::CacheMismatch(_) => C::CacheMismatch,
             EngineError::Codec(_) | EngineError::Candle(_) => C::Internal,
         }
     }

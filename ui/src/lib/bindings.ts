@@ -231,7 +231,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template" | "queue_full";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template" | "queue_full" | "cache_corrupt" | "cache_mismatch";
 
 export type Event = { "type": "loading", 
 /**

@@ -93,11 +93,17 @@ pub enum ErrorCode {
     /// The engine's request queue is full (it holds [`crate::worker::MAX_QUEUED`] waiting
     /// requests); try again once one has finished.
     QueueFull,
+    /// A saved KV cache file is damaged (truncated, a failed checksum, sizes that lie): it was
+    /// set aside; the conversation reads its prompt again.
+    CacheCorrupt,
+    /// A saved KV cache file belongs to another model or policy, or to another format
+    /// version: the conversation reads its prompt again.
+    CacheMismatch,
 }
 
 impl ErrorCode {
     /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 39] = [
+    pub const ALL: [ErrorCode; 41] = [
         ErrorCode::ModelNotFound,
         ErrorCode::BadModelFile,
         ErrorCode::TokenizerNotFound,
@@ -137,6 +143,8 @@ impl ErrorCode {
         ErrorCode::SessionCorrupt,
         ErrorCode::BadChatTemplate,
         ErrorCode::QueueFull,
+        ErrorCode::CacheCorrupt,
+        ErrorCode::CacheMismatch,
     ];
 }
 
@@ -183,6 +191,8 @@ impl ErrorCode {
             ErrorCode::SessionCorrupt => "session_corrupt",
             ErrorCode::BadChatTemplate => "bad_chat_template",
             ErrorCode::QueueFull => "queue_full",
+            ErrorCode::CacheCorrupt => "cache_corrupt",
+            ErrorCode::CacheMismatch => "cache_mismatch",
         }
     }
 }

@@ -374,6 +374,9 @@ pub fn generate(
         };
         seq.fed(session.forward(model, &[id], Logits::Last)?);
     }
+    // The last sampled token was not run: a saved cache keeps it for a continuation.
+    let all = seq.all_ids();
+    session.set_pending(all.get(session.len()..).unwrap_or(&[]));
     let memory = session.memory();
     seq.finish(
         tokenizer,

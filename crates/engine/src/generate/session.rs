@@ -20,6 +20,9 @@ pub struct Session {
     cache: KvCache,
     /// Ids at positions `0..cache.seq_len()`, in order.
     history: Vec<u32>,
+    /// Ids sampled after `history` but not yet run (a generation's last token): a saved
+    /// cache keeps them, so a continuation runs them first.
+    pending: Vec<u32>,
     policy: PrecisionPolicy,
 }
 
@@ -40,6 +43,7 @@ impl Session {
         Ok(Self {
             cache,
             history: Vec::new(),
+            pending: Vec::new(),
             policy: policy.clone(),
         })
     }
@@ -84,12 +88,54 @@ impl Session {
     /// Forgets everything.
     pub fn reset(&mut self) -> Result<()> {
         self.history.clear();
+        self.pending.clear();
         self.cache.reset()
+    }
+
+    /// Ids sampled after the history but not run yet ([`Session::set_pending`]).
+    pub fn pending(&self) -> &[u32] {
+        &self.pending
+    }
+
+    /// Records the ids a generation sampled after the last one it ran.
+    pub fn set_pending(&mut self, ids: &[u32]) {
+        self.pending = ids.to_vec();
+    }
+
+    /// Saves the cache to `path` in the precision it holds, for the model whose weights'
+    /// identity is `model` ([`crate::kv::persist::weights_identity`]); returns its bytes.
+    pub fn save_cache(&self, path: &std::path::Path, model: &str) -> Result<u64> {
+        self.cache.save_to(
+            path,
+            model,
+            &self.policy.spec_string(),
+            &self.history,
+            &self.pending,
+        )
+    }
+
+    /// Replaces the cache with the one saved at `path`, after every check
+    /// ([`crate::kv::persist::read_into`]); on any error the session is as it was. Returns
+    /// the file's header (its tokens, and any ids pending after them).
+    pub fn restore_cache(
+        &mut self,
+        model: &Model,
+        path: &std::path::Path,
+        identity: &str,
+    ) -> Result<crate::kv::persist::CacheHeader> {
+        let fresh = model.new_cache(&self.policy)?;
+        let (cache, header) =
+            crate::kv::persist::read_into(path, identity, &self.policy.spec_string(), fresh)?;
+        self.cache = cache;
+        self.history = header.tokens.clone();
+        self.pending = header.pending.clone();
+        Ok(header)
     }
 
     /// Makes the cache hold a prefix of `prompt` and returns how much of it is reused. At
     /// least one prompt token is always left to run, so the caller gets fresh logits.
     pub fn prepare(&mut self, prompt: &[u32]) -> Result<Prepared> {
+        self.pending.clear();
         let common = self
             .history
             .iter()
@@ -128,6 +174,7 @@ impl Session {
     ) -> Result<candle_core::Tensor> {
         let out = model.forward(ids, &mut self.cache, which)?;
         self.history.extend_from_slice(ids);
+        self.pending.clear();
         Ok(out)
     }
 

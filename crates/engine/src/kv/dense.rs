@@ -2,10 +2,11 @@
 //! preallocating the model's context), forgets old tokens by moving a start index, and
 //! compacts only when the block runs out.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::attend::attend_dense;
 use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
+use super::wire::{WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 
 /// Tokens per allocation block.
@@ -95,6 +96,14 @@ impl DenseStorage {
 impl KvStorage for DenseStorage {
     fn precision(&self) -> KvPrecision {
         self.precision
+    }
+
+    fn write_state(&self, w: &mut WireWriter) -> Result<()> {
+        self.write_held(w)
+    }
+
+    fn read_state(&mut self, r: &mut WireReader) -> Result<()> {
+        self.read_held(r)
     }
 
     fn len(&self) -> usize {
@@ -222,6 +231,70 @@ impl KvStorage for DenseStorage {
                 Ok((z.clone(), z))
             }
         }
+    }
+}
+
+impl DenseStorage {
+    /// The held tokens' keys then values, exactly as stored: `[len][k bytes][v bytes]`, each
+    /// tensor `[n_kv_heads, len, head_dim]` row-major in the storage dtype.
+    pub(super) fn write_held(&self, w: &mut WireWriter) -> Result<()> {
+        w.len(self.len);
+        if let Some((k, v)) = self.live()? {
+            for t in [k, v] {
+                let t = t.contiguous()?.flatten_all()?.to_device(&Device::Cpu)?;
+                match t.dtype() {
+                    DType::F32 => w.f32s(&t.to_vec1::<f32>()?),
+                    DType::F16 => {
+                        w.u16s(t.to_vec1::<half::f16>()?.into_iter().map(|x| x.to_bits()))
+                    }
+                    DType::BF16 => {
+                        w.u16s(t.to_vec1::<half::bf16>()?.into_iter().map(|x| x.to_bits()))
+                    }
+                    other => {
+                        return Err(EngineError::invalid(format!("no saved form for {other:?}")))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what [`DenseStorage::write_state`] wrote into this empty storage.
+    pub(super) fn read_held(&mut self, r: &mut WireReader) -> Result<()> {
+        if self.len != 0 {
+            return Err(EngineError::invalid(
+                "restore into a cache that holds tokens",
+            ));
+        }
+        let (h, d) = (self.shape.n_kv_heads, self.shape.head_dim);
+        let elem = self.dtype().size_in_bytes();
+        let per_token = 2 * h * d * elem;
+        let len = r.len(r.remaining() / per_token.max(1), "a layer's token count")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = h * len * d;
+        let mut side = || -> Result<Tensor> {
+            let shape = (h, len, d);
+            let device = &self.shape.device;
+            Ok(match self.dtype() {
+                DType::F32 => Tensor::from_vec(r.f32s(n)?, shape, device)?,
+                DType::F16 => {
+                    let v: Vec<half::f16> =
+                        r.u16s(n)?.into_iter().map(half::f16::from_bits).collect();
+                    Tensor::from_vec(v, shape, device)?
+                }
+                DType::BF16 => {
+                    let v: Vec<half::bf16> =
+                        r.u16s(n)?.into_iter().map(half::bf16::from_bits).collect();
+                    Tensor::from_vec(v, shape, device)?
+                }
+                other => return Err(EngineError::invalid(format!("no saved form for {other:?}"))),
+            })
+        };
+        let k = side()?;
+        let v = side()?;
+        self.append(&k, &v)
     }
 }
 

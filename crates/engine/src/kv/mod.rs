@@ -5,6 +5,7 @@
 mod attend;
 mod attend_cpu;
 mod dense;
+pub mod persist;
 mod pool;
 mod precision;
 pub mod presets;
@@ -12,6 +13,7 @@ pub mod spec;
 mod storage;
 mod switch;
 mod turboquant;
+pub mod wire;
 
 use std::collections::BTreeMap;
 

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use super::precision::KvPrecision;
+use super::wire::{WireReader, WireWriter};
 use crate::error::Result;
 
 /// Which stored keys a block of queries may see, in absolute token positions.
@@ -61,6 +62,12 @@ pub trait KvStorage: Send + std::fmt::Debug {
         let (k, v) = self.to_dense()?;
         Ok((k.narrow(1, from, len)?, v.narrow(1, from, len)?))
     }
+    /// Writes everything held, exactly as held (a cache file's layer section,
+    /// [`super::persist`]).
+    fn write_state(&self, w: &mut WireWriter) -> Result<()>;
+    /// Reads a state [`KvStorage::write_state`] wrote into this empty storage of the same
+    /// precision and shape; a state that does not fit them is `cache_corrupt`.
+    fn read_state(&mut self, r: &mut WireReader) -> Result<()>;
     /// What this storage has converted and moved between devices so far (zeros for a
     /// storage that never converts nor crosses devices).
     fn traffic(&self) -> StorageTraffic {

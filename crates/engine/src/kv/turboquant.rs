@@ -56,6 +56,7 @@ use rayon::prelude::*;
 
 use super::spec::{TqPrecision, TqSide};
 use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
+use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 
 /// Tokens per code segment (per kv head and side).
@@ -687,6 +688,123 @@ impl TurboQuantStorage {
     }
 }
 
+/// Segment kinds in a saved side.
+const SEG_CODES: u8 = 0;
+const SEG_DENSE: u8 = 1;
+
+impl Side {
+    /// Per head: the offset (flag, then `dim` f32), then its segments (kind, byte length,
+    /// bytes: a `CodeBlock`'s records, or f16 rows).
+    fn write_state(&self, w: &mut WireWriter) {
+        w.len(self.heads.len());
+        for (segs, offset) in self.heads.iter().zip(&self.offsets) {
+            match offset {
+                Some(o) => {
+                    w.u8(1);
+                    w.f32s(o);
+                }
+                None => w.u8(0),
+            }
+            w.len(segs.len());
+            for seg in segs {
+                match seg {
+                    Seg::Codes(b) => {
+                        let bytes = b.to_bytes();
+                        w.u8(SEG_CODES);
+                        w.len(bytes.len());
+                        w.bytes(&bytes);
+                    }
+                    Seg::Dense(v) => {
+                        w.u8(SEG_DENSE);
+                        w.len(v.len() * 2);
+                        w.u16s(v.iter().map(|x| x.to_bits()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads what [`Side::write_state`] wrote into this empty side; every head must then
+    /// hold `total` tokens in full segments but the last.
+    fn read_state(&mut self, r: &mut WireReader, total: usize) -> Result<()> {
+        let heads = r.len(self.heads.len(), "the kv head count")?;
+        if heads != self.heads.len() {
+            return Err(corrupt(format!(
+                "{heads} kv heads saved, the layer has {}",
+                self.heads.len()
+            )));
+        }
+        let d = self.dim;
+        for h in 0..heads {
+            self.offsets[h] = match r.u8()? {
+                0 => None,
+                1 if self.center => Some(r.f32s(d)?),
+                flag => return Err(corrupt(format!("offset flag {flag}"))),
+            };
+            let n = r.len(total.div_ceil(SEGMENT_TOKENS), "a head's segment count")?;
+            let mut segs = Vec::with_capacity(n);
+            for _ in 0..n {
+                let kind = r.u8()?;
+                let len = r.len(r.remaining(), "a segment's size")?;
+                let bytes = r.take(len)?;
+                let seg = match (kind, &self.codec) {
+                    (SEG_CODES, Some(codec)) => Seg::Codes(CodeBlock::from_bytes(codec, bytes)?),
+                    (SEG_DENSE, None) if len % (2 * d) == 0 => Seg::Dense(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                            .collect(),
+                    ),
+                    _ => {
+                        return Err(corrupt(format!(
+                            "segment kind {kind} of {len} bytes does not fit this side"
+                        )))
+                    }
+                };
+                segs.push(seg);
+            }
+            let lens: Vec<usize> = segs.iter().map(|s| self.seg_len(s)).collect();
+            let held: usize = lens.iter().sum();
+            let full_but_last = lens.iter().rev().skip(1).all(|&l| l == SEGMENT_TOKENS);
+            if held != total || !full_but_last || lens.last().is_some_and(|&l| l == 0) {
+                return Err(corrupt(format!(
+                    "head {h} holds {held} tokens in segments {lens:?}, the layer {total}"
+                )));
+            }
+            self.heads[h] = segs;
+        }
+        Ok(())
+    }
+}
+
+impl TurboQuantStorage {
+    /// `[total][front]`, then keys, then values.
+    pub(super) fn write_held(&self, w: &mut WireWriter) -> Result<()> {
+        w.len(self.total);
+        w.len(self.front);
+        self.key.write_state(w);
+        self.value.write_state(w);
+        Ok(())
+    }
+
+    /// Reads what [`TurboQuantStorage::write_state`] wrote into this empty storage.
+    pub(super) fn read_held(&mut self, r: &mut WireReader) -> Result<()> {
+        if self.total != 0 {
+            return Err(EngineError::invalid(
+                "restore into a cache that holds tokens",
+            ));
+        }
+        // Every stored token takes at least one byte per head and side.
+        let total = r.len(r.remaining(), "a layer's stored tokens")?;
+        let front = r.len(total.min(SEGMENT_TOKENS - 1), "a layer's dropped front")?;
+        self.key.read_state(r, total)?;
+        self.value.read_state(r, total)?;
+        self.total = total;
+        self.front = front;
+        Ok(())
+    }
+}
+
 impl KvStorage for TurboQuantStorage {
     fn precision(&self) -> KvPrecision {
         KvPrecision::TurboQuant(self.precision)
@@ -694,6 +812,14 @@ impl KvStorage for TurboQuantStorage {
 
     fn len(&self) -> usize {
         self.total - self.front
+    }
+
+    fn write_state(&self, w: &mut WireWriter) -> Result<()> {
+        self.write_held(w)
+    }
+
+    fn read_state(&mut self, r: &mut WireReader) -> Result<()> {
+        self.read_held(r)
     }
 
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {

@@ -164,6 +164,21 @@ pub enum Job {
         /// The switch marker.
         reply: Sender<Result<SwitchEvent, JobError>>,
     },
+    /// Save the conversation's cache to a file, in the precision it holds.
+    SaveCache {
+        /// Where (written atomically).
+        path: PathBuf,
+        /// What was written.
+        reply: Sender<Result<CacheFileInfo, JobError>>,
+    },
+    /// Replace the conversation's cache with a saved one (all checks first; on any error the
+    /// conversation is as it was, and a corrupt file is set aside).
+    RestoreCache {
+        /// The file.
+        path: PathBuf,
+        /// What was restored.
+        reply: Sender<Result<CacheFileInfo, JobError>>,
+    },
     /// Drop the model.
     Unload {
         /// The outcome.
@@ -171,6 +186,25 @@ pub enum Job {
     },
     /// Stop the thread.
     Shutdown,
+}
+
+/// A saved cache file, as written or restored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheFileInfo {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// Tokens the cache holds.
+    pub tokens: usize,
+    /// Their ids, in order.
+    pub token_ids: Vec<u32>,
+    /// Ids sampled after them but not run yet (a continuation runs them first).
+    pub pending: Vec<u32>,
+    /// The cache policy, as its canonical SPEC.
+    pub spec: String,
+    /// Seconds the save or restore took.
+    pub secs: f64,
 }
 
 /// A snapshot of the engine's state.
@@ -581,6 +615,28 @@ impl EngineHandle {
             self.rewind_margin(),
             &self.memory_budget(),
         )?)
+    }
+
+    /// Saves the conversation's cache to `path` (blocks until written).
+    pub fn save_cache(&self, path: impl Into<PathBuf>) -> Result<CacheFileInfo, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::SaveCache {
+            path: path.into(),
+            reply,
+        })?;
+        rx.recv().map_err(|_| JobError::stopped())?
+    }
+
+    /// Restores the conversation's cache from `path` (blocks until done). Errors are
+    /// `cache_mismatch` (another model, policy or format version) and `cache_corrupt` (the
+    /// file was set aside as `<name>.corrupt`); either way the conversation is as it was.
+    pub fn restore_cache(&self, path: impl Into<PathBuf>) -> Result<CacheFileInfo, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::RestoreCache {
+            path: path.into(),
+            reply,
+        })?;
+        rx.recv().map_err(|_| JobError::stopped())?
     }
 
     /// Drops the model.

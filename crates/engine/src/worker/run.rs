@@ -7,7 +7,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use super::error::{JobError, LoadError};
-use super::{lock, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared, MAX_QUEUED};
+use super::{
+    lock, CacheFileInfo, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared, MAX_QUEUED,
+};
 use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
 use crate::card::ModelCard;
@@ -23,6 +25,9 @@ use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {
     model: Model,
+    /// The weights' file or folder, and their identity once a cache file needed it.
+    weights: std::path::PathBuf,
+    identity: Option<String>,
     tokenizer: Arc<GemmaTokenizer>,
     session: Session,
     card: ModelCard,
@@ -190,6 +195,16 @@ impl Worker {
                 self.publish();
                 let _ = reply.send(r);
             }
+            Job::SaveCache { path, reply } => {
+                let r = self.save_cache(&path);
+                let _ = reply.send(r);
+            }
+            Job::RestoreCache { path, reply } => {
+                let r = self.restore_cache(&path);
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(r);
+            }
             Job::Unload { reply } => {
                 if let Some(l) = self.loaded.take() {
                     self.policy = l.session.policy().clone();
@@ -311,6 +326,8 @@ impl Worker {
         session.set_rewind_margin(self.shared.rewind_margin.load(Ordering::Relaxed));
         // Only now is the previous model dropped: a failed load loses nothing.
         self.loaded = Some(Loaded {
+            weights: resolved.weights.clone(),
+            identity: None,
             config: Arc::new(model.config().clone()),
             model,
             tokenizer: Arc::new(tokenizer),
@@ -442,6 +459,68 @@ impl Worker {
     }
 }
 
+impl Loaded {
+    /// The weights' identity, computed once.
+    fn identity(&mut self) -> Result<String, JobError> {
+        if let Some(id) = &self.identity {
+            return Ok(id.clone());
+        }
+        let id = crate::kv::persist::weights_identity(&self.weights)?;
+        self.identity = Some(id.clone());
+        Ok(id)
+    }
+}
+
+impl Worker {
+    fn save_cache(&mut self, path: &std::path::Path) -> Result<CacheFileInfo, JobError> {
+        let started = std::time::Instant::now();
+        let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
+        let identity = loaded.identity()?;
+        let bytes = loaded.session.save_cache(path, &identity)?;
+        Ok(CacheFileInfo {
+            path: path.to_path_buf(),
+            bytes,
+            tokens: loaded.session.len(),
+            token_ids: loaded.session.history().to_vec(),
+            pending: loaded.session.pending().to_vec(),
+            spec: loaded.session.policy().spec_string(),
+            secs: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn restore_cache(&mut self, path: &std::path::Path) -> Result<CacheFileInfo, JobError> {
+        let started = std::time::Instant::now();
+        let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
+        let identity = loaded.identity()?;
+        match loaded.session.restore_cache(&loaded.model, path, &identity) {
+            Ok(header) => Ok(CacheFileInfo {
+                path: path.to_path_buf(),
+                bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+                tokens: header.seq_len,
+                token_ids: header.tokens,
+                pending: header.pending,
+                spec: header.spec,
+                secs: started.elapsed().as_secs_f64(),
+            }),
+            Err(e) => {
+                let mut err = JobError::from(e);
+                if err.code == ErrorCode::CacheCorrupt {
+                    // Set aside, never deleted: the user may want to look at it.
+                    let mut aside = path.as_os_str().to_os_string();
+                    aside.push(".corrupt");
+                    if std::fs::rename(path, &aside).is_ok() {
+                        err.message.push_str(&format!(
+                            " (set aside as {})",
+                            std::path::Path::new(&aside).display()
+                        ));
+                    }
+                }
+                Err(err)
+            }
+        }
+    }
+}
+
 /// Switches the session's cache to `policy` if the switch fits the memory budget (checked
 /// on the plan, before anything is converted) and returns the timeline marker.
 fn checked_switch(
@@ -552,6 +631,12 @@ impl Queue<'_> {
                 }
                 Job::Unload { reply } => {
                     let _ = reply.send(Err(JobError::busy("unload")));
+                }
+                Job::SaveCache { reply, .. } => {
+                    let _ = reply.send(Err(JobError::busy("save the cache")));
+                }
+                Job::RestoreCache { reply, .. } => {
+                    let _ = reply.send(Err(JobError::busy("restore a cache")));
                 }
             }
         }
