@@ -31,6 +31,7 @@ use crate::documents::commands::InspectedDocument;
 use crate::documents::{Document, DocumentKind};
 use crate::downloads::{DownloadUpdate, Downloaded, HubModel};
 use crate::models::commands::{DefaultModel, SystemInfo};
+use crate::sessions::caches::{CacheTransfer, SavedCache};
 use crate::sessions::{SessionList, SessionSummary, UnreadableSession};
 
 /// One exported declaration.
@@ -96,6 +97,8 @@ pub fn typescript() -> String {
         decl::<ScopedSpecs>(&cfg),
         decl::<SessionList>(&cfg),
         decl::<SessionSummary>(&cfg),
+        decl::<SavedCache>(&cfg),
+        decl::<CacheTransfer>(&cfg),
         decl::<SideFormat>(&cfg),
         decl::<SwitchEvent>(&cfg),
         decl::<SystemInfo>(&cfg),
@@ -173,7 +176,9 @@ fn facts() -> String {
          \n/** Whether the app takes each string as a Hub id (`source::hub_id`). */\n\
          export const REPO_ID_EXAMPLES: Array<[string, boolean]> = {};\n\
          \n/** The one set of chat defaults (`SamplingParams::chat`, `DEFAULT_MAX_TOKENS`). */\n\
-         export const CHAT_DEFAULTS: {{ sampling: SamplingParams; max_tokens: number }} = {};\n",
+         export const CHAT_DEFAULTS: {{ sampling: SamplingParams; max_tokens: number }} = {};\n\
+         \n/** What saved KV caches may take on disk unless the user sets a budget. */\n\
+         export const DEFAULT_CACHE_BUDGET_BYTES = {};\n",
         json(serde_json::json!({
             "engineStatus": crate::STATUS_EVENT,
             "memorySample": crate::monitor::MEMORY_EVENT,
@@ -185,6 +190,7 @@ fn facts() -> String {
             "sampling": kvlab_engine::sampling::SamplingParams::chat(),
             "max_tokens": kvlab_engine::generate::DEFAULT_MAX_TOKENS,
         })),
+        crate::sessions::caches::DEFAULT_CACHE_BUDGET_BYTES,
     )
 }
 

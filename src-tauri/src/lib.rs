@@ -36,12 +36,26 @@ pub fn run() {
             eprintln!("KV Lab could not start: {e}");
             std::process::exit(1);
         });
-    app.run(|_, _| {});
+    app.run(|app, event| {
+        if let tauri::RunEvent::ExitRequested { .. } = event {
+            sessions::commands::save_cache_on_quit(app);
+        }
+    });
 }
 
 /// Wires state, commands and background tasks onto any runtime (the mock runtime in tests).
 pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
     builder
+        // A closed or destroyed main window ends the app: its conversation's cache is saved
+        // first (once; `RunEvent::ExitRequested` covers the other ways out).
+        .on_window_event(|window, event| {
+            if matches!(
+                event,
+                tauri::WindowEvent::CloseRequested { .. } | tauri::WindowEvent::Destroyed
+            ) {
+                sessions::commands::save_cache_on_quit(window.app_handle());
+            }
+        })
         .plugin(tauri_plugin_dialog::init())
         .plugin(webview_guard::plugin())
         .manage(downloads::Downloads::default())
@@ -70,6 +84,9 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             sessions::commands::rename_session,
             sessions::commands::delete_session,
             sessions::commands::export_file,
+            sessions::commands::save_session_cache,
+            sessions::commands::restore_session_cache,
+            sessions::commands::drop_session_cache,
             downloads::hub_models,
             downloads::hub_quants,
             downloads::start_download,
@@ -99,6 +116,8 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             app.manage(state::AppState {
                 engine,
                 sessions: sessions::SessionStore::new(data_dir.join("sessions")),
+                cache_owner: Default::default(),
+                cache_budget: sessions::caches::DEFAULT_CACHE_BUDGET_BYTES.into(),
                 documents: documents::Reader::this_executable(documents::Limits::from_env())?,
                 data_dir,
             });

@@ -59,6 +59,9 @@ enum BenchCommand {
     LoadRun(crate::bench_load_cmd::LoadRunArgs),
     /// Time of one decode-step attention call per context and cache SPEC.
     Attention(crate::bench_attention_cmd::BenchAttentionArgs),
+    /// Saving and restoring a KV cache per SPEC: file bytes, save and restore time, and
+    /// restore against re-reading the prompt.
+    Persist(crate::bench_persist_cmd::BenchPersistArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
     Matmul(crate::bench_matmul_cmd::BenchMatmulArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
@@ -139,6 +142,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::LoadRun(a) => crate::bench_load_cmd::run_one(a),
         BenchCommand::Attention(a) => crate::bench_attention_cmd::run(a),
         BenchCommand::Matmul(a) => crate::bench_matmul_cmd::run(a),
+        BenchCommand::Persist(a) => crate::bench_persist_cmd::run(a),
         BenchCommand::Decode {
             model,
             ctx,

@@ -49,10 +49,10 @@ pub struct ChatArgs {
     /// holds (prompt and answer; `--load-cache` continues from it).
     #[arg(long)]
     save_cache: Option<std::path::PathBuf>,
-    /// Before the prompt, restore a KV cache saved by `--save-cache` (same model and cache
-    /// precision): the run continues where that one stopped, without reading its tokens
-    /// again; the prompt, if any, is appended to it as plain text (`--prompt ""` simply
-    /// goes on generating).
+    /// Before the prompt, restore a KV cache saved by `--save-cache` from the same model, in
+    /// the precision it was saved in (`--kv` converts it): the run continues where that one
+    /// stopped, without reading its tokens again; the prompt, if any, is appended to it as
+    /// plain text (`--prompt ""` simply goes on generating).
     #[arg(long)]
     load_cache: Option<std::path::PathBuf>,
     /// How to prompt: `chat` renders the chat template; `raw` continues the text as is
@@ -98,7 +98,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         source: args.model.source()?,
         tokenizer: args.model.tokenizer.clone(),
         options: args.model.load_options()?,
-        policy,
+        policy: policy.clone(),
         context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
     };
     let card = engine
@@ -140,6 +140,19 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                 file.display(),
                 r.secs
             );
+            if args.kv.as_deref().is_some_and(|kv| kv != r.spec) {
+                // A restore is in the file's precision; --kv converts it, as a switch does.
+                let marker = engine
+                    .switch_cache(policy.clone())
+                    .map_err(|e| anyhow::anyhow!("converting the cache to {kv}: {e}"))?;
+                eprintln!(
+                    "[converted the restored cache {} → {}: {:.2} → {:.2} MiB]",
+                    marker.from,
+                    marker.to,
+                    marker.kv_before.used as f64 / 1048576.0,
+                    marker.kv_after.used as f64 / 1048576.0
+                );
+            }
             Some(r)
         }
         None => None,

@@ -6,6 +6,7 @@ mod bench_cmd;
 mod bench_load_cmd;
 mod bench_matmul_cmd;
 mod bench_memory_cmd;
+mod bench_persist_cmd;
 mod chat_cmd;
 mod codec_cmd;
 mod logits_cmd;

@@ -51,6 +51,10 @@ pub fn stop_generation(state: State<'_, AppState>) {
 
 #[tauri::command]
 pub async fn reset_conversation(state: State<'_, AppState>) -> Res<()> {
+    // The cache will hold no saved session's conversation until one is saved or opened.
+    if let Ok(mut owner) = state.cache_owner.lock() {
+        *owner = None;
+    }
     let engine = state.engine.clone();
     blocking(move || engine.reset()).await
 }

@@ -6,6 +6,7 @@
 //! name, never deleted, and reported, while the other sessions load. The session body is the
 //! UI's own JSON; only `id` and `title` are read here.
 
+pub mod caches;
 pub mod commands;
 
 use std::ffi::OsStr;
@@ -25,6 +26,10 @@ pub struct SessionSummary {
     pub id: String,
     pub title: String,
     pub updated_ms: u64,
+    /// Its saved KV cache, when it has one.
+    #[ts(optional)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<caches::SavedCache>,
 }
 
 /// A session file that could not be read, and where it went.
@@ -61,6 +66,7 @@ pub fn write_all(file: &mut File, bytes: &[u8]) -> io::Result<()> {
 pub struct SessionStore {
     dir: PathBuf,
     write: Writer,
+    caches: caches::SessionCaches,
 }
 
 /// Temp files are named so, so one left by a killed save is known and removed.
@@ -123,7 +129,11 @@ impl SessionStore {
                 }
             }
         }
-        Self { dir, write }
+        Self {
+            caches: caches::SessionCaches::new(dir.clone()),
+            dir,
+            write,
+        }
     }
 
     fn path(&self, id: &str) -> Result<PathBuf, CommandError> {
@@ -191,7 +201,10 @@ impl SessionStore {
             }
             match std::fs::read(&path) {
                 Ok(bytes) => match parse(&bytes) {
-                    Ok((_, summary)) => out.sessions.push(summary),
+                    Ok((_, mut summary)) => {
+                        summary.cache = self.caches.info(&summary.id);
+                        out.sessions.push(summary)
+                    }
                     Err(why) => out.unreadable.push(self.set_aside(&path, why)),
                 },
                 Err(e) => out.unreadable.push(UnreadableSession {
@@ -247,8 +260,15 @@ impl SessionStore {
         self.save(&v)
     }
 
+    /// The saved KV caches beside the sessions.
+    pub fn caches(&self) -> &caches::SessionCaches {
+        &self.caches
+    }
+
+    /// Deletes a session and its saved cache.
     pub fn delete(&self, id: &str) -> Result<(), CommandError> {
         let path = self.path(id)?;
+        self.caches.remove(id)?;
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -294,6 +314,7 @@ fn summary_of(v: &Value) -> Option<SessionSummary> {
         id,
         title: v.get("title")?.as_str()?.to_owned(),
         updated_ms: v.get("updated_ms").and_then(Value::as_u64).unwrap_or(0),
+        cache: None,
     })
 }
 

@@ -8,6 +8,7 @@ import type {
   Activity,
   CacheOptions,
   CacheSelection,
+  CacheTransfer,
   CompareEvent,
   CompareRequest,
   ContextCost,
@@ -35,7 +36,7 @@ import type {
 } from "./bindings";
 
 export type * from "./bindings";
-export { CHAT_DEFAULTS, WEIGHTS_CHOICES } from "./bindings";
+export { CHAT_DEFAULTS, DEFAULT_CACHE_BUDGET_BYTES, WEIGHTS_CHOICES } from "./bindings";
 import { APP_EVENTS } from "./bindings";
 
 /** Whether `e` is a coded error as commands reject with. */
@@ -77,6 +78,12 @@ export const loadSession = (id: string) => invoke<unknown>("load_session", { id 
 export const saveSession = (session: unknown) => invoke<SessionSummary>("save_session", { session });
 export const renameSession = (id: string, title: string) => invoke<SessionSummary>("rename_session", { id, title });
 export const deleteSession = (id: string) => invoke<void>("delete_session", { id });
+/** Saves the engine's cache as session `id`'s (null: nothing to save); `budgetBytes` caps all saved caches. */
+export const saveSessionCache = (id: string, budgetBytes: number | null) =>
+  invoke<CacheTransfer | null>("save_session_cache", { id, budgetBytes });
+/** Restores session `id`'s saved cache into the engine (null: it has none). */
+export const restoreSessionCache = (id: string) => invoke<CacheTransfer | null>("restore_session_cache", { id });
+export const dropSessionCache = (id: string) => invoke<void>("drop_session_cache", { id });
 /** Asks where to save and writes `contents` (text or bytes) there; null when cancelled. */
 export const exportFile = (fileName: string, contents: string | Uint8Array) =>
   invoke<string | null>("export_file", {

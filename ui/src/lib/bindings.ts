@@ -93,6 +93,20 @@ specs: ScopedSpecs, };
 
 export type CacheSelection = string | CacheChoice;
 
+export type CacheTransfer = { 
+/**
+ * The session.
+ */
+id: string, cache: SavedCache, 
+/**
+ * Seconds the engine took.
+ */
+secs: number, 
+/**
+ * Sessions whose saved caches were dropped to keep within the budget.
+ */
+dropped: Array<string>, };
+
 export type CompareEvent = { "type": "pane", 
 /**
  * Which pane.
@@ -786,6 +800,24 @@ top_k: number | null,
  */
 top_p: number | null, seed: number, };
 
+export type SavedCache = { 
+/**
+ * The file's size.
+ */
+bytes: number, 
+/**
+ * Tokens it holds.
+ */
+tokens: number, 
+/**
+ * Its precision, as a cache SPEC.
+ */
+spec: string, 
+/**
+ * When it was written (ms since the Unix epoch).
+ */
+saved_ms: number, };
+
 export type ScopedSpecs = { 
 /**
  * Every cache-owning layer.
@@ -812,7 +844,11 @@ port: number, };
 
 export type SessionList = { sessions: Array<SessionSummary>, unreadable: Array<UnreadableSession>, };
 
-export type SessionSummary = { id: string, title: string, updated_ms: number, };
+export type SessionSummary = { id: string, title: string, updated_ms: number, 
+/**
+ * Its saved KV cache, when it has one.
+ */
+cache?: SavedCache, };
 
 export type SideFormat = "f32" | "f16" | "bf16" | "4" | "3.5" | "3" | "2.5" | "2";
 
@@ -935,3 +971,6 @@ export const REPO_ID_EXAMPLES: Array<[string, boolean]> = [["google/gemma-4-E2B-
 
 /** The one set of chat defaults (`SamplingParams::chat`, `DEFAULT_MAX_TOKENS`). */
 export const CHAT_DEFAULTS: { sampling: SamplingParams; max_tokens: number } = {"max_tokens":512,"sampling":{"seed":0,"temperature":1.0,"top_k":64,"top_p":0.949999988079071}};
+
+/** What saved KV caches may take on disk unless the user sets a budget. */
+export const DEFAULT_CACHE_BUDGET_BYTES = 2147483648;

@@ -29,7 +29,7 @@ describe("formatRate", () => {
   });
 });
 
-import { activityLabel, formatCount, formatMs, statsParts } from "./format";
+import { activityLabel, cacheTransferText, formatCount, formatMs, statsParts } from "./format";
 
 describe("formatMs / formatCount", () => {
   it("switches units at sensible points", () => {
@@ -59,6 +59,7 @@ describe("statsParts", () => {
       cache_spec: "f16",
     });
     expect(parts.map((p) => `${p.label} ${p.value}`)).toEqual([
+      "prompt 20 (0 cached)",
       "first token 312 ms",
       "prefill 154 tok/s",
       "decode 21.4 tok/s",
@@ -66,6 +67,24 @@ describe("statsParts", () => {
       "KV 3.00 MiB",
       "cache f16",
     ]);
+  });
+});
+
+describe("cacheTransferText", () => {
+  const t = (tokens: number, secs: number, dropped: string[] = []) => ({
+    id: "s1",
+    cache: { bytes: 3 * 1024 * 1024, tokens, spec: "tq3.5@all", saved_ms: 0 },
+    secs,
+    dropped,
+  });
+  it("says what a restore saved the user from", () => {
+    expect(cacheTransferText("restored", t(16384, 0.31))).toBe("Restored 16,384 tokens from cache in 0.31 s, instead of re-reading");
+  });
+  it("says what a save wrote and what the budget dropped", () => {
+    expect(cacheTransferText("saved", t(40, 0.004))).toBe("Saved 40 tokens of cache (3.00 MiB, tq3.5@all) in 0.00 s");
+    expect(cacheTransferText("saved", t(40, 12.5, ["a", "b"]))).toBe(
+      "Saved 40 tokens of cache (3.00 MiB, tq3.5@all) in 12.5 s; 2 older saved caches dropped to stay within the budget",
+    );
   });
 });
 

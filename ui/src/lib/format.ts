@@ -1,4 +1,4 @@
-import type { Activity, Family, GenStats, TemplateSource } from "./api";
+import type { Activity, CacheTransfer, Family, GenStats, TemplateSource } from "./api";
 
 // Human-readable numbers for the UI: bytes in binary units, rates, durations.
 
@@ -52,6 +52,9 @@ export function formatCount(n: number): string {
 /** The facts under an answer, in display order. */
 export function statsParts(s: GenStats): { label: string; value: string }[] {
   return [
+    // How much of the prompt the cache already held: a restored or continued conversation
+    // reads only what is new.
+    { label: "prompt", value: `${s.prompt_tokens} (${s.reused_tokens} cached)` },
     { label: "first token", value: formatMs(s.time_to_first_token_s * 1000) },
     { label: "prefill", value: formatRate(s.prefill_tok_per_s) },
     { label: "decode", value: formatRate(s.decode_tok_per_s) },
@@ -59,6 +62,17 @@ export function statsParts(s: GenStats): { label: string; value: string }[] {
     { label: "KV", value: formatBytes(s.kv_bytes) },
     { label: "cache", value: s.cache_spec },
   ];
+}
+
+/** The line that says what saving or restoring a session's KV cache did. */
+export function cacheTransferText(kind: "saved" | "restored", t: CacheTransfer): string {
+  const tokens = t.cache.tokens.toLocaleString("en-US");
+  const secs = `${t.secs.toFixed(t.secs < 10 ? 2 : 1)} s`;
+  if (kind === "restored") return `Restored ${tokens} tokens from cache in ${secs}, instead of re-reading`;
+  const dropped = t.dropped.length
+    ? `; ${t.dropped.length} older saved ${t.dropped.length === 1 ? "cache" : "caches"} dropped to stay within the budget`
+    : "";
+  return `Saved ${tokens} tokens of cache (${formatBytes(t.cache.bytes)}, ${t.cache.spec}) in ${secs}${dropped}`;
 }
 
 /** What the status bar says for the engine's activity. */

@@ -13,6 +13,7 @@ import type {
 } from "./api";
 import { AttachmentStore } from "./attachments.svelte";
 import { frameBatch } from "./frameBatch";
+import { cacheTransferText } from "./format";
 import { applyEvent, conversationTitle, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
 import { SessionListStore } from "./sessionList.svelte";
@@ -26,6 +27,17 @@ export interface Settings {
 }
 
 export const DEFAULT_SYSTEM = "";
+
+const CACHE_BUDGET_KEY = "kvlab.cacheBudgetBytes";
+
+function loadCacheBudget(): number | null {
+  try {
+    const v = Number(localStorage.getItem(CACHE_BUDGET_KEY));
+    return Number.isFinite(v) && v > 0 ? v : null;
+  } catch {
+    return null;
+  }
+}
 export const CONTEXTS = [2048, 8192, 32768];
 
 export interface SavedSession {
@@ -92,8 +104,14 @@ export class AppStore {
   sessionList = new SessionListStore({
     currentId: () => this.sessionId,
     renamed: (title) => (this.sessionTitle = title),
-    deleted: () => this.reset(),
+    // Its cache went with it: nothing to save.
+    deleted: () => this.reset(false),
   });
+
+  /** What the last save or restore of the conversation's KV cache did (the status line). */
+  cacheNotice = $state("");
+  /** What saved caches may take on disk; null: the app's default. Kept in this browser profile. */
+  cacheBudget: number | null = $state(loadCacheBudget());
 
   /** Answer tokens streamed so far, all answers together (a starter's switch waits on it). */
   private streamed = 0;
@@ -154,12 +172,16 @@ export class AppStore {
 
   async load(path: string): Promise<void> {
     this.loadError = "";
+    // A load drops the conversation's cache: keep it for when this model comes back.
+    if (this.card) await this.saveCache();
     this.modelPath = path;
     await this.estimateFor(path);
     try {
       this.card = await api.loadModel(path, this.cacheSpec, this.weights, this.context);
       if (!this.card.supports_thinking) this.settings.thinking = false;
       await this.refreshContextCosts();
+      // The conversation on screen continues from its saved cache, if this model saved one.
+      if (this.messages.length) await this.restoreCache(this.sessionId);
     } catch (e) {
       // The engine keeps serving the previous model when a load fails before replacing it.
       const st = await api.engineStatus().catch(() => null);
@@ -266,9 +288,12 @@ export class AppStore {
     await this.run(last);
   }
 
-  async reset(): Promise<void> {
+  /** A new chat; the one left is saved with its cache first (unless it was deleted). */
+  async reset(saveCache = true): Promise<void> {
     if (this.generating) await this.stop();
+    if (saveCache) await this.saveCache();
     await api.resetConversation().catch(() => {});
+    this.cacheNotice = "";
     this.messages = [];
     this.docs.clear();
     this.sessionId = newId("s");
@@ -326,11 +351,57 @@ export class AppStore {
     }
   }
 
+  /** Saves the conversation's KV cache with its session (on leaving it, and on demand). */
+  async saveCache(): Promise<void> {
+    if (!this.card || this.generating || !this.messages.length) return;
+    try {
+      const t = await api.saveSessionCache(this.sessionId, this.cacheBudget);
+      if (t) this.cacheNotice = cacheTransferText("saved", t);
+      await this.sessionList.refresh();
+    } catch (e) {
+      this.cacheNotice = `Cache not saved: ${api.errorText(e)}`;
+    }
+  }
+
+  /** Restores session `id`'s saved cache, so its next answer reads only what is new. */
+  async restoreCache(id: string): Promise<void> {
+    try {
+      const t = await api.restoreSessionCache(id);
+      this.cacheNotice = t ? cacheTransferText("restored", t) : "";
+      if (t) this.cacheSpec = t.cache.spec;
+    } catch (e) {
+      // Nothing is lost: the next answer reads the conversation again.
+      this.cacheNotice = `Saved cache not used (${api.errorText(e)}): the next answer reads the conversation again`;
+      await this.sessionList.refresh();
+    }
+  }
+
+  async dropCache(id: string): Promise<void> {
+    try {
+      await api.dropSessionCache(id);
+      await this.sessionList.refresh();
+    } catch (e) {
+      this.sessionList.error = `Cache not dropped: ${api.errorText(e)}`;
+    }
+  }
+
+  setCacheBudget(bytes: number | null): void {
+    this.cacheBudget = bytes;
+    try {
+      if (bytes === null) localStorage.removeItem(CACHE_BUDGET_KEY);
+      else localStorage.setItem(CACHE_BUDGET_KEY, String(bytes));
+    } catch {
+      // Storage unavailable: the budget holds for this run.
+    }
+  }
+
   async openSession(id: string, reset = true): Promise<SavedSession | null> {
     if (this.generating) return null;
     try {
       const s = (await api.loadSession(id)) as SavedSession;
+      if (reset && id !== this.sessionId) await this.saveCache();
       if (reset) await api.resetConversation().catch(() => {});
+      this.cacheNotice = "";
       this.sessionId = s.id;
       this.sessionTitle = s.title;
       this.sessionCreated = s.created_ms ?? Date.now();
@@ -344,6 +415,7 @@ export class AppStore {
       this.timelineVersion += 1;
       // With no model loaded the engine keeps the cache for the next load.
       if (s.cache_spec && s.cache_spec !== this.cacheSpec) await this.switchCache(s.cache_spec);
+      if (reset && this.card) await this.restoreCache(s.id);
       return s;
     } catch (e) {
       this.sessionList.error = `Not opened: ${api.errorText(e)}`;

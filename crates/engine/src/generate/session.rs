@@ -132,6 +132,34 @@ impl Session {
         Ok(header)
     }
 
+    /// Replaces the cache with the one saved at `path` in the precision it was saved in
+    /// (the session's policy becomes the file's): what a saved conversation reopens with.
+    /// Every check of [`Session::restore_cache`] but the policy; on any error the session is
+    /// as it was.
+    pub fn restore_cache_as_saved(
+        &mut self,
+        model: &Model,
+        path: &std::path::Path,
+        identity: &str,
+    ) -> Result<crate::kv::persist::CacheHeader> {
+        let spec = crate::kv::persist::peek(path)?.spec;
+        let policy = crate::kv::CacheSpec::parse(&spec)
+            .map_err(|e| crate::kv::wire::corrupt(format!("the cache's SPEC `{spec}`: {e}")))?
+            .to_policy();
+        if policy.spec_string() != spec {
+            return Err(crate::kv::wire::corrupt(format!(
+                "the cache's SPEC `{spec}` is not canonical"
+            )));
+        }
+        let fresh = model.new_cache(&policy)?;
+        let (cache, header) = crate::kv::persist::read_into(path, identity, &spec, fresh)?;
+        self.cache = cache;
+        self.policy = policy;
+        self.history = header.tokens.clone();
+        self.pending = header.pending.clone();
+        Ok(header)
+    }
+
     /// Makes the cache hold a prefix of `prompt` and returns how much of it is reused. At
     /// least one prompt token is always left to run, so the caller gets fresh logits.
     pub fn prepare(&mut self, prompt: &[u32]) -> Result<Prepared> {

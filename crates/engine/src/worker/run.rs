@@ -492,7 +492,10 @@ impl Worker {
         let started = std::time::Instant::now();
         let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
         let identity = loaded.identity()?;
-        match loaded.session.restore_cache(&loaded.model, path, &identity) {
+        match loaded
+            .session
+            .restore_cache_as_saved(&loaded.model, path, &identity)
+        {
             Ok(header) => Ok(CacheFileInfo {
                 path: path.to_path_buf(),
                 bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
