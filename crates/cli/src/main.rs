@@ -9,6 +9,8 @@ mod bench_memory_cmd;
 mod bench_persist_cmd;
 mod chat_cmd;
 mod codec_cmd;
+mod fidelity_cmd;
+mod fidelity_plot;
 mod logits_cmd;
 mod model_args;
 mod plot;
@@ -51,6 +53,8 @@ enum Command {
     Chat(chat_cmd::ChatArgs),
     /// Perplexity of a text (chunked prefill through the KV cache).
     Ppl(ppl_cmd::PplArgs),
+    /// Cache fidelity against bits: `kvlab fidelity sweep`.
+    Fidelity(fidelity_cmd::FidelityArgs),
     /// All-position logits of token ids under a chunk schedule, to .safetensors.
     Logits(logits_cmd::LogitsArgs),
     /// A conversation as the model reads it (its own chat template), ids and stops.
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench_cmd::run(args)?,
         Command::Chat(args) => chat_cmd::run(args)?,
         Command::Ppl(args) => ppl_cmd::run(args)?,
+        Command::Fidelity(args) => fidelity_cmd::run(args)?,
         Command::Logits(args) => logits_cmd::run(args)?,
         Command::Template(args) => template_cmd::run(args)?,
         Command::Serve(args) => serve_cmd::run(args)?,

@@ -24,7 +24,7 @@ const FONT_CANDIDATES: &[&str] = &[
 ];
 
 /// Registers a system font as plotters' `sans-serif` (labels need one to be measured).
-fn register_system_font() -> anyhow::Result<PathBuf> {
+pub fn register_system_font() -> anyhow::Result<PathBuf> {
     let from_env = std::env::var_os("KVLAB_PLOT_FONT").map(PathBuf::from);
     for path in from_env
         .into_iter()

@@ -120,14 +120,7 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
             bail!("--windows must be at least 1 and --score-from below --ctx − 1");
         }
         let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
-        let windows: Vec<Vec<u32>> = all
-            .chunks_exact(args.ctx)
-            .map(|w| {
-                let mut w = w.to_vec();
-                w[0] = all[0]; // <bos>
-                w
-            })
-            .collect();
+        let windows = crate::ppl_fidelity::cut_windows(&all, args.ctx);
         let cut = crate::ppl_fidelity::Windows {
             windows: &windows,
             score_from: args.score_from,

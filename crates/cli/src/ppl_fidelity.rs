@@ -47,18 +47,27 @@ pub struct Windows<'a> {
     pub score_from: usize,
 }
 
-/// Runs the comparison and prints it (JSON with `json`, else one line).
-pub fn run(
+/// Cuts `all` (`<bos>` + the text's tokens) into consecutive windows of `ctx` tokens, each
+/// starting with `<bos>`, as llama.cpp's perplexity tool cuts its chunks.
+pub fn cut_windows(all: &[u32], ctx: usize) -> Vec<Vec<u32>> {
+    all.chunks_exact(ctx.max(1))
+        .map(|w| {
+            let mut w = w.to_vec();
+            w[0] = all[0];
+            w
+        })
+        .collect()
+}
+
+/// Runs the comparison: the summary, and every scored position's KL divergence.
+pub fn measure(
     model: &Model,
-    cut: Windows<'_>,
-    kv: &str,
-    reference: &str,
+    cut: &Windows<'_>,
+    test: &CacheSpec,
+    refr: &CacheSpec,
     chunk: usize,
-    json: bool,
-) -> anyhow::Result<()> {
-    let test = CacheSpec::parse(kv).with_context(|| format!("bad --kv `{kv}`"))?;
-    let refr =
-        CacheSpec::parse(reference).with_context(|| format!("bad --reference `{reference}`"))?;
+    quiet: bool,
+) -> anyhow::Result<(FidelityOut, Vec<f64>)> {
     let t0 = Instant::now();
     let mut positions = Vec::new();
     for (w, ids) in cut.windows.iter().enumerate() {
@@ -70,9 +79,9 @@ pub fn run(
             chunk,
             cut.score_from,
             &mut |done, total| {
-                if !json {
+                if !quiet {
                     eprint!(
-                        "\rwindow {}/{}: {done}/{total} tokens",
+                        "\r{test} window {}/{}: {done}/{total} tokens",
                         w + 1,
                         cut.windows.len()
                     );
@@ -81,9 +90,10 @@ pub fn run(
         )?;
         positions.extend(r.positions.into_iter().filter(|p| p.pos >= cut.score_from));
     }
-    if !json {
+    if !quiet {
         eprintln!();
     }
+    let klds: Vec<f64> = positions.iter().map(|p| p.kld).collect();
     let r = FidelityReport::from_positions(positions);
     let out = FidelityOut {
         ppl: r.ppl,
@@ -100,6 +110,22 @@ pub fn run(
         reference: refr.to_string(),
         seconds: t0.elapsed().as_secs_f64(),
     };
+    Ok((out, klds))
+}
+
+/// Runs the comparison and prints it (JSON with `json`, else one line).
+pub fn run(
+    model: &Model,
+    cut: Windows<'_>,
+    kv: &str,
+    reference: &str,
+    chunk: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    let test = CacheSpec::parse(kv).with_context(|| format!("bad --kv `{kv}`"))?;
+    let refr =
+        CacheSpec::parse(reference).with_context(|| format!("bad --reference `{reference}`"))?;
+    let (out, _) = measure(model, &cut, &test, &refr, chunk, json)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {

@@ -1,0 +1,276 @@
+//! `kvlab fidelity sweep`: what each KV cache costs and loses, on llama.cpp's perplexity
+//! protocol (consecutive windows of `--ctx` tokens, each from `<bos>`, the second halves
+//! scored against an f16 cache in lockstep). Per cache: bits per coordinate as held (its
+//! bytes against an f32 cache's at the same context, so norms, offsets and any exact tokens
+//! count), mean and 99th-percentile KL divergence, top-1 agreement and perplexity; `--plot`
+//! draws KL divergence against bits, with any peer figures from `--peer` beside them.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kvlab_engine::kv::{presets, CacheSpec, KvPrecision, PrecisionPolicy};
+use kvlab_engine::Model;
+use serde::{Deserialize, Serialize};
+
+use crate::model_args::ModelArgs;
+use crate::ppl_cmd::{text_path, text_tokens};
+use crate::ppl_fidelity::{cut_windows, measure, Windows};
+
+/// `kvlab fidelity` subcommands.
+#[derive(Args, Debug)]
+pub struct FidelityArgs {
+    #[command(subcommand)]
+    command: FidelityCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum FidelityCommand {
+    /// KL divergence, top-1 agreement and perplexity against bits per coordinate, per cache.
+    Sweep(SweepArgs),
+}
+
+/// `kvlab fidelity sweep` options.
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text (a file, or an asset name such as `alice`).
+    #[arg(long, default_value = "alice")]
+    text: String,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+    /// Consecutive windows, pooled.
+    #[arg(long, default_value_t = 4)]
+    windows: usize,
+    /// Caches, comma-separated SPECs; `presets` stands for every preset of the cache menu
+    /// on all layers.
+    #[arg(long, default_value = "presets")]
+    kv: String,
+    /// The reference cache.
+    #[arg(long, default_value = "f16")]
+    reference: String,
+    /// Prefill chunk size.
+    #[arg(long, default_value_t = 512)]
+    chunk: usize,
+    /// Peer figures to draw and print beside ours: a JSON array of
+    /// `{label, bits_per_coordinate, mean_kld}` (e.g. llama.cpp's quantized caches, measured
+    /// on the same protocol).
+    #[arg(long)]
+    peer: Option<PathBuf>,
+    /// Draw KL divergence (log scale) against bits per coordinate into this PNG (or SVG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Print a JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One cache's figures (the `--json` array's element).
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepRow {
+    pub kv: String,
+    pub bits_per_coordinate: f64,
+    pub mean_kld: f64,
+    pub p99_kld: f64,
+    pub top1_agreement: f64,
+    pub ppl: f64,
+    pub ppl_reference: f64,
+}
+
+/// A peer's point, from `--peer`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PeerPoint {
+    pub label: String,
+    pub bits_per_coordinate: f64,
+    pub mean_kld: f64,
+}
+
+pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
+    match args.command {
+        FidelityCommand::Sweep(a) => sweep(a),
+    }
+}
+
+/// The SPECs `--kv` names, `presets` expanded.
+fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "presets" {
+            for p in presets::presets() {
+                out.push(CacheSpec::parse(&p.specs.all)?);
+            }
+        } else {
+            out.push(CacheSpec::parse(item).with_context(|| format!("--kv {item}"))?);
+        }
+    }
+    if out.is_empty() {
+        bail!("--kv names no cache");
+    }
+    Ok(out)
+}
+
+/// Bits per coordinate `policy` holds at `tokens` tokens: its bytes against an f32 cache's
+/// (exactly 32 bits per coordinate) with the same layers and tokens held.
+pub fn bits_per_coordinate(
+    model: &Model,
+    policy: &PrecisionPolicy,
+    tokens: usize,
+) -> anyhow::Result<f64> {
+    let held = |p: &PrecisionPolicy| -> anyhow::Result<f64> {
+        let mut cache = model.new_cache(p)?;
+        cache.fill_synthetic(tokens, 1)?;
+        Ok(cache.memory().total.0 as f64)
+    };
+    let f32_bytes = held(&PrecisionPolicy::uniform(KvPrecision::F32))?;
+    Ok(32.0 * held(policy)? / f32_bytes.max(1.0))
+}
+
+/// The value below which `q` of `xs` lie (nearest rank).
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn sweep(args: SweepArgs) -> anyhow::Result<()> {
+    if args.windows == 0 || args.ctx < 4 {
+        bail!("--windows must be at least 1 and --ctx at least 4");
+    }
+    let caches = specs(&args.kv)?;
+    let reference = CacheSpec::parse(&args.reference)
+        .with_context(|| format!("--reference {}", args.reference))?;
+    let peers: Vec<PeerPoint> = match &args.peer {
+        Some(p) => serde_json::from_slice(
+            &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| {
+            format!(
+                "{}: a JSON array of {{label, bits_per_coordinate, mean_kld}}",
+                p.display()
+            )
+        })?,
+        None => Vec::new(),
+    };
+    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
+    let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
+    let windows = cut_windows(&all, args.ctx);
+    let cut = Windows {
+        windows: &windows,
+        score_from: args.ctx / 2,
+    };
+    let mut rows = Vec::new();
+    for spec in &caches {
+        let (out, klds) = measure(&model, &cut, spec, &reference, args.chunk, args.json)?;
+        rows.push(SweepRow {
+            kv: spec.to_string(),
+            bits_per_coordinate: bits_per_coordinate(&model, &spec.to_policy(), args.ctx)?,
+            mean_kld: out.mean_kld,
+            p99_kld: quantile(&klds, 0.99),
+            top1_agreement: out.top1_agreement,
+            ppl: out.ppl,
+            ppl_reference: out.ppl_reference,
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!(
+            "{} windows of {} tokens, second halves scored against {}:",
+            args.windows, args.ctx, reference
+        );
+        println!(
+            "{:<16} {:>6} {:>10} {:>10} {:>7} {:>9}",
+            "cache", "bits", "mean KLD", "p99 KLD", "top-1", "ppl"
+        );
+        for r in &rows {
+            println!(
+                "{:<16} {:>6.2} {:>10.5} {:>10.4} {:>6.2}% {:>9.3}",
+                r.kv,
+                r.bits_per_coordinate,
+                r.mean_kld,
+                r.p99_kld,
+                100.0 * r.top1_agreement,
+                r.ppl
+            );
+        }
+        if let Some(r) = rows.first() {
+            println!("reference ppl {:.3}", r.ppl_reference);
+        }
+        for p in &peers {
+            println!(
+                "{:<16} {:>6.2} {:>10.5}   (peer, from {})",
+                p.label,
+                p.bits_per_coordinate,
+                p.mean_kld,
+                args.peer
+                    .as_deref()
+                    .map_or(String::new(), |f| f.display().to_string())
+            );
+        }
+    }
+    if let Some(path) = &args.plot {
+        crate::fidelity_plot::draw(&rows, &peers, path)?;
+        if !args.json {
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_99th_percentile_is_a_nearest_rank() {
+        let xs: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(quantile(&xs, 0.99), 198.0);
+        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
+        assert_eq!(quantile(&[], 0.99), 0.0);
+    }
+
+    #[test]
+    fn presets_expand_to_every_menu_preset() {
+        let all = specs("presets").unwrap();
+        assert_eq!(all.len(), presets::presets().len());
+        assert!(all.iter().any(|s| s.to_string() == "f16"));
+        assert_eq!(specs("f16, tq4").unwrap().len(), 2);
+        assert!(specs("tq9").is_err());
+        assert!(specs("").is_err());
+    }
+
+    #[test]
+    fn peer_points_read_from_json() {
+        let p: Vec<PeerPoint> = serde_json::from_str(
+            r#"[{"label":"q4_0/q4_0","bits_per_coordinate":4.5,"mean_kld":0.104}]"#,
+        )
+        .unwrap();
+        assert_eq!(p[0].bits_per_coordinate, 4.5);
+    }
+
+    #[test]
+    fn bits_per_coordinate_count_what_the_cache_holds() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../engine/tests/fixtures/gguf/tiny_gemma3.f32.gguf");
+        let model = Model::load(&path, &kvlab_engine::LoadOptions::default()).unwrap();
+        let bits = |s: &str| {
+            bits_per_coordinate(&model, &CacheSpec::parse(s).unwrap().to_policy(), 100).unwrap()
+        };
+        assert_eq!(bits("f32"), 32.0);
+        assert_eq!(bits("f16"), 16.0);
+        // Codes plus each vector's norm and centering offset: on these 16-dim heads the
+        // per-vector extras weigh far more than on a real model's 256.
+        let tq4 = bits("tq4@all");
+        assert!(tq4 > 4.0 && tq4 < 16.0, "{tq4}");
+        assert!(bits("tq3@all") < tq4);
+        // TurboQuant on the full layers only: between the two.
+        let full = bits("tq4@full");
+        assert!(full > tq4 && full < 16.0, "{full}");
+    }
+}
