@@ -184,13 +184,20 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             "{} windows of {} tokens, second halves scored against {}:",
             args.windows, args.ctx, reference
         );
+        let width = rows
+            .iter()
+            .map(|r| r.kv.len())
+            .chain(peers.iter().map(|p| p.label.len()))
+            .max()
+            .unwrap_or(5)
+            .max(5);
         println!(
-            "{:<16} {:>6} {:>10} {:>10} {:>7} {:>9}",
+            "{:<width$} {:>6} {:>10} {:>10} {:>7} {:>9}",
             "cache", "bits", "mean KLD", "p99 KLD", "top-1", "ppl"
         );
         for r in &rows {
             println!(
-                "{:<16} {:>6.2} {:>10.5} {:>10.4} {:>6.2}% {:>9.3}",
+                "{:<width$} {:>6.2} {:>10.5} {:>10.4} {:>6.2}% {:>9.3}",
                 r.kv,
                 r.bits_per_coordinate,
                 r.mean_kld,
@@ -202,15 +209,13 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         if let Some(r) = rows.first() {
             println!("reference ppl {:.3}", r.ppl_reference);
         }
+        if let Some(file) = &args.peer {
+            println!("peers, from {}:", file.display());
+        }
         for p in &peers {
             println!(
-                "{:<16} {:>6.2} {:>10.5}   (peer, from {})",
-                p.label,
-                p.bits_per_coordinate,
-                p.mean_kld,
-                args.peer
-                    .as_deref()
-                    .map_or(String::new(), |f| f.display().to_string())
+                "{:<width$} {:>6.2} {:>10.5}",
+                p.label, p.bits_per_coordinate, p.mean_kld
             );
         }
     }

@@ -67,7 +67,8 @@ where
         .x_label_area_size(44)
         .y_label_area_size(70)
         .build_cartesian_2d(
-            0.0..(max_bits * 1.1).ceil(),
+            // Room on the right for the last point's label.
+            0.0..(max_bits * 1.3).ceil(),
             (lo / 2.0..hi * 2.0).log_scale(),
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -82,20 +83,16 @@ where
         if points.is_empty() {
             continue;
         }
+        // Each point with its label set off to the upper right, clear of the dot.
         chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|(_, b, k)| Circle::new((*b, *k), 5, color.filled())),
-            )
+            .draw_series(points.iter().map(|(label, b, k)| {
+                EmptyElement::at((*b, *k))
+                    + Circle::new((0, 0), 5, color.filled())
+                    + Text::new(label.clone(), (8, -16), ("sans-serif", 13).into_font())
+            }))
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .label(name)
             .legend(move |(x, y)| Circle::new((x, y), 5, color.filled()));
-        chart
-            .draw_series(points.iter().map(|(label, b, k)| {
-                Text::new(label.clone(), (*b, *k), ("sans-serif", 13).into_font())
-            }))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     chart
         .configure_series_labels()
