@@ -399,7 +399,8 @@ export class AppStore {
     if (this.generating) return null;
     try {
       const s = (await api.loadSession(id)) as SavedSession;
-      if (reset && id !== this.sessionId) await this.saveCache();
+      // The conversation left (or this one, reopened) keeps its cache.
+      if (reset) await this.saveCache();
       if (reset) await api.resetConversation().catch(() => {});
       this.cacheNotice = "";
       this.sessionId = s.id;
