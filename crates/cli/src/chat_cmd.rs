@@ -3,14 +3,13 @@
 
 use std::io::{IsTerminal, Write};
 
-use crate::model_args::{kv_policy, print_warnings, ModelArgs};
+use crate::model_args::{kv_policy, ModelArgs};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use kvlab_engine::chat::Message;
 use kvlab_engine::events::{DoneReason, Event, GenStats};
 use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::Engine;
 
 #[derive(Args, Debug)]
@@ -94,25 +93,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let engine = Engine::spawn()?;
-    let request = LoadRequest {
-        source: args.model.source()?,
-        tokenizer: args.model.tokenizer.clone(),
-        options: args.model.load_options()?,
-        policy: policy.clone(),
-        context: kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
-    };
-    let card = engine
-        .load_blocking(request, |ev| {
-            if let Event::Loading {
-                phase,
-                done: Some(d),
-                total: Some(t),
-            } = ev
-            {
-                eprint!("\r{phase:?} {d}/{t} bytes");
-            }
-        })
-        .with_context(|| format!("loading {}", args.model.model))?;
+    let card = args.model.load_into(
+        &engine,
+        policy.clone(),
+        kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
+    )?;
     eprintln!(
         "{} ({}, {} layers, {:.0}M params)",
         card.name,
@@ -120,7 +105,6 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         card.layers,
         card.params as f64 / 1e6
     );
-    print_warnings(&card.warnings);
     let sampling = SamplingParams {
         temperature: args.temp,
         top_k: (args.top_k > 0).then_some(args.top_k),

@@ -64,6 +64,37 @@ impl ModelArgs {
         Ok(model)
     }
 
+    /// Loads the model on `engine`'s thread with the cache `policy` for `context` tokens,
+    /// showing the load's byte progress on stderr; prints the card's warnings.
+    pub fn load_into(
+        &self,
+        engine: &kvlab_engine::EngineHandle,
+        policy: PrecisionPolicy,
+        context: usize,
+    ) -> anyhow::Result<kvlab_engine::card::ModelCard> {
+        let request = kvlab_engine::worker::LoadRequest {
+            source: self.source()?,
+            tokenizer: self.tokenizer.clone(),
+            options: self.load_options()?,
+            policy,
+            context,
+        };
+        let card = engine
+            .load_blocking(request, |ev| {
+                if let kvlab_engine::events::Event::Loading {
+                    phase,
+                    done: Some(d),
+                    total: Some(t),
+                } = ev
+                {
+                    eprint!("\r{phase:?} {d}/{t} bytes");
+                }
+            })
+            .with_context(|| format!("loading {}", self.model))?;
+        print_warnings(&card.warnings);
+        Ok(card)
+    }
+
     /// The model source, asset names resolved to their files.
     pub fn source(&self) -> anyhow::Result<ModelSource> {
         crate::asset_names::model_source(&self.model)

@@ -4,14 +4,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use anyhow::Context;
 use clap::Args;
-use kvlab_engine::events::Event;
-use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::Engine;
 use kvlab_server::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
-use crate::model_args::{kv_policy, print_warnings, ModelArgs};
+use crate::model_args::{kv_policy, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -55,28 +52,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     .checked()?;
     let engine = Engine::spawn()?;
-    let card = engine
-        .load_blocking(
-            LoadRequest {
-                source: args.model.source()?,
-                tokenizer: args.model.tokenizer.clone(),
-                options: args.model.load_options()?,
-                policy: kv_policy(&args.kv)?,
-                context: args.ctx,
-            },
-            |ev| {
-                if let Event::Loading {
-                    phase,
-                    done: Some(d),
-                    total: Some(t),
-                } = ev
-                {
-                    eprint!("\r{phase:?} {d}/{t} bytes");
-                }
-            },
-        )
-        .with_context(|| format!("loading {}", args.model.model))?;
-    print_warnings(&card.warnings);
+    let card = args
+        .model
+        .load_into(&engine, kv_policy(&args.kv)?, args.ctx)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -142,6 +142,26 @@ impl SessionCaches {
     }
 }
 
+impl SavedCache {
+    /// The file the engine just saved or restored, from the engine's own report of it.
+    pub fn from_engine(info: kvlab_engine::worker::CacheFileInfo) -> Self {
+        Self {
+            saved_ms: modified_ms(&info.path),
+            bytes: info.bytes,
+            tokens: info.tokens,
+            spec: info.spec,
+        }
+    }
+}
+
+/// When the file at `path` was last written (ms since the Unix epoch; 0 if unknown).
+fn modified_ms(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(ms_since_epoch)
+        .unwrap_or(0)
+}
+
 /// The saved cache at `path`, from its header.
 fn saved_cache(path: &Path) -> Option<SavedCache> {
     let meta = std::fs::metadata(path).ok()?;
@@ -150,7 +170,7 @@ fn saved_cache(path: &Path) -> Option<SavedCache> {
         bytes: meta.len(),
         tokens: header.seq_len,
         spec: header.spec,
-        saved_ms: meta.modified().map(ms_since_epoch).unwrap_or(0),
+        saved_ms: modified_ms(path),
     })
 }
 

@@ -69,21 +69,11 @@ fn save_cache(
     }
     caches.ensure_dir()?;
     let info = engine.handle().save_cache(&path)?;
-    let saved_ms = std::fs::metadata(&path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let secs = info.secs;
     Ok(Some(CacheTransfer {
         id: id.to_owned(),
-        cache: SavedCache {
-            bytes: info.bytes,
-            tokens: info.tokens,
-            spec: info.spec,
-            saved_ms,
-        },
-        secs: info.secs,
+        cache: SavedCache::from_engine(info),
+        secs,
         dropped: caches.enforce_budget(budget, id),
     }))
 }
@@ -106,16 +96,10 @@ pub async fn restore_session_cache(
             return Ok(None);
         }
         let info = engine.handle().restore_cache(&path)?;
-        let cache = caches.info(&id).unwrap_or(SavedCache {
-            bytes: info.bytes,
-            tokens: info.tokens,
-            spec: info.spec.clone(),
-            saved_ms: 0,
-        });
         Ok(Some(CacheTransfer {
             id,
-            cache,
             secs: info.secs,
+            cache: SavedCache::from_engine(info),
             dropped: Vec::new(),
         }))
     })

@@ -115,27 +115,20 @@ impl Session {
     }
 
     /// Replaces the cache with the one saved at `path`, after every check
-    /// ([`crate::kv::persist::read_into`]); on any error the session is as it was. Returns
-    /// the file's header (its tokens, and any ids pending after them).
+    /// ([`crate::kv::persist::read_into`]), which must hold this session's policy; on any
+    /// error the session is as it was. Returns the file's header (its tokens, and any ids
+    /// pending after them).
     pub fn restore_cache(
         &mut self,
         model: &Model,
         path: &std::path::Path,
         identity: &str,
     ) -> Result<crate::kv::persist::CacheHeader> {
-        let fresh = model.new_cache(&self.policy)?;
-        let (cache, header) =
-            crate::kv::persist::read_into(path, identity, &self.policy.spec_string(), fresh)?;
-        self.cache = cache;
-        self.history = header.tokens.clone();
-        self.pending = header.pending.clone();
-        Ok(header)
+        self.restore_as(model, path, identity, self.policy.clone())
     }
 
-    /// Replaces the cache with the one saved at `path` in the precision it was saved in
-    /// (the session's policy becomes the file's): what a saved conversation reopens with.
-    /// Every check of [`Session::restore_cache`] but the policy; on any error the session is
-    /// as it was.
+    /// [`Session::restore_cache`] in the precision the file was saved in (the session's
+    /// policy becomes the file's): what a saved conversation reopens with.
     pub fn restore_cache_as_saved(
         &mut self,
         model: &Model,
@@ -151,8 +144,21 @@ impl Session {
                 "the cache's SPEC `{spec}` is not canonical"
             )));
         }
+        self.restore_as(model, path, identity, policy)
+    }
+
+    /// Reads the file at `path` into a fresh cache of `policy` and, only if every check
+    /// passes, makes it this session's.
+    fn restore_as(
+        &mut self,
+        model: &Model,
+        path: &std::path::Path,
+        identity: &str,
+        policy: PrecisionPolicy,
+    ) -> Result<crate::kv::persist::CacheHeader> {
         let fresh = model.new_cache(&policy)?;
-        let (cache, header) = crate::kv::persist::read_into(path, identity, &spec, fresh)?;
+        let (cache, header) =
+            crate::kv::persist::read_into(path, identity, &policy.spec_string(), fresh)?;
         self.cache = cache;
         self.policy = policy;
         self.history = header.tokens.clone();
