@@ -117,6 +117,11 @@ impl Codec {
         self.check_len(self.dim, x.len())?;
         self.check_len(self.layout.stride, record.len())?;
         scratch.ensure(self.dim, 1);
+        if self.ctx.wide {
+            // 5–8-bit codebooks: the SIMD quantizers hold 16 levels at most.
+            scratch.last_backend = Some(Backend::Portable);
+            return self.encode_record_with(x, record, scratch, portable_quantize, bits::pack);
+        }
         #[cfg(target_arch = "x86_64")]
         {
             if crate::kernels::encode_simd_available() {
@@ -400,13 +405,20 @@ pub(crate) fn norm2(v: &[f32]) -> f32 {
 }
 
 /// Nearest-level indices and centroid values: count the thresholds at or below each value
-/// (branch-free, one pass per threshold so the inner loop vectorizes).
+/// (branch-free, one pass per threshold so the inner loop vectorizes); wide codebooks (up to
+/// 255 thresholds) binary-search instead.
 #[inline(always)]
 fn portable_quantize(_seg: usize, book: &Codebook, ys: &[f32], idx: &mut [u8], cents: &mut [f32]) {
-    idx.fill(0);
-    for &th in book.thresholds() {
+    if book.thresholds().len() > 15 {
         for (i, &y) in idx.iter_mut().zip(ys) {
-            *i += u8::from(y >= th);
+            *i = book.quantize(y);
+        }
+    } else {
+        idx.fill(0);
+        for &th in book.thresholds() {
+            for (i, &y) in idx.iter_mut().zip(ys) {
+                *i += u8::from(y >= th);
+            }
         }
     }
     let levels = book.centroids();

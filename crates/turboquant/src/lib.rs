@@ -31,6 +31,7 @@ mod spec;
 mod structured_tests;
 
 pub use block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
+pub use codebook::codebook;
 pub use codec::Codec;
 pub use error::{Error, Result};
 pub use kernels::Backend;

@@ -20,9 +20,32 @@ pub enum Bits {
     B3_5,
     /// 4 bits.
     B4,
+    /// 5 bits (the wide widths, 5–8, run on the portable kernels: their codebooks do not fit
+    /// one SIMD register).
+    B5,
+    /// 6 bits.
+    B6,
+    /// 7 bits.
+    B7,
+    /// 8 bits.
+    B8,
 }
 
 impl Bits {
+    /// Every width, ascending.
+    pub const ALL: [Bits; 10] = [
+        Bits::B1,
+        Bits::B2,
+        Bits::B2_5,
+        Bits::B3,
+        Bits::B3_5,
+        Bits::B4,
+        Bits::B5,
+        Bits::B6,
+        Bits::B7,
+        Bits::B8,
+    ];
+
     /// Nominal bits per coordinate (2.5 for `B2_5`).
     pub fn value(self) -> f64 {
         match self {
@@ -32,6 +55,10 @@ impl Bits {
             Bits::B3 => 3.0,
             Bits::B3_5 => 3.5,
             Bits::B4 => 4.0,
+            Bits::B5 => 5.0,
+            Bits::B6 => 6.0,
+            Bits::B7 => 7.0,
+            Bits::B8 => 8.0,
         }
     }
 
@@ -44,6 +71,10 @@ impl Bits {
             Bits::B3 => (3, 3),
             Bits::B3_5 => (3, 4),
             Bits::B4 => (4, 4),
+            Bits::B5 => (5, 5),
+            Bits::B6 => (6, 6),
+            Bits::B7 => (7, 7),
+            Bits::B8 => (8, 8),
         }
     }
 }
@@ -51,15 +82,8 @@ impl Bits {
 impl TryFrom<f64> for Bits {
     type Error = Error;
     fn try_from(v: f64) -> Result<Self> {
-        const ALL: [Bits; 6] = [
-            Bits::B1,
-            Bits::B2,
-            Bits::B2_5,
-            Bits::B3,
-            Bits::B3_5,
-            Bits::B4,
-        ];
-        ALL.into_iter()
+        Bits::ALL
+            .into_iter()
             .find(|b| b.value() == v)
             .ok_or(Error::InvalidBits(v))
     }
@@ -107,7 +131,7 @@ pub enum RotationKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
-    /// Bits per coordinate: 1, 2, 2.5, 3, 3.5 or 4 (JSON number).
+    /// Bits per coordinate: 1, 2, 2.5, 3, 3.5, 4, 5, 6, 7 or 8 (JSON number).
     pub bits: Bits,
     /// `"mse"` (default) or `"prod"`.
     #[serde(default)]
@@ -199,7 +223,9 @@ mod tests {
 
     #[test]
     fn bad_values_are_typed_errors() {
-        assert!(serde_json::from_str::<Spec>(r#"{"bits": 5}"#).is_err());
+        assert!(serde_json::from_str::<Spec>(r#"{"bits": 9}"#).is_err());
+        assert!(serde_json::from_str::<Spec>(r#"{"bits": 4.5}"#).is_err());
+        assert_eq!("8".parse::<Bits>(), Ok(Bits::B8));
         assert!(serde_json::from_str::<Spec>(r#"{"bits": 2, "variant": "fast"}"#).is_err());
         assert_eq!(Bits::try_from(0.0), Err(Error::InvalidBits(0.0)));
         assert!("x".parse::<Bits>().is_err());

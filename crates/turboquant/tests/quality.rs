@@ -52,6 +52,23 @@ fn mse_within_1_5_percent_of_exact() {
     }
 }
 
+/// The wide codebooks end to end (encode, pack, decode on the portable path): the codec's
+/// distortion is the codebook's exact D_mse, at 5 to 8 bits.
+#[test]
+fn wide_widths_reach_their_codebook_distortion() {
+    for bits in [Bits::B5, Bits::B6, Bits::B7, Bits::B8] {
+        let codec = Codec::new(256, Spec::mse(bits)).unwrap();
+        let got = empirical_mse(&codec, 4_000, 23);
+        let want = kvlab_turboquant::codebook(256, bits.value() as u8).mse();
+        println!("d=256 b={} mse={got:.3e} exact={want:.3e}", bits.value());
+        assert!(
+            (got - want).abs() / want < 0.03,
+            "b={}: {got} vs {want}",
+            bits.value()
+        );
+    }
+}
+
 #[test]
 fn haar_rotation_gives_the_same_distortion() {
     let spec = Spec {

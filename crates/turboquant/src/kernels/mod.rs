@@ -36,8 +36,9 @@ pub(crate) struct Seg {
     pub len: usize,
     pub width: u8,
     pub bit_offset: usize,
-    /// Codebook levels, zero-padded to 16 entries (an AVX-512 register).
-    pub table: [f32; 16],
+    /// Codebook levels, zero-padded to 256 entries (8-bit codes). The SIMD backends, which
+    /// only run widths ≤ 4 (see `Ctx::wide`), read the first 16: one AVX-512 register.
+    pub table: [f32; 256],
     /// Decision thresholds, padded with +∞ to 16 entries.
     pub thresholds: [f32; 16],
     /// Leading 128-coordinate blocks (16·w bytes) the SIMD backend reads lane-wise (segment
@@ -57,6 +58,9 @@ pub(crate) struct Ctx {
     pub norm_offset: usize,
     /// (sign bit offset, γ offset, √(π/2)/d) for prod.
     pub qjl: Option<(usize, usize, f32)>,
+    /// Whether a segment is wider than 4 bits: its codebook does not fit the SIMD backends'
+    /// 16-entry registers, so every kernel of this codec runs the portable code.
+    pub wide: bool,
     /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
     /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
     pub perm: Vec<u32>,
@@ -70,12 +74,12 @@ impl Ctx {
     ) -> Ctx {
         let dim = codec_layout.dim;
         let mut perm: Vec<u32> = (0..dim as u32).collect();
-        let segs = codec_layout
+        let segs: Vec<Seg> = codec_layout
             .segments
             .iter()
             .zip(books)
             .map(|(s, b)| {
-                let mut table = [0.0f32; 16];
+                let mut table = [0.0f32; 256];
                 for (t, &c) in table.iter_mut().zip(b.centroids()) {
                     *t = c;
                 }
@@ -116,9 +120,11 @@ impl Ctx {
             (Some(q), Some(sb), Some(go)) => Some((sb, go, q)),
             _ => None,
         };
+        let wide = segs.iter().any(|s| s.width > 4);
         Ctx {
             dim,
             stride: codec_layout.stride,
+            wide,
             segs,
             norm_offset: codec_layout.norm_offset,
             qjl,
@@ -192,6 +198,16 @@ impl std::fmt::Display for Backend {
 }
 
 impl Codec {
+    /// The backend this codec's kernels run on: the CPU's best, or the portable code for
+    /// wide (5–8-bit) codebooks.
+    pub(crate) fn backend(&self) -> Backend {
+        if self.ctx.wide {
+            Backend::Portable
+        } else {
+            Backend::detect()
+        }
+    }
+
     /// Rotates `g` queries into `scratch.q` (and projects them with S for prod).
     fn prepare_queries(&self, queries: &[f32], g: usize, scratch: &mut Scratch) {
         let d = self.dim;
@@ -247,7 +263,7 @@ impl Codec {
         self.prepare_queries(queries, g, scratch);
         let ctx = &self.ctx;
         let d = self.dim;
-        let backend = Backend::detect();
+        let backend = self.backend();
         scratch.last_backend = Some(backend);
         let simd = backend.permuted();
         if simd {
@@ -337,7 +353,7 @@ impl Codec {
         self.check_len(g * n, weights.len())?;
         scratch.ensure(d, g);
         let ctx = &self.ctx;
-        let backend = Backend::detect();
+        let backend = self.backend();
         let simd = backend.permuted();
         scratch.acc[..g * d].fill(0.0);
         scratch.acc_s[..g * d].fill(0.0);

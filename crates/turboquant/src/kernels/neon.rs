@@ -71,7 +71,7 @@ fn i16x8(a: &[i16; 8]) -> int16x8_t {
 #[target_feature(enable = "neon")]
 fn planes(seg: &Seg) -> [uint8x16_t; 4] {
     let mut p = [[0u8; 16]; 4];
-    for (i, v) in seg.table.iter().enumerate() {
+    for (i, v) in seg.table.iter().take(16).enumerate() {
         for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
             p[b][i] = byte;
         }
