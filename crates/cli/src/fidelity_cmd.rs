@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model_args::ModelArgs;
 use crate::ppl_cmd::{text_path, text_tokens};
-use crate::ppl_fidelity::{cut_windows, measure, Windows};
+use crate::ppl_fidelity::{cut_windows, measure, measure_policy, Labelled, Windows};
 
 /// `kvlab fidelity` subcommands.
 #[derive(Args, Debug)]
@@ -28,6 +28,47 @@ pub struct FidelityArgs {
 enum FidelityCommand {
     /// KL divergence, top-1 agreement and perplexity against bits per coordinate, per cache.
     Sweep(SweepArgs),
+    /// Each layer's sensitivity: the KL divergence when only that layer's cache is coded.
+    Layers(LayersArgs),
+}
+
+/// `kvlab fidelity layers` options.
+#[derive(Args, Debug)]
+pub struct LayersArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text (a file, or an asset name such as `alice`).
+    #[arg(long, default_value = "alice")]
+    text: String,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+    /// Consecutive windows, pooled.
+    #[arg(long, default_value_t = 4)]
+    windows: usize,
+    /// The cache put on one layer at a time (a TurboQuant SPEC; its scope is ignored), every
+    /// other layer keeping the reference's.
+    #[arg(long, default_value = "tq3")]
+    kv: String,
+    /// The reference cache (dense).
+    #[arg(long, default_value = "f16")]
+    reference: String,
+    /// Prefill chunk size.
+    #[arg(long, default_value_t = 512)]
+    chunk: usize,
+    /// Print a JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One layer's figures (the `fidelity layers --json` array's element).
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerRow {
+    pub layer: usize,
+    pub kind: String,
+    pub mean_kld: f64,
+    pub p99_kld: f64,
+    pub top1_agreement: f64,
 }
 
 /// `kvlab fidelity sweep` options.
@@ -90,6 +131,7 @@ pub struct PeerPoint {
 pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
     match args.command {
         FidelityCommand::Sweep(a) => sweep(a),
+        FidelityCommand::Layers(a) => layers(a),
     }
 }
 
@@ -136,6 +178,79 @@ fn quantile(xs: &[f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
+}
+
+/// The per-layer sensitivity scan: `kv` on one cache-owning layer at a time.
+fn layers(args: LayersArgs) -> anyhow::Result<()> {
+    if args.windows == 0 || args.ctx < 4 {
+        bail!("--windows must be at least 1 and --ctx at least 4");
+    }
+    let test = CacheSpec::parse(&args.kv).with_context(|| format!("--kv {}", args.kv))?;
+    let CacheSpec::TurboQuant { precision, .. } = test else {
+        bail!("--kv must be a TurboQuant SPEC (e.g. tq3, k4v3)");
+    };
+    let reference = CacheSpec::parse(&args.reference)
+        .with_context(|| format!("--reference {}", args.reference))?;
+    let CacheSpec::Dense(_) = reference else {
+        bail!("--reference must be a dense cache (f16, bf16, f32)");
+    };
+    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
+    let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
+    let windows = cut_windows(&all, args.ctx);
+    let cut = Windows {
+        windows: &windows,
+        score_from: args.ctx / 2,
+    };
+    let owners: Vec<(usize, String)> = model
+        .config()
+        .cache_owning_layers()
+        .map(|l| (l.index, format!("{:?}", l.kind).to_lowercase()))
+        .collect();
+    let mut rows = Vec::new();
+    for (layer, kind) in owners {
+        let mut policy = reference.to_policy();
+        policy
+            .overrides
+            .insert(layer, KvPrecision::TurboQuant(precision));
+        let test = Labelled {
+            label: format!("layer {layer} {precision}"),
+            policy,
+        };
+        let (out, klds) =
+            measure_policy(&model, &cut, &test, &reference, args.chunk, args.json)?;
+        rows.push(LayerRow {
+            layer,
+            kind,
+            mean_kld: out.mean_kld,
+            p99_kld: quantile(&klds, 0.99),
+            top1_agreement: out.top1_agreement,
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{precision} on one layer at a time, {} windows of {} tokens, second halves scored against {reference}:",
+        args.windows, args.ctx
+    );
+    println!(
+        "{:>5} {:<8} {:>10} {:>10} {:>7}",
+        "layer", "kind", "mean KLD", "p99 KLD", "top-1"
+    );
+    for r in &rows {
+        println!(
+            "{:>5} {:<8} {:>10.5} {:>10.4} {:>6.2}%",
+            r.layer,
+            r.kind,
+            r.mean_kld,
+            r.p99_kld,
+            100.0 * r.top1_agreement
+        );
+    }
+    let sum: f64 = rows.iter().map(|r| r.mean_kld).sum();
+    println!("sum of the layers' KLD {sum:.5} (coding them all is not additive, but close)");
+    Ok(())
 }
 
 fn sweep(args: SweepArgs) -> anyhow::Result<()> {

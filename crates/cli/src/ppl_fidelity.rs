@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use kvlab_engine::fidelity::{compare_caches_from, FidelityReport};
-use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::kv::{CacheSpec, PrecisionPolicy};
 use kvlab_engine::Model;
 use serde::Serialize;
 
@@ -68,20 +68,43 @@ pub fn measure(
     chunk: usize,
     quiet: bool,
 ) -> anyhow::Result<(FidelityOut, Vec<f64>)> {
+    let test = Labelled {
+        label: test.to_string(),
+        policy: test.to_policy(),
+    };
+    measure_policy(model, cut, &test, refr, chunk, quiet)
+}
+
+/// A cache policy with the name it is reported under (a SPEC, or e.g. `layer 3: tq3`).
+pub struct Labelled {
+    pub label: String,
+    pub policy: PrecisionPolicy,
+}
+
+/// [`measure`] for any per-layer policy, not only one a SPEC string can name.
+pub fn measure_policy(
+    model: &Model,
+    cut: &Windows<'_>,
+    test: &Labelled,
+    refr: &CacheSpec,
+    chunk: usize,
+    quiet: bool,
+) -> anyhow::Result<(FidelityOut, Vec<f64>)> {
     let t0 = Instant::now();
+    let label = &test.label;
     let mut positions = Vec::new();
     for (w, ids) in cut.windows.iter().enumerate() {
         let r = compare_caches_from(
             model,
             ids,
             &refr.to_policy(),
-            &test.to_policy(),
+            &test.policy,
             chunk,
             cut.score_from,
             &mut |done, total| {
                 if !quiet {
                     eprint!(
-                        "\r{test} window {}/{}: {done}/{total} tokens",
+                        "\r{label} window {}/{}: {done}/{total} tokens",
                         w + 1,
                         cut.windows.len()
                     );
@@ -106,7 +129,7 @@ pub fn measure(
         ctx: cut.windows.first().map_or(0, Vec::len),
         windows: cut.windows.len(),
         score_from: cut.score_from,
-        kv: test.to_string(),
+        kv: label.clone(),
         reference: refr.to_string(),
         seconds: t0.elapsed().as_secs_f64(),
     };
