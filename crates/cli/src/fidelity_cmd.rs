@@ -216,8 +216,7 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
             label: format!("layer {layer} {precision}"),
             policy,
         };
-        let (out, klds) =
-            measure_policy(&model, &cut, &test, &reference, args.chunk, args.json)?;
+        let (out, klds) = measure_policy(&model, &cut, &test, &reference, args.chunk, args.json)?;
         rows.push(LayerRow {
             layer,
             kind,

@@ -15,7 +15,7 @@ use kvlab_engine::kv::persist::weights_identity;
 use kvlab_engine::kv::{CacheSpec, KvLayout};
 use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy, Session};
 
-const SPECS: [&str; 7] = [
+const SPECS: [&str; 8] = [
     "f32",
     "f16",
     "bf16",
@@ -23,6 +23,7 @@ const SPECS: [&str; 7] = [
     "k4vf16@all",
     "tq3.5@all",
     "tq2.5@all",
+    "k4v3+qw@all",
 ];
 /// A small rewind margin, so sliding layers really drop tokens (window 8 on the fixtures).
 const MARGIN: usize = 4;

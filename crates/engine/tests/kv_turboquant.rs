@@ -71,6 +71,7 @@ fn live_switch_equals_replay_then_convert() {
         ("tq4@all", "tq3@all"),
         ("tq3.5", "f32"),
         ("f32", "k4vf16@all"),
+        ("f32", "tq3+qw@all"),
     ];
     for name in ["tiny_gemma3", "tiny_e"] {
         let model = load(name);
@@ -126,6 +127,7 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
             "tq3.5@all",
             "k4v2.5@sliding",
             "k4vf16@all",
+            "k4v3+qw@all",
         ] {
             let mut cache = model.new_cache(&policy(spec)).expect("cache");
             let ids = prompt(40);
@@ -166,12 +168,16 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                     kvlab_engine::KvPrecision::F32 => (4 * cfg.head_dim, 4 * cfg.head_dim),
                     _ => (2 * cfg.head_dim, 2 * cfg.head_dim),
                 };
-                // Plus, per centered coded side (the default), one f32 offset per kv head.
+                // Plus, per centered coded side (the default), one f32 offset per kv head, and
+                // with `+qw` one f32 row of key weights per kv head.
                 let offsets = match prec {
-                    kvlab_engine::KvPrecision::TurboQuant(p) if p.center => [p.key, p.value]
-                        .iter()
-                        .filter(|s| matches!(s, TqSide::Codes(_)))
-                        .count(),
+                    kvlab_engine::KvPrecision::TurboQuant(p) => {
+                        let coded = [p.key, p.value]
+                            .iter()
+                            .filter(|s| matches!(s, TqSide::Codes(_)))
+                            .count();
+                        usize::from(p.center) * coded + usize::from(p.weigh_keys)
+                    }
                     _ => 0,
                 };
                 let want = l.tokens * cfg.n_kv_heads * (bk + bv)

@@ -216,11 +216,7 @@ fn backend_equals_the_oracles(want: Backend, dims: &[usize], force: impl Fn(bool
             }
             let codec = Codec::new(d, spec).unwrap();
             let (block, _) = filled_block(&codec, 40, 9);
-            let want = if wide(&spec) {
-                Backend::Portable
-            } else {
-                want
-            };
+            let want = if wide(&spec) { Backend::Portable } else { want };
             check_backend(&codec, &block, want, &mut TestRng::new(4));
         }
     }
@@ -300,11 +296,7 @@ fn portable_and_simd_backends_agree(simd: Backend) {
                     assert_eq!(block.to_bytes(), batch.to_bytes());
                     block.to_bytes()
                 };
-                let simd_bytes = encode(if wide(&spec) {
-                    Backend::Portable
-                } else {
-                    simd
-                });
+                let simd_bytes = encode(if wide(&spec) { Backend::Portable } else { simd });
                 kvlab_turboquant::force_portable_kernels(true);
                 let portable_bytes = encode(Backend::Portable);
                 kvlab_turboquant::force_portable_kernels(false);

@@ -112,6 +112,23 @@ struct OwnedCache {
     /// Absolute position of the storage's first token.
     key_start: usize,
     shape: StorageShape,
+    /// Σ q_j² per kv head and channel over the first [`QUERY_ENERGY_ROWS`] query rows, for
+    /// storages that weigh keys by it (`+qw`), now or after a switch.
+    query_energy: QueryEnergy,
+}
+
+/// Query rows measured per layer: enough for stable channel energies (on Gemma 3 270M two
+/// 512-row chunks of Alice give weights within a few percent of each other), and after
+/// them a decode step costs nothing.
+const QUERY_ENERGY_ROWS: usize = 512;
+
+/// Per-channel query energy of one layer.
+#[derive(Debug, Clone, Default)]
+struct QueryEnergy {
+    /// `n_kv_heads × head_dim` sums.
+    sums: Vec<f64>,
+    /// Query rows (positions) summed.
+    rows: usize,
 }
 
 #[derive(Debug)]
@@ -198,6 +215,7 @@ impl KvCache {
                         storage: new_storage(policy.for_layer(l.index, l.kind), shape.clone())?,
                         key_start: 0,
                         shape,
+                        query_energy: QueryEnergy::default(),
                     })
                 }
             };
@@ -254,6 +272,44 @@ impl KvCache {
             .get_mut(layer)
             .and_then(|s| s.owned.as_mut())
             .ok_or_else(|| EngineError::invalid(format!("layer {layer} owns no cache")))
+    }
+
+    /// Measures the per-channel energy of this step's queries `[t, n_heads, head_dim]` of a
+    /// cache-owning layer (its first [`QUERY_ENERGY_ROWS`] rows) and hands it to a storage
+    /// that weighs its keys by it. Call before the step's append.
+    pub(crate) fn observe_queries(&mut self, layer: usize, q: &Tensor) -> Result<()> {
+        let o = self.owned_mut(layer)?;
+        let wants = o.storage.wants_query_energy();
+        if o.query_energy.rows < QUERY_ENERGY_ROWS {
+            let (t, nh, d) = q.dims3()?;
+            let nkv = o.shape.n_kv_heads;
+            if d != o.shape.head_dim || nkv == 0 || nh % nkv != 0 {
+                return Err(EngineError::invalid(format!(
+                    "queries {:?} do not fit a cache of {nkv} kv heads × {}",
+                    q.dims(),
+                    o.shape.head_dim
+                )));
+            }
+            let rows: Vec<f32> = q
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1()?;
+            let e = &mut o.query_energy;
+            e.sums.resize(nkv * d, 0.0);
+            let group = nh / nkv;
+            for (i, head_row) in rows.chunks_exact(d).enumerate() {
+                let hk = (i % nh) / group;
+                let sums = &mut e.sums[hk * d..(hk + 1) * d];
+                sums.iter_mut()
+                    .zip(head_row)
+                    .for_each(|(s, &x)| *s += (x as f64) * (x as f64));
+            }
+            e.rows += t;
+        }
+        if wants && !o.query_energy.sums.is_empty() {
+            o.storage.set_query_energy(&o.query_energy.sums);
+        }
+        Ok(())
     }
 
     /// Appends this step's K/V `[n_kv_heads, t, head_dim]` to a cache-owning layer.

@@ -73,19 +73,19 @@ impl KvPrecision {
     }
 
     /// Bytes a layer holds besides its tokens once it holds any: the per-head offsets of its
-    /// centered TurboQuant sides (`head_dim` f32 each; see `kv::spec`).
+    /// centered TurboQuant sides and the channel weights of `+qw` keys (`head_dim` f32 each;
+    /// see `kv::spec`).
     pub fn fixed_bytes(self, n_kv_heads: usize, head_dim: usize) -> usize {
         let KvPrecision::TurboQuant(p) = self else {
             return 0;
         };
-        if !p.center {
-            return 0;
-        }
         let coded = [p.key, p.value]
             .iter()
             .filter(|s| s.spec().is_some())
             .count();
-        coded * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+        let offsets = if p.center { coded } else { 0 };
+        let weights = usize::from(p.weigh_keys && p.key.spec().is_some());
+        (offsets + weights) * n_kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
     /// Bytes a layer holding `tokens` tokens takes (saturating: `tokens` may come from a

@@ -43,6 +43,16 @@ pub trait KvStorage: Send + std::fmt::Debug {
     }
     /// Appends a chunk of `t` tokens at the end.
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()>;
+    /// Whether this storage still wants the queries' per-channel energy
+    /// ([`KvStorage::set_query_energy`]): a `+qw` TurboQuant storage whose weights are not
+    /// all fixed yet.
+    fn wants_query_energy(&self) -> bool {
+        false
+    }
+    /// Σ q_j² per kv head and channel (`n_kv_heads × head_dim`, each kv head summing its
+    /// query group) over the query rows the cache has seen, given before the appends that
+    /// follow them.
+    fn set_query_energy(&mut self, _energy: &[f64]) {}
     /// softmax(scale·q·kᵀ + mask)·v over the held tokens, computed by the storage.
     fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor>;
     /// Forgets the `n` oldest tokens (sliding windows).

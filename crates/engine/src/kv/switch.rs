@@ -129,6 +129,10 @@ impl KvCache {
                     EngineError::invalid(format!("layer {} owns no cache", change.layer))
                 })?;
             let mut storage = new_storage(change.to, o.shape.clone())?;
+            // Keys weighted by query energy take what the cache measured before the switch.
+            if storage.wants_query_energy() && !o.query_energy.sums.is_empty() {
+                storage.set_query_energy(&o.query_energy.sums);
+            }
             let n = o.storage.len();
             let mut at = 0;
             while at < n {

@@ -89,6 +89,13 @@ struct Side {
     center: bool,
     /// Per head: the offset subtracted before encoding, fixed by the head's first append.
     offsets: Vec<Option<Vec<f32>>>,
+    /// Whether coded vectors are weighted per channel by the queries' energy (`+qw`).
+    weigh: bool,
+    /// Per head: the channel weights w (the codes hold w ⊙ (x − μ)), fixed by the head's
+    /// first append.
+    weights: Vec<Option<Vec<f32>>>,
+    /// Per head: Σ q_j² over the query rows of the head's group seen so far, for the weights.
+    query_energy: Vec<Vec<f64>>,
 }
 
 impl fmt::Debug for Side {
@@ -104,19 +111,42 @@ impl fmt::Debug for Side {
 }
 
 impl Side {
-    fn new(side: TqSide, center: bool, n_heads: usize, dim: usize) -> Result<Self> {
+    fn new(side: TqSide, center: bool, weigh: bool, n_heads: usize, dim: usize) -> Result<Self> {
         let codec = match side {
             TqSide::F16 => None,
             TqSide::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
         };
         let center = center && codec.is_some();
+        let weigh = weigh && codec.is_some();
         Ok(Self {
             codec,
             dim,
             heads: (0..n_heads).map(|_| Vec::new()).collect(),
             center,
             offsets: vec![None; n_heads],
+            weigh,
+            weights: vec![None; n_heads],
+            query_energy: vec![vec![0.0; dim]; n_heads],
         })
+    }
+
+    /// Whether a head still waits for its weights (so the queries' energy is wanted).
+    fn wants_query_energy(&self) -> bool {
+        self.weigh && self.weights.iter().any(Option::is_none)
+    }
+
+    /// Takes the per-head query energies (`n_heads × dim`) the cache measured so far.
+    fn set_query_energy(&mut self, energy: &[f64]) {
+        for (h, e) in energy.chunks_exact(self.dim).enumerate() {
+            if let Some(mine) = self.query_energy.get_mut(h) {
+                mine.copy_from_slice(e);
+            }
+        }
+    }
+
+    /// The weights of head `h`, if its codes are weighted.
+    fn weights(&self, h: usize) -> Option<&[f32]> {
+        self.weights.get(h).and_then(|w| w.as_deref())
     }
 
     fn bytes_per_vector(&self) -> usize {
@@ -146,23 +176,32 @@ impl Side {
 
     /// Appends `rows` (`n × dim`) to head `h`, filling the last segment first.
     fn append(&mut self, h: usize, rows: &[f32]) -> Result<()> {
-        if !self.center {
+        if !self.center && !self.weigh {
             return self.append_rows(h, rows);
         }
         let d = self.dim;
-        let offset = self.offsets[h].get_or_insert_with(|| {
-            if rows.len() / d >= MIN_CENTER_ROWS {
-                mean_row(rows, d)
-            } else {
-                // Too few rows for a mean worth having: no offset for this head.
-                vec![0.0; d]
+        let mut coded = rows.to_vec();
+        if self.center {
+            let offset = self.offsets[h].get_or_insert_with(|| {
+                if rows.len() / d >= MIN_CENTER_ROWS {
+                    mean_row(rows, d)
+                } else {
+                    // Too few rows for a mean worth having: no offset for this head.
+                    vec![0.0; d]
+                }
+            });
+            for r in coded.chunks_exact_mut(d) {
+                r.iter_mut().zip(offset.iter()).for_each(|(x, m)| *x -= m);
             }
-        });
-        let centered: Vec<f32> = rows
-            .chunks_exact(d)
-            .flat_map(|r| r.iter().zip(offset.iter()).map(|(x, m)| x - m))
-            .collect();
-        self.append_rows(h, &centered)
+        }
+        if self.weigh {
+            let energy = &self.query_energy[h];
+            let w = self.weights[h].get_or_insert_with(|| channel_weights(energy, &coded, d));
+            for r in coded.chunks_exact_mut(d) {
+                r.iter_mut().zip(w.iter()).for_each(|(x, w)| *x *= w);
+            }
+        }
+        self.append_rows(h, &coded)
     }
 
     /// The offset of head `h`, if its vectors are stored relative to one.
@@ -214,6 +253,7 @@ impl Side {
         let d = self.dim;
         if total == 0 {
             self.offsets.iter_mut().for_each(|o| *o = None);
+            self.weights.iter_mut().for_each(|w| *w = None);
         }
         let keep = total.div_ceil(SEGMENT_TOKENS);
         let in_last = total - keep.saturating_sub(1) * SEGMENT_TOKENS;
@@ -235,9 +275,10 @@ impl Side {
         }
     }
 
-    /// Bytes of the per-head offsets (f32, `dim` per centered head).
+    /// Bytes of the per-head offsets and weights (f32, `dim` each per head that has one).
     fn offset_bytes(&self) -> usize {
-        self.offsets.iter().flatten().count() * self.dim * std::mem::size_of::<f32>()
+        let vectors = self.offsets.iter().flatten().count() + self.weights.iter().flatten().count();
+        vectors * self.dim * std::mem::size_of::<f32>()
     }
 
     fn bytes_allocated(&self) -> usize {
@@ -266,6 +307,9 @@ impl Side {
             match (seg, &self.codec) {
                 (Seg::Codes(b), Some(c)) => {
                     c.decode(b, i, row, &mut scratch)?;
+                    if let Some(w) = self.weights(h) {
+                        row.iter_mut().zip(w).for_each(|(x, w)| *x /= w);
+                    }
                     if let Some(m) = self.offset(h) {
                         row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
                     }
@@ -355,6 +399,46 @@ impl Side {
     }
 }
 
+/// Fewest rows for a head's channel weights: below, the head's codes stay unweighted.
+const MIN_WEIGHT_ROWS: usize = MIN_CENTER_ROWS;
+
+/// Bounds on a channel's weight relative to the others: a channel no query has read yet, or
+/// on which no key varies, must not take a weight that overflows the stored norm.
+const WEIGHT_RATIO_BOUND: f64 = 1e4;
+
+/// The weights of `+qw` (module doc of `kv::spec`): w_j = (E q_j² / E x_j²)^¼ over the rows
+/// `x` about to be coded (already centered), scaled so their geometric mean is one. Ones when
+/// no query has been seen or there are too few rows to measure the keys' spread.
+fn channel_weights(query_energy: &[f64], rows: &[f32], d: usize) -> Vec<f32> {
+    let n = rows.len() / d;
+    let q_total: f64 = query_energy.iter().sum();
+    if n < MIN_WEIGHT_ROWS || !q_total.is_finite() || q_total <= 0.0 {
+        return vec![1.0; d];
+    }
+    let mut spread = vec![0f64; d];
+    for r in rows.chunks_exact(d) {
+        spread
+            .iter_mut()
+            .zip(r)
+            .for_each(|(a, &x)| *a += (x as f64) * (x as f64));
+    }
+    let k_total: f64 = spread.iter().sum();
+    if !k_total.is_finite() || k_total <= 0.0 {
+        return vec![1.0; d];
+    }
+    let floor = 1.0 / (d as f64 * WEIGHT_RATIO_BOUND);
+    let logs: Vec<f64> = query_energy
+        .iter()
+        .zip(&spread)
+        .map(|(&q, &k)| {
+            let (q, k) = ((q / q_total).max(floor), (k / k_total).max(floor));
+            0.25 * (q / k).ln()
+        })
+        .collect();
+    let mean = logs.iter().sum::<f64>() / d as f64;
+    logs.iter().map(|l| (l - mean).exp() as f32).collect()
+}
+
 /// The mean of `n × d` row-major rows.
 fn mean_row(rows: &[f32], d: usize) -> Vec<f32> {
     let n = rows.len() / d;
@@ -426,12 +510,14 @@ impl TurboQuantStorage {
             key: Side::new(
                 precision.key,
                 precision.center,
+                precision.weigh_keys,
                 shape.n_kv_heads,
                 shape.head_dim,
             )?,
             value: Side::new(
                 precision.value,
                 precision.center,
+                false,
                 shape.n_kv_heads,
                 shape.head_dim,
             )?,
@@ -510,6 +596,11 @@ impl TurboQuantStorage {
         let rows_per_block = (SCORE_BUDGET / (group * live)).clamp(1, t);
         let mut out = vec![0f32; nh * t * d];
         for hk in 0..nkv {
+            // Weighted keys: score q ⊘ w against the codes of w ⊙ (k − μ).
+            let q_scale: Vec<f32> = match self.key.weights(hk) {
+                Some(w) => w.iter().map(|w| scale / w).collect(),
+                None => vec![scale; d],
+            };
             let mut a = 0;
             while a < t {
                 let b = (a + rows_per_block).min(t);
@@ -523,8 +614,8 @@ impl TurboQuantStorage {
                     for gg in 0..group {
                         let src = &qv[((hk * group + gg) * t + i) * d..][..d];
                         let dst = &mut qm[(ri * group + gg) * d..][..d];
-                        for (o, &x) in dst.iter_mut().zip(src) {
-                            *o = x * scale;
+                        for ((o, &x), &s) in dst.iter_mut().zip(src).zip(&q_scale) {
+                            *o = x * s;
                         }
                     }
                 }
@@ -693,17 +784,21 @@ const SEG_CODES: u8 = 0;
 const SEG_DENSE: u8 = 1;
 
 impl Side {
-    /// Per head: the offset (flag, then `dim` f32), then its segments (kind, byte length,
-    /// bytes: a `CodeBlock`'s records, or f16 rows).
+    /// Per head: the offset (flag, then `dim` f32), for a `+qw` side the weights (the same),
+    /// then its segments (kind, byte length, bytes: a `CodeBlock`'s records, or f16 rows).
     fn write_state(&self, w: &mut WireWriter) {
         w.len(self.heads.len());
-        for (segs, offset) in self.heads.iter().zip(&self.offsets) {
-            match offset {
-                Some(o) => {
-                    w.u8(1);
-                    w.f32s(o);
+        for ((segs, offset), weights) in self.heads.iter().zip(&self.offsets).zip(&self.weights) {
+            // Weights only for `+qw` sides, so other files read as before `+qw` existed.
+            let weighted = if self.weigh { Some(weights) } else { None };
+            for v in std::iter::once(offset).chain(weighted) {
+                match v {
+                    Some(o) => {
+                        w.u8(1);
+                        w.f32s(o);
+                    }
+                    None => w.u8(0),
                 }
-                None => w.u8(0),
             }
             w.len(segs.len());
             for seg in segs {
@@ -740,6 +835,18 @@ impl Side {
                 0 => None,
                 1 if self.center => Some(r.f32s(d)?),
                 flag => return Err(corrupt(format!("offset flag {flag}"))),
+            };
+            let flag = if self.weigh { r.u8()? } else { 0 };
+            self.weights[h] = match flag {
+                0 => None,
+                1 => {
+                    let w = r.f32s(d)?;
+                    if w.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+                        return Err(corrupt("a channel weight is not a positive number"));
+                    }
+                    Some(w)
+                }
+                flag => return Err(corrupt(format!("weights flag {flag}"))),
             };
             let n = r.len(total.div_ceil(SEGMENT_TOKENS), "a head's segment count")?;
             let mut segs = Vec::with_capacity(n);
@@ -863,6 +970,14 @@ impl KvStorage for TurboQuantStorage {
 
     fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor> {
         self.attend_codes(q, spec)
+    }
+
+    fn wants_query_energy(&self) -> bool {
+        self.key.wants_query_energy()
+    }
+
+    fn set_query_energy(&mut self, energy: &[f64]) {
+        self.key.set_query_energy(energy);
     }
 
     fn drop_front(&mut self, n: usize) -> Result<()> {

@@ -329,3 +329,101 @@ fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
     assert!((err(&short)? - e_long).abs() <= 1e-3 * e_long);
     Ok(())
 }
+
+/// `n × d` rows of `data(seed)` with channel `j` scaled by `gain(j)`.
+fn shaped_rows(seed: u64, n: usize, d: usize, gain: impl Fn(usize) -> f32) -> Vec<f32> {
+    let mut rows = data(seed, n * d);
+    for r in rows.chunks_exact_mut(d) {
+        r.iter_mut().enumerate().for_each(|(j, x)| *x *= gain(j));
+    }
+    rows
+}
+
+#[test]
+fn query_weighted_keys_cut_the_score_error_where_queries_look() -> Result<()> {
+    let (t, d) = (400usize, 64usize);
+    // Queries read channels 0..16; keys vary most on the other 48 (Gemma's pattern, sharper).
+    let keys = shaped_rows(11, t, d, |j| if j < 16 { 0.3 } else { 2.0 });
+    let queries = shaped_rows(12, 32, d, |j| if j < 16 { 1.0 } else { 0.05 });
+    let mut energy = vec![0f64; d];
+    for r in queries.chunks_exact(d) {
+        energy
+            .iter_mut()
+            .zip(r)
+            .for_each(|(e, &x)| *e += (x as f64) * (x as f64));
+    }
+    let k = Tensor::from_vec(keys.clone(), (1, t, d), &Device::Cpu)?;
+    let q = Tensor::from_vec(queries.clone(), (1, 32, d), &Device::Cpu)?;
+    let plain = tq(codes(Bits::B3), codes(Bits::B3));
+    let weighted = TqPrecision {
+        weigh_keys: true,
+        ..plain
+    };
+    // Σ over queries and tokens of (q·k̂ − q·k)², and the storage for the exactness check.
+    let score_error = |p: TqPrecision| -> Result<(f64, TurboQuantStorage)> {
+        let mut s = TurboQuantStorage::new(p, shape(1, d))?;
+        assert_eq!(s.wants_query_energy(), p.weigh_keys);
+        s.set_query_energy(&energy);
+        s.append(&k, &k)?;
+        assert!(!s.wants_query_energy());
+        let (kd, _) = s.to_dense()?;
+        let kd: Vec<f32> = kd.flatten_all()?.to_vec1()?;
+        let mut err = 0f64;
+        for qr in queries.chunks_exact(d) {
+            for (a, b) in kd.chunks_exact(d).zip(keys.chunks_exact(d)) {
+                let e: f32 = qr
+                    .iter()
+                    .zip(a.iter().zip(b))
+                    .map(|(q, (x, y))| q * (x - y))
+                    .sum();
+                err += (e as f64) * (e as f64);
+            }
+        }
+        Ok((err, s))
+    };
+    let (e_plain, _) = score_error(plain)?;
+    let (e_weighted, s) = score_error(weighted)?;
+    // Cauchy–Schwarz predicts ~30× on these shapes; ask for 5×.
+    assert!(
+        e_weighted < 0.2 * e_plain,
+        "weighted {e_weighted} vs plain {e_plain}"
+    );
+    // The weighted scores are still exactly dense attention over the decoded keys, and the
+    // weights cost one f32 row per head beside the offset.
+    let spec = AttendSpec {
+        query_start: t - 32,
+        key_start: 0,
+        window: None,
+        scale: 0.125,
+    };
+    let q_heads = Tensor::cat(&[&q, &q], 0)?;
+    let got = s.attend(&q_heads, &spec)?;
+    let (kd, vd) = s.to_dense()?;
+    let want = attend_dense(&q_heads, &kd, &vd, &spec)?;
+    let err = max_abs(&(&got - &want)?)?;
+    assert!(
+        err <= 2e-5 * max_abs(&want)?.max(1.0),
+        "attention error {err}"
+    );
+    let plain_bytes = TurboQuantStorage::new(plain, shape(1, d))
+        .and_then(|mut p| p.append(&k, &k).map(|_| p.bytes_used()))?;
+    assert_eq!(s.bytes_used(), plain_bytes + d * 4);
+    // A reset forgets the weights: the next first append measures again.
+    let mut s = s;
+    s.truncate(0)?;
+    assert!(s.wants_query_energy());
+    Ok(())
+}
+
+#[test]
+fn without_queries_weighted_keys_code_as_plain_ones() -> Result<()> {
+    let k = offset_rows(7, 2, 100, 64)?;
+    let plain = tq(codes(Bits::B3), codes(Bits::B3));
+    let weighted = TqPrecision {
+        weigh_keys: true,
+        ..plain
+    };
+    // No query energy (a switch before any query was seen): weights of one, the same codes.
+    assert!((relative_error(weighted, &k)? - relative_error(plain, &k)?).abs() < 1e-7);
+    Ok(())
+}

@@ -109,6 +109,8 @@ impl Attention {
                 Some(n) => n.forward(&vr)?,
                 None => vr,
             };
+            // Before the append: a `+qw` cache weighs these keys by these queries.
+            cache.observe_queries(self.spec.index, &q)?;
             let _span = profile::span("kv append");
             cache.append(self.spec.index, &k.transpose(0, 1)?, &v.transpose(0, 1)?)?;
         }
