@@ -22,6 +22,7 @@ use kvlab_engine::memory::{
 };
 use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::source::gguf_quants::GgufQuant;
+use kvlab_engine::sweep::SweepPoint;
 use kvlab_engine::{JobError, WeightFormat, WeightsChoice};
 use ts_rs::{Config, TS};
 
@@ -54,6 +55,7 @@ pub fn typescript() -> String {
         decl::<CompareEvent>(&cfg),
         decl::<CompareFidelity>(&cfg),
         decl::<CompareRequest>(&cfg),
+        decl::<SweepPoint>(&cfg),
         decl::<ContextCost>(&cfg),
         decl::<DefaultModel>(&cfg),
         decl::<Document>(&cfg),

@@ -36,6 +36,9 @@ pub struct CompareRequest {
     pub max_tokens: usize,
     /// The reference cache (pane 0) and the one tested against it (pane 1).
     pub caches: [CacheSelection; 2],
+    /// Caches to sweep on the reference's tokens afterwards (the KLD-against-bits chart).
+    #[serde(default)]
+    pub sweep: Vec<CacheSelection>,
 }
 
 /// The engine thread's handle. Cheap to clone.
@@ -118,6 +121,11 @@ impl EngineBridge {
             max_tokens: req.max_tokens.max(1),
             policies: [req.caches[0].policy()?, req.caches[1].policy()?],
             prefill_chunk: PREFILL_CHUNK,
+            sweep: req
+                .sweep
+                .iter()
+                .map(CacheSelection::spec)
+                .collect::<Result<_, _>>()?,
         };
         self.handle.compare_blocking(request, on_event)
     }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kvlab_engine::kv::{presets, CacheSpec, KvPrecision, PrecisionPolicy};
-use kvlab_engine::Model;
+use kvlab_engine::kv::{presets, CacheSpec, KvPrecision};
+use kvlab_engine::sweep::{bits_per_coordinate, quantile, SweepPoint};
 use serde::{Deserialize, Serialize};
 
 use crate::model_args::ModelArgs;
@@ -108,18 +108,6 @@ pub struct SweepArgs {
     json: bool,
 }
 
-/// One cache's figures (the `--json` array's element).
-#[derive(Debug, Clone, Serialize)]
-pub struct SweepRow {
-    pub kv: String,
-    pub bits_per_coordinate: f64,
-    pub mean_kld: f64,
-    pub p99_kld: f64,
-    pub top1_agreement: f64,
-    pub ppl: f64,
-    pub ppl_reference: f64,
-}
-
 /// A peer's point, from `--peer`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PeerPoint {
@@ -151,33 +139,6 @@ fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
         bail!("--kv names no cache");
     }
     Ok(out)
-}
-
-/// Bits per coordinate `policy` holds at `tokens` tokens: its bytes against an f32 cache's
-/// (exactly 32 bits per coordinate) with the same layers and tokens held.
-pub fn bits_per_coordinate(
-    model: &Model,
-    policy: &PrecisionPolicy,
-    tokens: usize,
-) -> anyhow::Result<f64> {
-    let held = |p: &PrecisionPolicy| -> anyhow::Result<f64> {
-        let mut cache = model.new_cache(p)?;
-        cache.fill_synthetic(tokens, 1)?;
-        Ok(cache.memory().total.0 as f64)
-    };
-    let f32_bytes = held(&PrecisionPolicy::uniform(KvPrecision::F32))?;
-    Ok(32.0 * held(policy)? / f32_bytes.max(1.0))
-}
-
-/// The value below which `q` of `xs` lie (nearest rank).
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
 }
 
 /// The per-layer sensitivity scan: `kv` on one cache-owning layer at a time.
@@ -281,7 +242,7 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for spec in &caches {
         let (out, klds) = measure(&model, &cut, spec, &reference, args.chunk, args.json)?;
-        rows.push(SweepRow {
+        rows.push(SweepPoint {
             kv: spec.to_string(),
             bits_per_coordinate: bits_per_coordinate(&model, &spec.to_policy(), args.ctx)?,
             mean_kld: out.mean_kld,
@@ -289,6 +250,7 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             top1_agreement: out.top1_agreement,
             ppl: out.ppl,
             ppl_reference: out.ppl_reference,
+            tokens_scored: out.tokens_scored,
         });
     }
     if args.json {
@@ -347,14 +309,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_99th_percentile_is_a_nearest_rank() {
-        let xs: Vec<f64> = (1..=200).map(f64::from).collect();
-        assert_eq!(quantile(&xs, 0.99), 198.0);
-        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
-        assert_eq!(quantile(&[], 0.99), 0.0);
-    }
-
-    #[test]
     fn presets_expand_to_every_menu_preset() {
         let all = specs("presets").unwrap();
         assert_eq!(all.len(), presets::presets().len());
@@ -371,25 +325,5 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p[0].bits_per_coordinate, 4.5);
-    }
-
-    #[test]
-    fn bits_per_coordinate_count_what_the_cache_holds() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../engine/tests/fixtures/gguf/tiny_gemma3.f32.gguf");
-        let model = Model::load(&path, &kvlab_engine::LoadOptions::default()).unwrap();
-        let bits = |s: &str| {
-            bits_per_coordinate(&model, &CacheSpec::parse(s).unwrap().to_policy(), 100).unwrap()
-        };
-        assert_eq!(bits("f32"), 32.0);
-        assert_eq!(bits("f16"), 16.0);
-        // Codes plus each vector's norm and centering offset: on these 16-dim heads the
-        // per-vector extras weigh far more than on a real model's 256.
-        let tq4 = bits("tq4@all");
-        assert!(tq4 > 4.0 && tq4 < 16.0, "{tq4}");
-        assert!(bits("tq3@all") < tq4);
-        // TurboQuant on the full layers only: between the two.
-        let full = bits("tq4@full");
-        assert!(full > tq4 && full < 16.0, "{full}");
     }
 }

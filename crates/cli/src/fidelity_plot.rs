@@ -7,8 +7,9 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use plotters::prelude::*;
 
-use crate::fidelity_cmd::{PeerPoint, SweepRow};
+use crate::fidelity_cmd::PeerPoint;
 use crate::plot::register_system_font;
+use kvlab_engine::sweep::SweepPoint as SweepRow;
 
 /// Draws `kvlab fidelity sweep`'s rows (and any peer points) as KL divergence against bits.
 pub fn draw(rows: &[SweepRow], peers: &[PeerPoint], path: &Path) -> anyhow::Result<()> {

@@ -58,7 +58,7 @@ pub use generate::session::{Session, REWIND_MARGIN};
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
 pub use model::{LoadOptions, Logits, Model};
 // Generation's parts keep their short paths (`kvlab_engine::sampling::SamplingParams`).
-pub use generate::{compare, detok, fidelity, sampling, stream};
+pub use generate::{compare, detok, fidelity, sampling, stream, sweep};
 pub use source::ModelSource;
 pub use weights::{gguf_name, WeightFormat, WeightsChoice, WEIGHTS_CHOICES};
 pub use worker::{Engine, EngineHandle, JobError};

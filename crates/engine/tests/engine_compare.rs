@@ -67,12 +67,23 @@ fn compare(
     policies: [PrecisionPolicy; 2],
     ids: &[u32],
 ) -> Vec<CompareEvent> {
+    compare_sweeping(engine, policies, ids, Vec::new())
+}
+
+/// [`compare`] with a sweep of `sweep` after the panes.
+fn compare_sweeping(
+    engine: &EngineHandle,
+    policies: [PrecisionPolicy; 2],
+    ids: &[u32],
+    sweep: Vec<CacheSpec>,
+) -> Vec<CompareEvent> {
     let request = CompareRequest {
         prompt: Prompt::Ids { ids: ids.to_vec() },
         sampling: SamplingParams::greedy(),
         max_tokens: 20,
         policies,
         prefill_chunk: 5,
+        sweep,
     };
     let (rx, _cancel) = engine.compare_channel(request).expect("send");
     let mut events = Vec::new();
@@ -174,6 +185,38 @@ fn a_quantized_pane_holds_fewer_bytes_and_scores_a_real_divergence() {
     assert!(f.kv_bytes[1] * 6 < f.kv_bytes[0], "{:?}", f.kv_bytes);
     assert_eq!(f.kv_bytes[0] as usize, pane_stats(&events, 0).kv_bytes);
     s.engine.shutdown();
+}
+
+#[test]
+fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
+    let s = setup();
+    let sweep = ["f32", "tq4@all", "tq2@all"].map(|x| CacheSpec::parse(x).expect("spec"));
+    let events = compare_sweeping(
+        &s.engine,
+        [policy("f32"), policy("tq3@all")],
+        &golden_ids()[..12],
+        sweep.to_vec(),
+    );
+    let points: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            CompareEvent::SweepPoint { point } => Some(point.clone()),
+            _ => None,
+        })
+        .collect();
+    // One point per cache, in order, between the panes and `finished`.
+    let kvs: Vec<&str> = points.iter().map(|p| p.kv.as_str()).collect();
+    assert_eq!(kvs, ["f32", "tq4@all", "tq2@all"]);
+    let f = fidelity(&events);
+    // The reference against itself: exactly nothing lost, at 32 bits.
+    assert_eq!((points[0].mean_kld, points[0].top1_agreement), (0.0, 1.0));
+    assert_eq!(points[0].bits_per_coordinate, 32.0);
+    assert_eq!(points[0].ppl, points[0].ppl_reference);
+    // Fewer bits, more loss; every point scored the same positions as the pane fidelity.
+    assert!(points[1].bits_per_coordinate > points[2].bits_per_coordinate);
+    assert!(points[2].mean_kld > points[1].mean_kld && points[1].mean_kld > 0.0);
+    assert!(points.iter().all(|p| p.tokens_scored == f.tokens_scored));
+    assert!(points[2].p99_kld >= points[2].mean_kld);
 }
 
 #[test]

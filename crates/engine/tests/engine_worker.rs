@@ -652,6 +652,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
                 PrecisionPolicy::uniform(KvPrecision::F16),
             ],
             prefill_chunk: 512,
+            sweep: Vec::new(),
         })
         .expect("send");
     let last = rx.into_iter().last().expect("an answer");

@@ -121,6 +121,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
         max_tokens: 12,
         policies,
         prefill_chunk: 512,
+        sweep: Vec::new(),
     };
     let (rx, cancel) = engine.compare_channel(req).expect("send compare");
     let mut seen = 0;
@@ -242,6 +243,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                         max_tokens: 4,
                         policies: [start.clone(), policies[1].clone()],
                         prefill_chunk: 512,
+                        sweep: Vec::new(),
                     };
                     // Refused while busy; should the turn have just ended it runs on its own
                     // caches (the conversation's is left alone) and finishes once.

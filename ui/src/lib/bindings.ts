@@ -115,7 +115,11 @@ pane: number,
 /**
  * Its event.
  */
-event: Event, } | { "type": "finished", 
+event: Event, } | { "type": "sweep_point", 
+/**
+ * Its figures.
+ */
+point: SweepPoint, } | { "type": "finished", 
 /**
  * The scores.
  */
@@ -175,7 +179,11 @@ max_tokens: number,
 /**
  * The reference cache (pane 0) and the one tested against it (pane 1).
  */
-caches: [CacheSelection, CacheSelection], };
+caches: [CacheSelection, CacheSelection], 
+/**
+ * Caches to sweep on the reference's tokens afterwards (the KLD-against-bits chart).
+ */
+sweep: Array<CacheSelection>, };
 
 export type ContextCost = { 
 /**
@@ -861,6 +869,40 @@ id: number,
  * Its piece (`<turn|>`).
  */
 piece: string, };
+
+export type SweepPoint = { 
+/**
+ * The cache (its canonical SPEC, or a label for a per-layer policy).
+ */
+kv: string, 
+/**
+ * Bits per coordinate as held at the scored context (32 × bytes / f32 bytes).
+ */
+bits_per_coordinate: number, 
+/**
+ * Mean KL(reference ‖ cache) per scored position, nats.
+ */
+mean_kld: number, 
+/**
+ * The 99th percentile of the per-position KL divergence.
+ */
+p99_kld: number, 
+/**
+ * Fraction of positions whose top token agrees with the reference's.
+ */
+top1_agreement: number, 
+/**
+ * Perplexity of the text under this cache.
+ */
+ppl: number, 
+/**
+ * Perplexity under the reference cache.
+ */
+ppl_reference: number, 
+/**
+ * Positions scored.
+ */
+tokens_scored: number, };
 
 export type SwitchEvent = { 
 /**

@@ -13,9 +13,10 @@ use ts_rs::TS;
 use crate::events::{ErrorCode, Event};
 use crate::fidelity::compare_caches;
 use crate::generate::{grown_context, render_checked_prompt, GenerateError, Prompt, Sequence};
-use crate::kv::PrecisionPolicy;
+use crate::kv::{CacheSpec, PrecisionPolicy};
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
+use crate::sweep::{self, SweepPoint};
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).
@@ -46,6 +47,10 @@ pub struct CompareRequest {
     /// Prefill chunk size.
     #[serde(default = "default_chunk")]
     pub prefill_chunk: usize,
+    /// Caches to sweep after the comparison: each scored against the reference on the
+    /// reference's tokens, as `sweep_point` events (the compare view's KLD-against-bits chart).
+    #[serde(default)]
+    pub sweep: Vec<CacheSpec>,
 }
 
 /// Fidelity of the tested cache against the reference, and both caches' bytes.
@@ -78,6 +83,12 @@ pub enum CompareEvent {
         pane: usize,
         /// Its event.
         event: Event,
+    },
+    /// One cache of the request's sweep, scored on the reference's tokens (after the panes'
+    /// fidelity, before `finished`).
+    SweepPoint {
+        /// Its figures.
+        point: SweepPoint,
     },
     /// Both panes are done; fidelity is absent when cancelled or nothing was generated.
     Finished {
@@ -195,6 +206,22 @@ pub fn run(
         FIDELITY_CHUNK,
         &mut |_, _| {},
     )?;
+    for spec in &req.sweep {
+        hooks.between_steps();
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
+        let point = sweep::measure(
+            model,
+            &reference,
+            spec.to_string(),
+            &spec.to_policy(),
+            &req.policies[0],
+            FIDELITY_CHUNK,
+            0,
+        )?;
+        hooks.emit(CompareEvent::SweepPoint { point });
+    }
     Ok(Some(CompareFidelity {
         mean_kld: report.mean_kld,
         max_kld: report.max_kld,
@@ -222,6 +249,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!((req.max_tokens, req.prefill_chunk), (256, 512));
+        assert!(req.sweep.is_empty());
         assert_eq!(req.policies[0], PrecisionPolicy::uniform(KvPrecision::F16));
         assert_eq!(
             serde_json::to_value(CompareEvent::Pane {

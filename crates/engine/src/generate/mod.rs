@@ -12,6 +12,7 @@ pub mod score;
 mod sequence;
 pub(crate) mod session;
 pub mod stream;
+pub mod sweep;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

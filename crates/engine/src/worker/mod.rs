@@ -446,7 +446,7 @@ impl EngineHandle {
                     CompareEvent::Error { code, message } => {
                         Some(Err(JobError::new(*code, message)))
                     }
-                    CompareEvent::Pane { .. } => None,
+                    CompareEvent::Pane { .. } | CompareEvent::SweepPoint { .. } => None,
                 };
                 if !on_event(ev) {
                     own.cancel();

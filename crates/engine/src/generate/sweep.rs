@@ -1,0 +1,132 @@
+//! Fidelity sweeps: several caches scored against one reference on the same tokens, each
+//! with the bits per coordinate it holds, which is the trade-off `kvlab fidelity sweep` prints
+//! and the compare view charts. Bits are counted as held: a cache's bytes against an f32
+//! cache's with the same layers and tokens, so norms, offsets, weights and dense layers count.
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+use crate::error::Result;
+use crate::fidelity::{compare_caches_from, FidelityReport};
+use crate::kv::{KvPrecision, PrecisionPolicy};
+use crate::model::Model;
+
+/// One cache's point of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct SweepPoint {
+    /// The cache (its canonical SPEC, or a label for a per-layer policy).
+    pub kv: String,
+    /// Bits per coordinate as held at the scored context (32 × bytes / f32 bytes).
+    pub bits_per_coordinate: f64,
+    /// Mean KL(reference ‖ cache) per scored position, nats.
+    pub mean_kld: f64,
+    /// The 99th percentile of the per-position KL divergence.
+    pub p99_kld: f64,
+    /// Fraction of positions whose top token agrees with the reference's.
+    pub top1_agreement: f64,
+    /// Perplexity of the text under this cache.
+    pub ppl: f64,
+    /// Perplexity under the reference cache.
+    pub ppl_reference: f64,
+    /// Positions scored.
+    pub tokens_scored: usize,
+}
+
+/// Bits per coordinate `policy` holds at `tokens` tokens: its bytes against an f32 cache's
+/// (exactly 32 bits per coordinate) with the same layers and tokens held.
+pub fn bits_per_coordinate(model: &Model, policy: &PrecisionPolicy, tokens: usize) -> Result<f64> {
+    let held = |p: &PrecisionPolicy| -> Result<f64> {
+        let mut cache = model.new_cache(p)?;
+        cache.fill_synthetic(tokens, 1)?;
+        Ok(cache.memory().total.0 as f64)
+    };
+    let f32_bytes = held(&PrecisionPolicy::uniform(KvPrecision::F32))?;
+    Ok(32.0 * held(policy)? / f32_bytes.max(1.0))
+}
+
+/// The value below which `q` of `xs` lie (nearest rank; 0 for none).
+pub fn quantile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// The point of a set of scored positions (pooled over windows), for cache `kv` holding
+/// `bits_per_coordinate`.
+pub fn point(kv: String, bits_per_coordinate: f64, report: &FidelityReport) -> SweepPoint {
+    let klds: Vec<f64> = report.positions.iter().map(|p| p.kld).collect();
+    SweepPoint {
+        kv,
+        bits_per_coordinate,
+        mean_kld: report.mean_kld,
+        p99_kld: quantile(&klds, 0.99),
+        top1_agreement: report.top1_agreement,
+        ppl: report.ppl,
+        ppl_reference: report.ppl_reference,
+        tokens_scored: report.tokens_scored,
+    }
+}
+
+/// Scores `test` against `reference` on `ids` (every position from `score_from` on,
+/// teacher-forced, `chunk` tokens per step) and counts its bits at `ids.len()` tokens.
+pub fn measure(
+    model: &Model,
+    ids: &[u32],
+    kv: String,
+    test: &PrecisionPolicy,
+    reference: &PrecisionPolicy,
+    chunk: usize,
+    score_from: usize,
+) -> Result<SweepPoint> {
+    let report = compare_caches_from(
+        model,
+        ids,
+        reference,
+        test,
+        chunk,
+        score_from,
+        &mut |_, _| {},
+    )?;
+    let bits = bits_per_coordinate(model, test, ids.len())?;
+    Ok(point(kv, bits, &report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_99th_percentile_is_a_nearest_rank() {
+        let xs: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(quantile(&xs, 0.99), 198.0);
+        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
+        assert_eq!(quantile(&[], 0.99), 0.0);
+    }
+
+    #[test]
+    fn bits_per_coordinate_count_what_the_cache_holds() {
+        use crate::kv::CacheSpec;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gguf/tiny_gemma3.f32.gguf");
+        let model = Model::load(&path, &crate::LoadOptions::default()).unwrap();
+        let bits = |s: &str| {
+            bits_per_coordinate(&model, &CacheSpec::parse(s).unwrap().to_policy(), 100).unwrap()
+        };
+        assert_eq!(bits("f32"), 32.0);
+        assert_eq!(bits("f16"), 16.0);
+        // Codes plus each vector's norm and centering offset: on these 16-dim heads the
+        // per-vector extras weigh far more than on a real model's 256.
+        let tq4 = bits("tq4@all");
+        assert!(tq4 > 4.0 && tq4 < 16.0, "{tq4}");
+        assert!(bits("tq3@all") < tq4);
+        // The key weights of `+qw` are one more row per head: a little more, never less.
+        assert!(bits("tq4+qw@all") > tq4);
+        // TurboQuant on the full layers only: between the two.
+        let full = bits("tq4@full");
+        assert!(full > tq4 && full < 16.0, "{full}");
+    }
+}
