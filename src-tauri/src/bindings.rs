@@ -14,7 +14,7 @@ use kvlab_engine::events::{Activity, DoneReason, ErrorCode, Event, GenStats, Loa
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
 use kvlab_engine::kv::{
     CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
-    ScopedSpecs, SideFormat,
+    PresetFidelity, ScopedSpecs, SideFormat,
 };
 use kvlab_engine::memory::{
     ByteCount, ContextCost, DocumentFit, KindBytes, KvBytes, KvPart, LayerBytes, MemorySample,
@@ -51,6 +51,7 @@ pub fn typescript() -> String {
         decl::<CacheChoice>(&cfg),
         decl::<CacheOptions>(&cfg),
         decl::<CachePreset>(&cfg),
+        decl::<PresetFidelity>(&cfg),
         decl::<CacheSelection>(&cfg),
         decl::<CompareEvent>(&cfg),
         decl::<CompareFidelity>(&cfg),

@@ -159,7 +159,7 @@ describe("the default window, 1280×800, dark", () => {
     assert.notEqual(kv, "0 B");
     await shot("switch-mid-answer-1280x800-dark.png");
     await waitDone(answer);
-    assert.match(await (await answer.$('[data-testid="stats"]')).getText(), /cache tq3\.5\b/);
+    assert.match(await (await answer.$('[data-testid="stats"]')).getText(), /cache k4v3\+qw\b/);
   });
 
   test("a precision switch through the buttons adds a visible marker without scrolling", async () => {

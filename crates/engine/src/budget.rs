@@ -232,7 +232,7 @@ impl Plan<'_> {
     /// asked cache is that preset already.
     fn turboquant_that_fits(&self, usable: u64) -> Result<Option<FitOption>> {
         for p in presets() {
-            if !p.keys.is_turboquant() || p.keys != p.values {
+            if !p.keys.is_turboquant() {
                 continue;
             }
             let policy = CacheSpec::parse(&p.specs.all)?.to_policy();
@@ -306,11 +306,11 @@ mod tests {
         let short = plan.fit(&MemoryBudget::fixed(needed + 4095, 4096)).unwrap();
         assert!(!short.fits);
         let tq = short.turboquant.clone().expect("a TurboQuant option");
-        assert_eq!(tq.spec, "tq4@all");
+        assert_eq!(tq.spec, "k8v4+qw@all");
         assert!(tq.needed_bytes < needed);
         assert_eq!(short.max_context, Some(199));
         let msg = short.message("load tiny");
-        for want in ["load tiny", &format_bytes(needed), "tq4@all", "199 tokens"] {
+        for want in ["load tiny", &format_bytes(needed), "k8v4+qw@all", "199 tokens"] {
             assert!(msg.contains(want), "{want}: {msg}");
         }
 

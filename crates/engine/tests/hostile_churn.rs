@@ -134,6 +134,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
                 }
             }
             CompareEvent::Finished { .. } => break,
+            CompareEvent::SweepPoint { .. } => panic!("no sweep was asked for"),
             CompareEvent::Error { code, message } => panic!("compare failed: {code} {message}"),
         }
     }
@@ -255,7 +256,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                                 break;
                             }
                             CompareEvent::Finished { .. } => break,
-                            CompareEvent::Pane { .. } => {}
+                            CompareEvent::Pane { .. } | CompareEvent::SweepPoint { .. } => {}
                         }
                     }
                     assert_closed(&rx2, "busy compare");

@@ -20,9 +20,13 @@ pub enum Bits {
     B3_5,
     /// 4 bits.
     B4,
+    /// Half at 5 bits, half at 4.
+    B4_5,
     /// 5 bits (the wide widths, 5–8, run on the portable kernels: their codebooks do not fit
     /// one SIMD register).
     B5,
+    /// Half at 6 bits, half at 5.
+    B5_5,
     /// 6 bits.
     B6,
     /// 7 bits.
@@ -33,14 +37,16 @@ pub enum Bits {
 
 impl Bits {
     /// Every width, ascending.
-    pub const ALL: [Bits; 10] = [
+    pub const ALL: [Bits; 12] = [
         Bits::B1,
         Bits::B2,
         Bits::B2_5,
         Bits::B3,
         Bits::B3_5,
         Bits::B4,
+        Bits::B4_5,
         Bits::B5,
+        Bits::B5_5,
         Bits::B6,
         Bits::B7,
         Bits::B8,
@@ -55,7 +61,9 @@ impl Bits {
             Bits::B3 => 3.0,
             Bits::B3_5 => 3.5,
             Bits::B4 => 4.0,
+            Bits::B4_5 => 4.5,
             Bits::B5 => 5.0,
+            Bits::B5_5 => 5.5,
             Bits::B6 => 6.0,
             Bits::B7 => 7.0,
             Bits::B8 => 8.0,
@@ -71,7 +79,9 @@ impl Bits {
             Bits::B3 => (3, 3),
             Bits::B3_5 => (3, 4),
             Bits::B4 => (4, 4),
+            Bits::B4_5 => (4, 5),
             Bits::B5 => (5, 5),
+            Bits::B5_5 => (5, 6),
             Bits::B6 => (6, 6),
             Bits::B7 => (7, 7),
             Bits::B8 => (8, 8),
@@ -131,7 +141,7 @@ pub enum RotationKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
-    /// Bits per coordinate: 1, 2, 2.5, 3, 3.5, 4, 5, 6, 7 or 8 (JSON number).
+    /// Bits per coordinate: 1, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 7 or 8 (JSON number).
     pub bits: Bits,
     /// `"mse"` (default) or `"prod"`.
     #[serde(default)]
@@ -224,7 +234,8 @@ mod tests {
     #[test]
     fn bad_values_are_typed_errors() {
         assert!(serde_json::from_str::<Spec>(r#"{"bits": 9}"#).is_err());
-        assert!(serde_json::from_str::<Spec>(r#"{"bits": 4.5}"#).is_err());
+        assert!(serde_json::from_str::<Spec>(r#"{"bits": 6.5}"#).is_err());
+        assert_eq!("4.5".parse::<Bits>(), Ok(Bits::B4_5));
         assert_eq!("8".parse::<Bits>(), Ok(Bits::B8));
         assert!(serde_json::from_str::<Spec>(r#"{"bits": 2, "variant": "fast"}"#).is_err());
         assert_eq!(Bits::try_from(0.0), Err(Error::InvalidBits(0.0)));

@@ -9,7 +9,7 @@ use kvlab_turboquant::{
 };
 use proptest::prelude::*;
 
-const ALL_BITS: [Bits; 10] = Bits::ALL;
+const ALL_BITS: [Bits; 12] = Bits::ALL;
 
 /// Whether `spec` codes any coordinate with more than 4 bits (prod's mse part has one bit
 /// less): such codebooks do not fit the SIMD registers, so every kernel runs the portable code.
@@ -327,11 +327,9 @@ fn stored_bytes_equal_bytes_per_vector() {
             assert_eq!(block.bytes_used(), 41 * bpv);
             assert_eq!(block.to_bytes().len(), 41 * bpv);
             // Bits are not wasted: the code area is the exact bit count rounded up once.
-            let (lo, hi) = match spec.bits {
-                Bits::B2_5 => (2.0, 3.0),
-                Bits::B3_5 => (3.0, 4.0),
-                b => (b.value(), b.value()),
-            };
+            // Fractional widths: half the coordinates half a bit up, half half a bit down.
+            let v = spec.bits.value();
+            let (lo, hi) = (v.floor(), v.ceil());
             let code_bits = match spec.variant {
                 Variant::Mse => {
                     let h = if d >= 16 { (d / 2) & !7 } else { d / 2 };

@@ -64,32 +64,42 @@ default_spec: string,
  */
 suggested_spec: string, 
 /**
- * The comparison's menu: every uniform preset on all layers, then the suggested cache
- * on the full-attention layers only.
+ * The comparison's menu: every preset on all layers, then the suggested cache on the
+ * full-attention layers only.
  */
-compare: Array<LabeledSpec>, };
+compare: Array<LabeledSpec>, 
+/**
+ * Where the presets' measured figures come from.
+ */
+measured_on: string, };
 
 export type CachePreset = { 
 /**
- * A short stable name (`tq3.5`, `tq4-k4v3`): its SPEC on all layers without the scope.
+ * A short stable name (`f16`, `k4v3+qw`): its SPEC on all layers without the scope.
  */
 id: string, 
 /**
- * Button label (`TQ 3.5`).
+ * Button label: the format for dense caches (`FP16`), the measured bits per coordinate
+ * for TurboQuant ones (`TQ 3.6`).
  */
 label: string, 
 /**
- * Keys' and values' format.
+ * Keys' format.
  */
 keys: SideFormat, 
 /**
- * (Equal to `keys` for every preset but the split ones.)
+ * Values' format.
  */
 values: SideFormat, 
 /**
  * Its canonical SPEC at each scope, to compare with the current policy.
  */
-specs: ScopedSpecs, };
+specs: ScopedSpecs, 
+/**
+ * What it costs and loses on all layers, as measured ([`MEASURED_ON`]); `None` for the
+ * dense presets (FP16 is the reference).
+ */
+measured: PresetFidelity | null, };
 
 export type CacheSelection = string | CacheChoice;
 
@@ -747,6 +757,20 @@ token_costs: Array<TokenCost>,
  */
 warnings: Array<string>, };
 
+export type PresetFidelity = { 
+/**
+ * Bits per coordinate as held (codes, norms, offsets and weights).
+ */
+bits_per_coordinate: number, 
+/**
+ * Mean KL divergence against the FP16 cache, nats.
+ */
+mean_kld: number, 
+/**
+ * Top-1 agreement with the FP16 cache.
+ */
+top1_agreement: number, };
+
 export type Prompt = { "type": "chat", 
 /**
  * System prompt (Gemma 3 prefixes it to the first user message).
@@ -858,7 +882,7 @@ export type SessionSummary = { id: string, title: string, updated_ms: number,
  */
 cache?: SavedCache, };
 
-export type SideFormat = "f32" | "f16" | "bf16" | "4" | "3.5" | "3" | "2.5" | "2";
+export type SideFormat = "f32" | "f16" | "bf16" | "8" | "6" | "5" | "4.5" | "4" | "3.5" | "3" | "2.5" | "2";
 
 export type StopToken = { 
 /**

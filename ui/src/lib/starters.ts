@@ -75,7 +75,7 @@ export const STARTERS: Starter[] = [
     icon: "switch",
     title: "Switch the cache mid-answer",
     description:
-      "Starts a story in FP16, then re-encodes its KV cache as TurboQuant 3.5 bits after 16 tokens, while the story goes on. The timeline marks the switch and the bytes it saved.",
+      "Starts a story in FP16, then re-encodes its KV cache as the suggested TurboQuant preset (keys at 4 bits, values at 3) after 16 tokens, while the story goes on. The timeline marks the switch and the bytes it saved.",
     prompt:
       "The old lighthouse keeper had kept a logbook for forty years. On the last page, in handwriting that grew smaller and smaller, she wrote down the story of the night the ship came in without a crew. It began like this:",
     from: "default_spec",

@@ -9,6 +9,7 @@ use ts_rs::TS;
 use crate::error::Result;
 use crate::fidelity::{compare_caches_from, FidelityReport};
 use crate::kv::{KvPrecision, PrecisionPolicy};
+use crate::memory::estimate_kv_bytes;
 use crate::model::Model;
 
 /// One cache's point of a sweep.
@@ -33,13 +34,11 @@ pub struct SweepPoint {
 }
 
 /// Bits per coordinate `policy` holds at `tokens` tokens: its bytes against an f32 cache's
-/// (exactly 32 bits per coordinate) with the same layers and tokens held.
+/// (exactly 32 bits per coordinate) with the same layers and tokens held, both from the
+/// engine's byte formula ([`estimate_kv_bytes`], which the storages' own counts equal).
 pub fn bits_per_coordinate(model: &Model, policy: &PrecisionPolicy, tokens: usize) -> Result<f64> {
-    let held = |p: &PrecisionPolicy| -> Result<f64> {
-        let mut cache = model.new_cache(p)?;
-        cache.fill_synthetic(tokens, 1)?;
-        Ok(cache.memory().total.0 as f64)
-    };
+    let config = model.config();
+    let held = |p: &PrecisionPolicy| estimate_kv_bytes(config, p, tokens, 0).map(|b| b as f64);
     let f32_bytes = held(&PrecisionPolicy::uniform(KvPrecision::F32))?;
     Ok(32.0 * held(policy)? / f32_bytes.max(1.0))
 }

@@ -24,7 +24,7 @@ pub use attend::attend_dense;
 pub use dense::{DenseStorage, BLOCK_TOKENS};
 pub use presets::{
     cache_options, canonical, presets, CacheChoice, CacheOptions, CachePreset, CacheSelection,
-    FormatOption, LabeledSpec, ScopedSpecs, SideFormat,
+    FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, SideFormat, MEASURED_ON,
 };
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
 pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};

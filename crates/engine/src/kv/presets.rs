@@ -24,6 +24,18 @@ pub enum SideFormat {
     /// bfloat16.
     #[serde(rename = "bf16")]
     Bf16,
+    /// TurboQuant, 8 bits per coordinate.
+    #[serde(rename = "8")]
+    Tq8,
+    /// TurboQuant, 6 bits.
+    #[serde(rename = "6")]
+    Tq6,
+    /// TurboQuant, 5 bits.
+    #[serde(rename = "5")]
+    Tq5,
+    /// TurboQuant, 4.5 bits (half the coordinates at 5, half at 4).
+    #[serde(rename = "4.5")]
+    Tq4_5,
     /// TurboQuant, 4 bits per coordinate.
     #[serde(rename = "4")]
     Tq4,
@@ -43,10 +55,14 @@ pub enum SideFormat {
 
 impl SideFormat {
     /// Every format, dense first, then TurboQuant from most to fewest bits.
-    pub const ALL: [SideFormat; 8] = [
+    pub const ALL: [SideFormat; 12] = [
         SideFormat::F32,
         SideFormat::F16,
         SideFormat::Bf16,
+        SideFormat::Tq8,
+        SideFormat::Tq6,
+        SideFormat::Tq5,
+        SideFormat::Tq4_5,
         SideFormat::Tq4,
         SideFormat::Tq3_5,
         SideFormat::Tq3,
@@ -60,6 +76,10 @@ impl SideFormat {
             SideFormat::F32 => "f32",
             SideFormat::F16 => "f16",
             SideFormat::Bf16 => "bf16",
+            SideFormat::Tq8 => "8",
+            SideFormat::Tq6 => "6",
+            SideFormat::Tq5 => "5",
+            SideFormat::Tq4_5 => "4.5",
             SideFormat::Tq4 => "4",
             SideFormat::Tq3_5 => "3.5",
             SideFormat::Tq3 => "3",
@@ -102,7 +122,9 @@ pub struct CacheChoice {
 
 impl CacheChoice {
     /// The SPEC this choice stands for. Dense formats cover both sides (`f32` keys with
-    /// `f32` values); TurboQuant sides may differ, and either may be `f16`.
+    /// `f32` values); TurboQuant sides may differ, and either may be `f16`. TurboQuant keys
+    /// are query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of
+    /// every measured cache 1.8–3.1× for one f32 row per head (`kv::spec`).
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
         let body = if k == v && k.is_dense() {
@@ -118,7 +140,8 @@ impl CacheChoice {
         } else {
             format!("k{}v{}", k.token(), v.token())
         };
-        CacheSpec::parse(&format!("{body}@{}", scope_token(self.scope)))
+        let weigh = if k.is_turboquant() { "+qw" } else { "" };
+        CacheSpec::parse(&format!("{body}{weigh}@{}", scope_token(self.scope)))
     }
 }
 
@@ -168,19 +191,50 @@ pub struct ScopedSpecs {
 }
 
 /// One preset of the cache menu.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct CachePreset {
-    /// A short stable name (`tq3.5`, `tq4-k4v3`): its SPEC on all layers without the scope.
+    /// A short stable name (`f16`, `k4v3+qw`): its SPEC on all layers without the scope.
     pub id: String,
-    /// Button label (`TQ 3.5`).
+    /// Button label: the format for dense caches (`FP16`), the measured bits per coordinate
+    /// for TurboQuant ones (`TQ 3.6`).
     pub label: String,
-    /// Keys' and values' format.
+    /// Keys' format.
     pub keys: SideFormat,
-    /// (Equal to `keys` for every preset but the split ones.)
+    /// Values' format.
     pub values: SideFormat,
     /// Its canonical SPEC at each scope, to compare with the current policy.
     pub specs: ScopedSpecs,
+    /// What it costs and loses on all layers, as measured ([`MEASURED_ON`]); `None` for the
+    /// dense presets (FP16 is the reference).
+    pub measured: Option<PresetFidelity>,
 }
+
+/// A preset's measured cost and loss on all layers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, TS)]
+pub struct PresetFidelity {
+    /// Bits per coordinate as held (codes, norms, offsets and weights).
+    pub bits_per_coordinate: f64,
+    /// Mean KL divergence against the FP16 cache, nats.
+    pub mean_kld: f64,
+    /// Top-1 agreement with the FP16 cache.
+    pub top1_agreement: f64,
+}
+
+/// Where the presets' figures come from: `kvlab fidelity sweep --kv presets` (release,
+/// 2 threads) on this model and text, llama.cpp's perplexity protocol.
+pub const MEASURED_ON: &str =
+    "Gemma 3 270M Q4_K_M on Alice: 4 windows of 2048 tokens, second halves scored against FP16";
+
+/// The TurboQuant presets: the measured front of the sweeps in issue 24 (keys, values,
+/// then bits per coordinate, mean KLD and top-1 agreement on all layers, [`MEASURED_ON`]).
+/// Every one weighs its keys by query energy (`+qw`).
+const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
+    (SideFormat::Tq8, SideFormat::Tq4, 6.125, 0.0119, 0.9284),
+    (SideFormat::Tq5, SideFormat::Tq4, 4.625, 0.0211, 0.9027),
+    (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0452, 0.8759),
+    (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0743, 0.8350),
+    (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1585, 0.7610),
+];
 
 /// A cache a menu offers by its SPEC, with the label it shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
@@ -193,7 +247,7 @@ pub struct LabeledSpec {
 
 /// Everything a cache menu offers. Front ends name caches only through these SPECs, never
 /// by writing one of their own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct CacheOptions {
     /// The presets, in menu order.
     pub presets: Vec<CachePreset>,
@@ -204,14 +258,16 @@ pub struct CacheOptions {
     /// The TurboQuant cache suggested for a first try: the switch demo's target and the
     /// comparison's test pane.
     pub suggested_spec: String,
-    /// The comparison's menu: every uniform preset on all layers, then the suggested cache
-    /// on the full-attention layers only.
+    /// The comparison's menu: every preset on all layers, then the suggested cache on the
+    /// full-attention layers only.
     pub compare: Vec<LabeledSpec>,
+    /// Where the presets' measured figures come from.
+    pub measured_on: String,
 }
 
-/// The suggested TurboQuant cache's keys and values: 3.5 bits, the paper's quality-neutral
-/// point.
-const SUGGESTED: SideFormat = SideFormat::Tq3_5;
+/// The suggested TurboQuant cache is the preset with the least loss at or below this many
+/// bits per coordinate (the issue's rule: the best default at or below 4 bits).
+const SUGGESTED_MAX_BITS: f64 = 4.0;
 
 /// A format with its label.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
@@ -222,16 +278,23 @@ pub struct FormatOption {
     pub label: String,
 }
 
-/// The presets: FP32, FP16, TurboQuant at 4 … 2 bits, and keys 4 / values 3 bits.
+/// The presets: FP32, FP16, then the TurboQuant ones from most to fewest bits, each labelled
+/// by its measured bits per coordinate.
 pub fn presets() -> Vec<CachePreset> {
     use SideFormat::*;
-    let mut out: Vec<(String, SideFormat, SideFormat)> = [F32, F16, Tq4, Tq3_5, Tq3, Tq2_5, Tq2]
+    let dense = [F32, F16].map(|f| (f.label(), f, f, None));
+    let turboquant = TURBOQUANT_PRESETS.map(|(keys, values, bits, kld, top1)| {
+        let measured = PresetFidelity {
+            bits_per_coordinate: bits,
+            mean_kld: kld,
+            top1_agreement: top1,
+        };
+        (format!("TQ {bits:.1}"), keys, values, Some(measured))
+    });
+    dense
         .into_iter()
-        .map(|f| (f.label(), f, f))
-        .collect();
-    out.push(("TQ K4 V3".into(), Tq4, Tq3));
-    out.into_iter()
-        .filter_map(|(label, keys, values)| {
+        .chain(turboquant)
+        .filter_map(|(label, keys, values, measured)| {
             let at = |scope| {
                 CacheChoice {
                     keys,
@@ -253,6 +316,7 @@ pub fn presets() -> Vec<CachePreset> {
                     full: at(LayerScope::Full)?,
                     sliding: at(LayerScope::Sliding)?,
                 },
+                measured,
             })
         })
         .collect()
@@ -263,10 +327,12 @@ pub fn cache_options() -> CacheOptions {
     let presets = presets();
     let suggested = presets
         .iter()
-        .find(|p| p.keys == SUGGESTED && p.values == SUGGESTED);
+        .filter_map(|p| Some((p, p.measured?)))
+        .filter(|(_, m)| m.bits_per_coordinate <= SUGGESTED_MAX_BITS)
+        .min_by(|a, b| a.1.mean_kld.total_cmp(&b.1.mean_kld))
+        .map(|(p, _)| p);
     let mut compare: Vec<LabeledSpec> = presets
         .iter()
-        .filter(|p| p.keys == p.values)
         .map(|p| LabeledSpec {
             spec: p.specs.all.clone(),
             label: p.label.clone(),
@@ -279,6 +345,7 @@ pub fn cache_options() -> CacheOptions {
         });
     }
     CacheOptions {
+        measured_on: MEASURED_ON.to_string(),
         default_spec: PrecisionPolicy::default().spec_string(),
         suggested_spec: suggested.map(|p| p.specs.all.clone()).unwrap_or_default(),
         compare,
@@ -355,19 +422,29 @@ mod tests {
             spec(choice(F32, F32, LayerScope::Full)).unwrap(),
             "f32@full"
         );
+        // TurboQuant keys are query-weighted.
         assert_eq!(
             spec(choice(Tq3_5, Tq3_5, LayerScope::All)).unwrap(),
-            "tq3.5@all"
+            "tq3.5+qw@all"
         );
         // TurboQuant's default scope is the full layers: its canonical form drops it.
-        assert_eq!(spec(choice(Tq4, Tq4, LayerScope::Full)).unwrap(), "tq4");
+        assert_eq!(spec(choice(Tq4, Tq4, LayerScope::Full)).unwrap(), "tq4+qw");
         assert_eq!(
             spec(choice(Tq4, Tq3, LayerScope::Sliding)).unwrap(),
-            "k4v3@sliding"
+            "k4v3+qw@sliding"
+        );
+        assert_eq!(
+            spec(choice(Tq8, Tq4_5, LayerScope::All)).unwrap(),
+            "k8v4.5+qw@all"
         );
         assert_eq!(
             spec(choice(Tq4, F16, LayerScope::All)).unwrap(),
-            "k4vf16@all"
+            "k4vf16+qw@all"
+        );
+        // Dense keys have nothing to weigh.
+        assert_eq!(
+            spec(choice(F16, Tq3, LayerScope::All)).unwrap(),
+            "kf16v3@all"
         );
         assert!(spec(choice(F32, Tq3, LayerScope::All)).is_err());
         assert!(spec(choice(F16, F32, LayerScope::All)).is_err());
@@ -379,17 +456,18 @@ mod tests {
         assert_eq!(s.spec().unwrap().to_string(), "tq3.5@all");
         let c: CacheSelection =
             serde_json::from_str(r#"{"keys": "4", "values": "3", "scope": "all"}"#).unwrap();
-        assert_eq!(c.spec().unwrap().to_string(), "k4v3@all");
+        assert_eq!(c.spec().unwrap().to_string(), "k4v3+qw@all");
         assert!(serde_json::from_str::<CacheSelection>(r#"{"keys": "5"}"#).is_err());
     }
 
     #[test]
     fn every_preset_round_trips_through_its_policy() {
         let presets = presets();
-        assert_eq!(presets.len(), 8);
-        assert_eq!(presets[3].label, "TQ 3.5");
-        assert_eq!(presets[3].specs.all, "tq3.5@all");
-        assert_eq!(presets[3].specs.full, "tq3.5");
+        assert_eq!(presets.len(), 7);
+        assert_eq!(presets[5].label, "TQ 3.6");
+        assert_eq!(presets[5].id, "k4v3+qw");
+        assert_eq!(presets[5].specs.all, "k4v3+qw@all");
+        assert_eq!(presets[5].specs.full, "k4v3+qw");
         for p in &presets {
             for spec in [&p.specs.all, &p.specs.full, &p.specs.sliding] {
                 let policy = CacheSpec::parse(spec).unwrap().to_policy();
@@ -398,7 +476,20 @@ mod tests {
             }
         }
         // The old UI compared "tq3.5" with "tq3.5@all": distinct scopes stay distinct.
-        assert_ne!(presets[3].specs.all, presets[3].specs.full);
+        assert_ne!(presets[5].specs.all, presets[5].specs.full);
+        // Dense presets carry no figures; the TurboQuant ones run from most to fewest bits,
+        // each losing more than the last, and each is labelled by its bits.
+        assert!(presets[..2].iter().all(|p| p.measured.is_none()));
+        let measured: Vec<PresetFidelity> = presets[2..].iter().filter_map(|p| p.measured).collect();
+        assert_eq!(measured.len(), 5);
+        for w in measured.windows(2) {
+            assert!(w[0].bits_per_coordinate > w[1].bits_per_coordinate);
+            assert!(w[0].mean_kld < w[1].mean_kld);
+        }
+        for p in &presets[2..] {
+            let bits = p.measured.map(|m| m.bits_per_coordinate).unwrap_or(0.0);
+            assert_eq!(p.label, format!("TQ {bits:.1}"));
+        }
         let options = cache_options();
         assert_eq!(
             options
@@ -406,11 +497,15 @@ mod tests {
                 .iter()
                 .map(|f| f.label.as_str())
                 .collect::<Vec<_>>(),
-            ["FP16", "TQ 4", "TQ 3.5", "TQ 3", "TQ 2.5", "TQ 2"]
+            [
+                "FP16", "TQ 8", "TQ 6", "TQ 5", "TQ 4.5", "TQ 4", "TQ 3.5", "TQ 3", "TQ 2.5",
+                "TQ 2"
+            ]
         );
-        // The UI names caches only through these.
+        // The UI names caches only through these; the suggested cache is the least lossy
+        // preset at or below 4 bits.
         assert_eq!(options.default_spec, "f16");
-        assert_eq!(options.suggested_spec, "tq3.5@all");
+        assert_eq!(options.suggested_spec, "k4v3+qw@all");
         let compare: Vec<_> = options
             .compare
             .iter()
@@ -418,7 +513,7 @@ mod tests {
             .collect();
         assert_eq!(compare.len(), 8);
         assert_eq!(compare[1], ("f16", "FP16"));
-        assert_eq!(compare[7], ("tq3.5", "TQ 3.5 full layers only"));
+        assert_eq!(compare[7], ("k4v3+qw", "TQ 3.6 full layers only"));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! BASE    := "tq" BITS                                keys and values at BITS
 //!          | "k" SIDE "v" SIDE                        keys and values apart
 //! SIDE    := BITS | "f16"                             f16: that side stays dense f16
-//! BITS    := "1" | "2" | "2.5" | "3" | "3.5" | "4" | "5" | "6" | "7" | "8"
+//! BITS    := "1" | "2" | "2.5" | "3" | "3.5" | "4" | "4.5" | "5" | "5.5" | "6" | "7" | "8"
 //! SCOPE   := "full" (default) | "sliding" | "all"     which layers are quantized
 //! OPTION  := "mse" (default) | "prod"                 TurboQuant variant
 //!          | "nc"                                     norm correction (mse only)
@@ -296,7 +296,9 @@ fn bits_str(b: Bits) -> &'static str {
         Bits::B3 => "3",
         Bits::B3_5 => "3.5",
         Bits::B4 => "4",
+        Bits::B4_5 => "4.5",
         Bits::B5 => "5",
+        Bits::B5_5 => "5.5",
         Bits::B6 => "6",
         Bits::B7 => "7",
         Bits::B8 => "8",
@@ -355,7 +357,7 @@ fn parse_side(spec: &str, s: &str) -> Result<Option<Bits>> {
     s.parse::<Bits>().map(Some).map_err(|_| {
         bad(
             spec,
-            format!("unsupported bit width `{s}` (1, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)"),
+            format!("unsupported bit width `{s}` (1, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8)"),
         )
     })
 }
@@ -637,6 +639,7 @@ mod tests {
             ("k8v4@all", "k8v4@all"),
             ("k5v5", "tq5"),
             ("k6vf16", "k6vf16"),
+            ("k5v4.5+qw@all", "k5v4.5+qw@all"),
             ("tq4+prod", "tq4+prod"),
             ("tq3+mse+hadamard+seed=0", "tq3"),
             ("tq3@all+seed=12+nc+haar", "tq3+nc+haar+seed=12@all"),
@@ -671,7 +674,7 @@ mod tests {
             "f8",
             "tq",
             "tq9",
-            "tq4.5",
+            "tq6.5",
             "k8.5v4",
             "tq 4",
             "tqf16",

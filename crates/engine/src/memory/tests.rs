@@ -115,10 +115,10 @@ fn preset_costs_follow_the_codec_layout() {
         (4 * 128, 2 * 128)
     );
     assert_eq!(by("f32").full_bytes_per_token, 2 * 256);
-    // 3.5 bits × 16 dims = 7 B of codes + a 2 B norm per vector.
-    assert_eq!(by("tq3.5@all").full_bytes_per_token, 2 * 2 * 2 * 9);
+    // 4 bits × 16 dims = 8 B of codes + a 2 B norm per vector.
+    assert_eq!(by("tq4+qw@all").full_bytes_per_token, 2 * 2 * 2 * 10);
     // k4v3: 8 + 2 and 6 + 2 bytes.
-    assert_eq!(by("k4v3@all").sliding_bytes_per_token, 4 * 2 * (10 + 8));
+    assert_eq!(by("k4v3+qw@all").sliding_bytes_per_token, 4 * 2 * (10 + 8));
 }
 
 #[test]
@@ -144,8 +144,9 @@ fn context_and_document_costs_are_differences_of_the_estimate() {
     let tq = fits[0]
         .costs
         .iter()
-        .find(|c| c.spec == "tq3.5@all")
+        .find(|c| c.spec == "k4v3+qw@all")
         .unwrap();
+    // Only the 2 full layers grow: 2 heads × (10 + 8) B per token each.
     assert_eq!(tq.bytes, 2 * 36 * 20);
 }
 
