@@ -374,7 +374,7 @@ test("a conversation saved with its KV cache: after a relaunch the next answer r
   await saved.waitForDisplayed({ timeout: 20_000, timeoutMsg: "the cache was not saved" });
   // In the precision it holds (TurboQuant since the switch test), not re-encoded.
   const spec = (await (await (await answers()).at(-1).$('[data-testid="stats"]')).getText()).match(/cache (\S+)/)[1];
-  assert.match(await saved.getText(), new RegExp(`^Saved [\\d,]+ tokens of cache \\([\\d.]+ [KM]iB, ${spec.replace(".", "\\.")}\\) in [\\d.]+ s$`));
+  assert.match(await saved.getText(), new RegExp(`^Saved [\\d,]+ tokens of cache \\([\\d.]+ [KM]iB, ${spec.replace(/[.+]/g, "\\$&")}\\) in [\\d.]+ s$`));
   const sessions = path.join(DATA_DIR, "sessions");
   assert.equal(readdirSync(sessions).filter((f) => f.endsWith(".kvc")).length, 1);
   await app.close();
