@@ -310,7 +310,12 @@ mod tests {
         assert!(tq.needed_bytes < needed);
         assert_eq!(short.max_context, Some(199));
         let msg = short.message("load tiny");
-        for want in ["load tiny", &format_bytes(needed), "k8v4+qw@all", "199 tokens"] {
+        for want in [
+            "load tiny",
+            &format_bytes(needed),
+            "k8v4+qw@all",
+            "199 tokens",
+        ] {
             assert!(msg.contains(want), "{want}: {msg}");
         }
 

@@ -124,7 +124,7 @@ impl CacheChoice {
     /// The SPEC this choice stands for. Dense formats cover both sides (`f32` keys with
     /// `f32` values); TurboQuant sides may differ, and either may be `f16`. TurboQuant keys
     /// are query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of
-    /// every measured cache 1.8–3.1× for one f32 row per head (`kv::spec`).
+    /// the caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`).
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
         let body = if k == v && k.is_dense() {
@@ -480,7 +480,8 @@ mod tests {
         // Dense presets carry no figures; the TurboQuant ones run from most to fewest bits,
         // each losing more than the last, and each is labelled by its bits.
         assert!(presets[..2].iter().all(|p| p.measured.is_none()));
-        let measured: Vec<PresetFidelity> = presets[2..].iter().filter_map(|p| p.measured).collect();
+        let measured: Vec<PresetFidelity> =
+            presets[2..].iter().filter_map(|p| p.measured).collect();
         assert_eq!(measured.len(), 5);
         for w in measured.windows(2) {
             assert!(w[0].bits_per_coordinate > w[1].bits_per_coordinate);
