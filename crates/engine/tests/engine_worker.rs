@@ -483,7 +483,7 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
         format_bytes(available),
         format_bytes(margin),
         "200 tokens".into(),
-        "tq4@all".into(),
+        "k8v4+qw@all".into(),
         "tokens fits".into(),
         "the model loaded now stays loaded".into(),
     ] {
