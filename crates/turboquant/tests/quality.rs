@@ -55,6 +55,11 @@ fn mse_within_1_5_percent_of_exact() {
 /// The wide codebooks end to end (encode, pack, decode on the portable path): the codec's
 /// distortion is the codebook's exact D_mse, at 5 to 8 bits.
 #[test]
+// The portable code on every CPU: checked natively, not again under qemu.
+#[cfg_attr(
+    target_arch = "aarch64",
+    ignore = "portable path checked on the native run"
+)]
 fn wide_widths_reach_their_codebook_distortion() {
     for bits in [Bits::B5, Bits::B6, Bits::B7, Bits::B8] {
         let codec = Codec::new(256, Spec::mse(bits)).unwrap();
