@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_engine::kv::{presets, CacheSpec, KvPrecision};
 use kvlab_engine::sweep::{bits_per_coordinate, quantile, SweepPoint};
+use kvlab_engine::Model;
 use serde::{Deserialize, Serialize};
 
 use crate::model_args::ModelArgs;
@@ -32,9 +33,10 @@ enum FidelityCommand {
     Layers(LayersArgs),
 }
 
-/// `kvlab fidelity layers` options.
+/// The measuring protocol both subcommands share: llama.cpp's perplexity windows on a text,
+/// scored against a reference cache.
 #[derive(Args, Debug)]
-pub struct LayersArgs {
+pub struct ProtocolArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The text (a file, or an asset name such as `alice`).
@@ -46,16 +48,58 @@ pub struct LayersArgs {
     /// Consecutive windows, pooled.
     #[arg(long, default_value_t = 4)]
     windows: usize,
-    /// The cache put on one layer at a time (a TurboQuant SPEC; its scope is ignored), every
-    /// other layer keeping the reference's.
-    #[arg(long, default_value = "tq3")]
-    kv: String,
-    /// The reference cache (dense).
+    /// The reference cache.
     #[arg(long, default_value = "f16")]
     reference: String,
     /// Prefill chunk size.
     #[arg(long, default_value_t = 512)]
     chunk: usize,
+}
+
+/// What [`ProtocolArgs::open`] gives: the model, its token windows and the reference.
+struct Opened {
+    model: Model,
+    windows: Vec<Vec<u32>>,
+    reference: CacheSpec,
+}
+
+impl Opened {
+    /// The windows, each scored from its middle (llama.cpp's protocol).
+    fn cut(&self) -> Windows<'_> {
+        Windows {
+            windows: &self.windows,
+            score_from: self.windows.first().map_or(0, |w| w.len() / 2),
+        }
+    }
+}
+
+impl ProtocolArgs {
+    /// Validates the protocol, loads the model and cuts the text into windows.
+    fn open(&self) -> anyhow::Result<Opened> {
+        if self.windows == 0 || self.ctx < 4 {
+            bail!("--windows must be at least 1 and --ctx at least 4");
+        }
+        let reference = CacheSpec::parse(&self.reference)
+            .with_context(|| format!("--reference {}", self.reference))?;
+        let crate::model_args::OpenedModel { model, tokenizer } = self.model.open()?;
+        let all = text_tokens(&tokenizer, &text_path(&self.text)?, self.ctx * self.windows)?;
+        Ok(Opened {
+            model,
+            windows: cut_windows(&all, self.ctx),
+            reference,
+        })
+    }
+}
+
+/// `kvlab fidelity layers` options.
+#[derive(Args, Debug)]
+pub struct LayersArgs {
+    #[command(flatten)]
+    protocol: ProtocolArgs,
+    /// The cache put on one layer at a time (a TurboQuant SPEC; its scope is ignored), every
+    /// other layer keeping the reference's (which must be dense).
+    #[arg(long, default_value = "tq3")]
+    kv: String,
     /// Print a JSON array instead of the table.
     #[arg(long)]
     json: bool,
@@ -75,26 +119,11 @@ pub struct LayerRow {
 #[derive(Args, Debug)]
 pub struct SweepArgs {
     #[command(flatten)]
-    model: ModelArgs,
-    /// The text (a file, or an asset name such as `alice`).
-    #[arg(long, default_value = "alice")]
-    text: String,
-    /// Tokens per window.
-    #[arg(long, default_value_t = 2048)]
-    ctx: usize,
-    /// Consecutive windows, pooled.
-    #[arg(long, default_value_t = 4)]
-    windows: usize,
+    protocol: ProtocolArgs,
     /// Caches, comma-separated SPECs; `presets` stands for every preset of the cache menu
     /// on all layers.
     #[arg(long, default_value = "presets")]
     kv: String,
-    /// The reference cache.
-    #[arg(long, default_value = "f16")]
-    reference: String,
-    /// Prefill chunk size.
-    #[arg(long, default_value_t = 512)]
-    chunk: usize,
     /// Peer figures to draw and print beside ours: a JSON array of
     /// `{label, bits_per_coordinate, mean_kld}` (e.g. llama.cpp's quantized caches, measured
     /// on the same protocol).
@@ -143,24 +172,14 @@ fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
 
 /// The per-layer sensitivity scan: `kv` on one cache-owning layer at a time.
 fn layers(args: LayersArgs) -> anyhow::Result<()> {
-    if args.windows == 0 || args.ctx < 4 {
-        bail!("--windows must be at least 1 and --ctx at least 4");
-    }
     let test = CacheSpec::parse(&args.kv).with_context(|| format!("--kv {}", args.kv))?;
     let CacheSpec::TurboQuant { precision, .. } = test else {
         bail!("--kv must be a TurboQuant SPEC (e.g. tq3, k4v3)");
     };
-    let reference = CacheSpec::parse(&args.reference)
-        .with_context(|| format!("--reference {}", args.reference))?;
+    let opened = args.protocol.open()?;
+    let (model, reference, cut) = (&opened.model, &opened.reference, opened.cut());
     let CacheSpec::Dense(_) = reference else {
         bail!("--reference must be a dense cache (f16, bf16, f32)");
-    };
-    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
-    let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
-    let windows = cut_windows(&all, args.ctx);
-    let cut = Windows {
-        windows: &windows,
-        score_from: args.ctx / 2,
     };
     let owners: Vec<(usize, String)> = model
         .config()
@@ -177,7 +196,8 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
             label: format!("layer {layer} {precision}"),
             policy,
         };
-        let (out, klds) = measure_policy(&model, &cut, &test, &reference, args.chunk, args.json)?;
+        let chunk = args.protocol.chunk;
+        let (out, klds) = measure_policy(model, &cut, &test, reference, chunk, args.json)?;
         rows.push(LayerRow {
             layer,
             kind,
@@ -192,7 +212,7 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
     }
     println!(
         "{precision} on one layer at a time, {} windows of {} tokens, second halves scored against {reference}:",
-        args.windows, args.ctx
+        args.protocol.windows, args.protocol.ctx
     );
     println!(
         "{:>5} {:<8} {:>10} {:>10} {:>7}",
@@ -214,12 +234,7 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
 }
 
 fn sweep(args: SweepArgs) -> anyhow::Result<()> {
-    if args.windows == 0 || args.ctx < 4 {
-        bail!("--windows must be at least 1 and --ctx at least 4");
-    }
     let caches = specs(&args.kv)?;
-    let reference = CacheSpec::parse(&args.reference)
-        .with_context(|| format!("--reference {}", args.reference))?;
     let peers: Vec<PeerPoint> = match &args.peer {
         Some(p) => serde_json::from_slice(
             &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
@@ -232,19 +247,20 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         })?,
         None => Vec::new(),
     };
-    let crate::model_args::OpenedModel { model, tokenizer } = args.model.open()?;
-    let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
-    let windows = cut_windows(&all, args.ctx);
-    let cut = Windows {
-        windows: &windows,
-        score_from: args.ctx / 2,
-    };
+    let opened = args.protocol.open()?;
+    let (model, reference, cut) = (&opened.model, &opened.reference, opened.cut());
+    let ProtocolArgs {
+        ctx,
+        windows,
+        chunk,
+        ..
+    } = args.protocol;
     let mut rows = Vec::new();
     for spec in &caches {
-        let (out, klds) = measure(&model, &cut, spec, &reference, args.chunk, args.json)?;
+        let (out, klds) = measure(model, &cut, spec, reference, chunk, args.json)?;
         rows.push(SweepPoint {
             kv: spec.to_string(),
-            bits_per_coordinate: bits_per_coordinate(&model, &spec.to_policy(), args.ctx)?,
+            bits_per_coordinate: bits_per_coordinate(model, &spec.to_policy(), ctx)?,
             mean_kld: out.mean_kld,
             p99_kld: quantile(&klds, 0.99),
             top1_agreement: out.top1_agreement,
@@ -258,7 +274,7 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "{} windows of {} tokens, second halves scored against {}:",
-            args.windows, args.ctx, reference
+            windows, ctx, reference
         );
         let width = rows
             .iter()
