@@ -19,6 +19,10 @@ pub struct BenchMatmulArgs {
     /// Minimum measuring time per configuration and implementation, seconds.
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
+    /// One copy of each matrix, so one-row products run from the CPU caches: the kernels'
+    /// compute ceiling (without it they cycle through 256 MiB of copies: memory bandwidth).
+    #[arg(long)]
+    cached: bool,
     /// Print a JSON array.
     #[arg(long)]
     json: bool,
@@ -49,7 +53,7 @@ pub fn run(args: BenchMatmulArgs) -> anyhow::Result<()> {
     if rows.contains(&0) {
         bail!("row counts must be positive");
     }
-    let report = kvlab_engine::bench_matmul(&types, &shapes, &rows, args.seconds)?;
+    let report = kvlab_engine::bench_matmul(&types, &shapes, &rows, args.seconds, args.cached)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

@@ -1,8 +1,8 @@
 //! `kvlab bench matmul` (cargo feature `bench`): our CPU kernels against candle's quantized
 //! matmul on the same random matrices, one format and shape at a time. A one-row product
 //! cycles through enough copies of the matrix to leave the caches (as a decode step reads
-//! ~1 GB of weights), so its rate is memory bandwidth; a many-row product (prefill) is
-//! compute. Reports figures; asserts nothing.
+//! ~1 GB of weights), so its rate is memory bandwidth (unless asked to stay in the caches);
+//! a many-row product (prefill) is compute. Reports figures; asserts nothing.
 
 use std::time::Instant;
 
@@ -40,12 +40,14 @@ pub struct MatmulBenchRow {
 const COLD_BYTES: usize = 256 << 20;
 
 /// Measures every `format` at every `(n, k)` shape for every row count in `rows`, for at
-/// least `seconds` each.
+/// least `seconds` each. `cached`: one copy of each matrix, so a one-row product runs from
+/// the caches and shows the kernels' compute ceiling rather than the memory's.
 pub fn matmul_bench(
     formats: &[&str],
     shapes: &[(usize, usize)],
     rows: &[usize],
     seconds: f64,
+    cached: bool,
 ) -> Result<Vec<MatmulBenchRow>> {
     let dev = Device::Cpu;
     let mut out = Vec::new();
@@ -65,7 +67,11 @@ pub fn matmul_bench(
             let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
             let q = QTensor::quantize(&w, format.ggml())?;
             let bytes = q.data()?.to_vec();
-            let copies = (COLD_BYTES / bytes.len().max(1)).max(1);
+            let copies = if cached {
+                1
+            } else {
+                (COLD_BYTES / bytes.len().max(1)).max(1)
+            };
             let ours: Vec<PackedMatrix> = (0..copies)
                 .map(|_| PackedMatrix::from_ggml(format, &bytes, n, k))
                 .collect::<Result<_>>()?;

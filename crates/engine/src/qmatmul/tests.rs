@@ -165,3 +165,74 @@ fn non_finite_activations_reach_the_outputs() {
         assert!(out.iter().all(|v| v.is_nan()), "{format:?}: {out:?}");
     }
 }
+
+/// ggml blocks whose every stored integer is its format's largest (Q8_0's: −128, the largest
+/// magnitude), with small float scales: the widest integer sums any kernel can meet.
+fn saturated_blocks(format: QFormat, rows: usize, cols: usize) -> Vec<u8> {
+    let g = format.geometry();
+    let mut bytes = vec![0xFFu8; rows * (cols / g.sb) * g.ggml_block];
+    let small = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
+    for block in bytes.chunks_exact_mut(g.ggml_block) {
+        match format {
+            QFormat::Q6K => block[g.ggml_block - 2..].copy_from_slice(&small),
+            QFormat::Q4K | QFormat::Q5K => {
+                block[..2].copy_from_slice(&small);
+                block[2..4].copy_from_slice(&small);
+            }
+            QFormat::Q8_0 => {
+                block[..2].copy_from_slice(&small);
+                block[2..].fill(0x80);
+            }
+            QFormat::Q4_0 | QFormat::Q5_0 => block[..2].copy_from_slice(&small),
+        }
+    }
+    bytes
+}
+
+#[test]
+fn kernels_hold_the_widest_integer_sums() {
+    // Activations of one sign quantize to ±127 everywhere, so with every weight at its
+    // largest, each 16-bit partial sum a kernel keeps is at its bound: an overflow would
+    // show as a wrong sign or magnitude against the dequantized reference.
+    for format in ALL_FORMATS {
+        let (rows, cols) = (24, 2 * format.geometry().sb);
+        let w = PackedMatrix::from_ggml(format, &saturated_blocks(format, rows, cols), rows, cols)
+            .unwrap();
+        let mut deq = vec![0f32; rows * cols];
+        for (r, row) in deq.chunks_exact_mut(cols).enumerate() {
+            w.dequantize_row(r, row);
+        }
+        for sign in [1.0f32, -1.0] {
+            for m in [1usize, 4] {
+                let x = vec![sign; m * cols];
+                let mut portable = vec![0f32; m * rows];
+                w.matmul_with(Backend::Portable, &x, m, &mut portable)
+                    .unwrap();
+                for (i, &got) in portable.iter().enumerate() {
+                    let r = i % rows;
+                    let want: f64 = deq[r * cols..(r + 1) * cols]
+                        .iter()
+                        .map(|&v| v as f64 * sign as f64)
+                        .sum();
+                    let mag: f64 = deq[r * cols..(r + 1) * cols]
+                        .iter()
+                        .map(|v| v.abs() as f64)
+                        .sum();
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * mag,
+                        "{format:?} m={m} sign {sign} out {i}: {got} vs {want}"
+                    );
+                }
+                for backend in BACKENDS.into_iter().filter(|b| b.available()) {
+                    let mut got = vec![0f32; m * rows];
+                    w.matmul_with(backend, &x, m, &mut got).unwrap();
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{format:?} {backend:?} m={m} sign {sign}"
+                    );
+                }
+            }
+        }
+    }
+}
