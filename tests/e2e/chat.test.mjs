@@ -298,9 +298,17 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   await shot("compare.png");
   // The sweep: every preset (and the conversation's cache, ringed) scored on the reference's
   // tokens, drawn as KLD against bits.
-  await (await $('[data-testid="sweep-run"]')).click();
+  const sweepRun = await $('[data-testid="sweep-run"]');
+  await sweepRun.click();
   const presets = Number(await (await $('[data-testid="sweep"]')).getAttribute("data-expected"));
   assert.ok(presets >= 4, `${presets} caches to sweep`);
+  // Every cache is scored in one lockstep pass with the reference: the button shows how far.
+  await app.browser.waitUntil(async () => /^Sweeping… [1-9]\d*%$/.test(await sweepRun.getText()), {
+    timeout: 120_000,
+    interval: 100,
+    timeoutMsg: "the sweep showed no progress",
+  });
+  await shot("compare-sweeping.png");
   await app.browser.waitUntil(async () => (await $$('[data-testid="sweep-point"]')).length === presets, {
     timeout: 180_000,
     timeoutMsg: "the sweep did not draw every cache",

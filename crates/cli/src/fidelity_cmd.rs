@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model_args::ModelArgs;
 use crate::ppl_cmd::{text_path, text_tokens};
-use crate::ppl_fidelity::{cut_windows, measure, measure_policy, Labelled, Windows};
+use crate::ppl_fidelity::{cut_windows, measure_many, Labelled, Windows};
 
 /// `kvlab fidelity` subcommands.
 #[derive(Args, Debug)]
@@ -186,26 +186,38 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
         .cache_owning_layers()
         .map(|l| (l.index, format!("{:?}", l.kind).to_lowercase()))
         .collect();
-    let mut rows = Vec::new();
-    for (layer, kind) in owners {
-        let mut policy = reference.to_policy();
-        policy
-            .overrides
-            .insert(layer, KvPrecision::TurboQuant(precision));
-        let test = Labelled {
-            label: format!("layer {layer} {precision}"),
-            policy,
-        };
-        let chunk = args.protocol.chunk;
-        let (out, klds) = measure_policy(model, &cut, &test, reference, chunk, args.json)?;
-        rows.push(LayerRow {
+    let tests: Vec<Labelled> = owners
+        .iter()
+        .map(|(layer, _)| {
+            let mut policy = reference.to_policy();
+            policy
+                .overrides
+                .insert(*layer, KvPrecision::TurboQuant(precision));
+            Labelled {
+                label: format!("layer {layer} {precision}"),
+                policy,
+            }
+        })
+        .collect();
+    let measured = measure_many(
+        model,
+        &cut,
+        &tests,
+        reference,
+        args.protocol.chunk,
+        args.json,
+    )?;
+    let rows: Vec<LayerRow> = owners
+        .into_iter()
+        .zip(measured)
+        .map(|((layer, kind), (out, klds))| LayerRow {
             layer,
             kind,
             mean_kld: out.mean_kld,
             p99_kld: quantile(&klds, 0.99),
             top1_agreement: out.top1_agreement,
-        });
-    }
+        })
+        .collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
@@ -255,12 +267,19 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         chunk,
         ..
     } = args.protocol;
-    let mut rows = Vec::new();
-    for spec in &caches {
-        let (out, klds) = measure(model, &cut, spec, reference, chunk, args.json)?;
+    let tests: Vec<Labelled> = caches
+        .iter()
+        .map(|spec| Labelled {
+            label: spec.to_string(),
+            policy: spec.to_policy(),
+        })
+        .collect();
+    let measured = measure_many(model, &cut, &tests, reference, chunk, args.json)?;
+    let mut rows = Vec::with_capacity(tests.len());
+    for (test, (out, klds)) in tests.iter().zip(measured) {
         rows.push(SweepPoint {
-            kv: spec.to_string(),
-            bits_per_coordinate: bits_per_coordinate(model, &spec.to_policy(), ctx)?,
+            kv: test.label.clone(),
+            bits_per_coordinate: bits_per_coordinate(model, &test.policy, ctx)?,
             mean_kld: out.mean_kld,
             p99_kld: quantile(&klds, 0.99),
             top1_agreement: out.top1_agreement,

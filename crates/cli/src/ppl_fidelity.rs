@@ -5,8 +5,10 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use kvlab_engine::fidelity::{compare_caches_from, FidelityReport};
+use kvlab_engine::budget::MemoryBudget;
+use kvlab_engine::fidelity::{compare_many_from, FidelityReport, PositionFidelity};
 use kvlab_engine::kv::{CacheSpec, PrecisionPolicy};
+use kvlab_engine::sweep::lockstep_batches;
 use kvlab_engine::Model;
 use serde::Serialize;
 
@@ -37,7 +39,7 @@ pub struct FidelityOut {
     pub kv: String,
     /// The reference SPEC (canonical).
     pub reference: String,
-    /// Wall time.
+    /// Wall time (shared by the caches measured together in lockstep).
     pub seconds: f64,
 }
 
@@ -90,32 +92,78 @@ pub fn measure_policy(
     chunk: usize,
     quiet: bool,
 ) -> anyhow::Result<(FidelityOut, Vec<f64>)> {
-    let t0 = Instant::now();
-    let label = &test.label;
-    let mut positions = Vec::new();
-    for (w, ids) in cut.windows.iter().enumerate() {
-        let r = compare_caches_from(
-            model,
-            ids,
-            &refr.to_policy(),
-            &test.policy,
-            chunk,
-            cut.score_from,
-            &mut |done, total| {
-                if !quiet {
-                    eprint!(
-                        "\r{label} window {}/{}: {done}/{total} tokens",
-                        w + 1,
-                        cut.windows.len()
-                    );
-                }
-            },
-        )?;
-        positions.extend(r.positions.into_iter().filter(|p| p.pos >= cut.score_from));
+    let mut all = measure_many(model, cut, std::slice::from_ref(test), refr, chunk, quiet)?;
+    Ok(all.remove(0))
+}
+
+/// [`measure_policy`] for several caches at once: each window runs through the reference once
+/// and through every test cache in lockstep (engine: `compare_many_from`), in groups whose
+/// caches fit in the memory available now. Results come in `tests`' order; each one's
+/// `seconds` is its group's wall time.
+pub fn measure_many(
+    model: &Model,
+    cut: &Windows<'_>,
+    tests: &[Labelled],
+    refr: &CacheSpec,
+    chunk: usize,
+    quiet: bool,
+) -> anyhow::Result<Vec<(FidelityOut, Vec<f64>)>> {
+    let reference = refr.to_policy();
+    let policies: Vec<PrecisionPolicy> = tests.iter().map(|t| t.policy.clone()).collect();
+    let budget = MemoryBudget::from_env();
+    let room = budget.available().saturating_sub(budget.margin());
+    let ctx = cut.windows.first().map_or(0, Vec::len);
+    let groups = lockstep_batches(model, &reference, &policies, ctx, room)?;
+    let mut out = Vec::with_capacity(tests.len());
+    for group in groups {
+        let t0 = Instant::now();
+        let label = match group.len() {
+            1 => tests[group.start].label.clone(),
+            n => format!("{n} caches"),
+        };
+        let mut positions = vec![Vec::new(); group.len()];
+        for (w, ids) in cut.windows.iter().enumerate() {
+            let reports = compare_many_from(
+                model,
+                ids,
+                &reference,
+                &policies[group.clone()],
+                chunk,
+                cut.score_from,
+                &mut |done, total| {
+                    if !quiet {
+                        eprint!(
+                            "\r{label} window {}/{}: {done}/{total} tokens",
+                            w + 1,
+                            cut.windows.len()
+                        );
+                    }
+                    true
+                },
+            )?;
+            for (p, r) in positions.iter_mut().zip(reports) {
+                p.extend(r.positions);
+            }
+        }
+        if !quiet {
+            eprintln!();
+        }
+        let seconds = t0.elapsed().as_secs_f64();
+        for (test, positions) in tests[group].iter().zip(positions) {
+            out.push(summarize(test, positions, cut, refr, seconds));
+        }
     }
-    if !quiet {
-        eprintln!();
-    }
+    Ok(out)
+}
+
+/// One cache's figures from its scored positions (pooled over the windows).
+fn summarize(
+    test: &Labelled,
+    positions: Vec<PositionFidelity>,
+    cut: &Windows<'_>,
+    refr: &CacheSpec,
+    seconds: f64,
+) -> (FidelityOut, Vec<f64>) {
     let klds: Vec<f64> = positions.iter().map(|p| p.kld).collect();
     let r = FidelityReport::from_positions(positions);
     let out = FidelityOut {
@@ -129,11 +177,11 @@ pub fn measure_policy(
         ctx: cut.windows.first().map_or(0, Vec::len),
         windows: cut.windows.len(),
         score_from: cut.score_from,
-        kv: label.clone(),
+        kv: test.label.clone(),
         reference: refr.to_string(),
-        seconds: t0.elapsed().as_secs_f64(),
+        seconds,
     };
-    Ok((out, klds))
+    (out, klds)
 }
 
 /// Runs the comparison and prints it (JSON with `json`, else one line).

@@ -217,6 +217,28 @@ fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
     assert!(points[2].mean_kld > points[1].mean_kld && points[1].mean_kld > 0.0);
     assert!(points.iter().all(|p| p.tokens_scored == f.tokens_scored));
     assert!(points[2].p99_kld >= points[2].mean_kld);
+    // The tested pane and the three swept caches ran in one lockstep group: progress climbs
+    // to the reference's tokens once, and every point comes after it.
+    let scoring: Vec<(usize, usize)> = events
+        .iter()
+        .filter_map(|e| match e {
+            CompareEvent::Scoring { done, total } => Some((*done, *total)),
+            _ => None,
+        })
+        .collect();
+    let total = f.tokens_scored + 1;
+    assert_eq!(scoring.last(), Some(&(total, total)), "{scoring:?}");
+    assert!(scoring.windows(2).all(|w| w[0].0 < w[1].0));
+    let last_progress = events
+        .iter()
+        .rposition(|e| matches!(e, CompareEvent::Scoring { .. }));
+    let first_point = events
+        .iter()
+        .position(|e| matches!(e, CompareEvent::SweepPoint { .. }));
+    assert!(
+        last_progress < first_point,
+        "{last_progress:?} {first_point:?}"
+    );
 }
 
 #[test]

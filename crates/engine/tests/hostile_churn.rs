@@ -134,6 +134,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
                 }
             }
             CompareEvent::Finished { .. } => break,
+            CompareEvent::Scoring { .. } => {}
             CompareEvent::SweepPoint { .. } => panic!("no sweep was asked for"),
             CompareEvent::Error { code, message } => panic!("compare failed: {code} {message}"),
         }
@@ -256,7 +257,9 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                                 break;
                             }
                             CompareEvent::Finished { .. } => break,
-                            CompareEvent::Pane { .. } | CompareEvent::SweepPoint { .. } => {}
+                            CompareEvent::Pane { .. }
+                            | CompareEvent::SweepPoint { .. }
+                            | CompareEvent::Scoring { .. } => {}
                         }
                     }
                     assert_closed(&rx2, "busy compare");

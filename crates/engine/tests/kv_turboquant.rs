@@ -272,6 +272,49 @@ fn scoring_from_a_position_equals_the_full_comparison_filtered() {
     }
 }
 
+#[test]
+fn caches_scored_in_lockstep_equal_each_scored_alone() {
+    let model = load("tiny_gemma3");
+    let ids = prompt(40);
+    let reference = policy("f32");
+    let tests = [policy("tq2@all"), policy("f32"), policy("k4v3@all")];
+    let mut steps = Vec::new();
+    let together = kvlab_engine::fidelity::compare_many_from(
+        &model,
+        &ids,
+        &reference,
+        &tests,
+        9,
+        0,
+        &mut |done, total| {
+            steps.push((done, total));
+            true
+        },
+    )
+    .expect("lockstep");
+    assert_eq!(steps, [(9, 40), (18, 40), (27, 40), (36, 40), (40, 40)]);
+    for (test, report) in tests.iter().zip(&together) {
+        let alone =
+            compare_caches(&model, &ids, &reference, test, 9, &mut |_, _| {}).expect("alone");
+        // The same arithmetic on the same logits: equal, not merely close.
+        assert_eq!(report, &alone);
+    }
+    assert_eq!(together[1].mean_kld, 0.0);
+    assert!(together[0].mean_kld > together[2].mean_kld && together[2].mean_kld > 0.0);
+    // Stopped after the second chunk: the positions scored so far.
+    let stopped = kvlab_engine::fidelity::compare_many_from(
+        &model,
+        &ids,
+        &reference,
+        &tests[..1],
+        9,
+        0,
+        &mut |done, _| done < 18,
+    )
+    .expect("stopped");
+    assert_eq!(stopped[0].positions, together[0].positions[..18]);
+}
+
 /// A decode shaped like one on Metal, on the CPU: f16 activations (Metal's dtype) and the
 /// TurboQuant storages' home set apart from the model's device, so every attention call
 /// crosses (query rows to the home, output back) as it does from a Metal model. No step may

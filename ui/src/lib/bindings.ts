@@ -129,7 +129,15 @@ event: Event, } | { "type": "sweep_point",
 /**
  * Its figures.
  */
-point: SweepPoint, } | { "type": "finished", 
+point: SweepPoint, } | { "type": "scoring", 
+/**
+ * Token steps run.
+ */
+done: number, 
+/**
+ * Token steps in all.
+ */
+total: number, } | { "type": "finished", 
 /**
  * The scores.
  */

@@ -1,8 +1,8 @@
 //! Side-by-side generation: one prompt through two cache policies of the same model as two
 //! [`Sequence`]s in lockstep (each round advances both streams by one token, so both stream
-//! at once), then the test policy's fidelity against the reference, teacher-forced on the
-//! reference's tokens ([`crate::fidelity::compare_caches`]). Both caches are fresh: a chat
-//! session is untouched.
+//! at once), then the test policy's fidelity against the reference, and any swept caches',
+//! teacher-forced on the reference's tokens in lockstep
+//! ([`crate::fidelity::compare_many_from`]). All caches are fresh: a chat session is untouched.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::events::{ErrorCode, Event};
-use crate::fidelity::compare_caches;
+use crate::fidelity::compare_many_from;
 use crate::generate::{grown_context, render_checked_prompt, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSpec, PrecisionPolicy};
 use crate::model::{Logits, Model};
@@ -90,6 +90,14 @@ pub enum CompareEvent {
         /// Its figures.
         point: SweepPoint,
     },
+    /// Progress of the teacher-forced scoring after the panes: `done` of `total` token steps
+    /// (the reference's tokens, once per group of caches scored together).
+    Scoring {
+        /// Token steps run.
+        done: usize,
+        /// Token steps in all.
+        total: usize,
+    },
     /// Both panes are done; fidelity is absent when cancelled or nothing was generated.
     Finished {
         /// The scores.
@@ -120,6 +128,11 @@ pub trait CompareHooks {
         _policies: &[PrecisionPolicy; 2],
     ) -> Result<(), GenerateError> {
         Ok(())
+    }
+    /// Bytes of KV cache the scoring may hold at once (the panes' caches are freed by then):
+    /// the caches scored together in lockstep are grouped to fit.
+    fn kv_room(&mut self) -> u64 {
+        u64::MAX
     }
 }
 
@@ -198,30 +211,49 @@ pub fn run(
     if cancel.load(Ordering::Relaxed) || reference.len() < 2 {
         return Ok(None);
     }
-    let report = compare_caches(
-        model,
-        &reference,
-        &req.policies[0],
-        &req.policies[1],
-        FIDELITY_CHUNK,
-        &mut |_, _| {},
-    )?;
-    for spec in &req.sweep {
-        hooks.between_steps();
-        if cancel.load(Ordering::Relaxed) {
-            break;
-        }
-        let point = sweep::measure(
+    // The tested pane's cache and every swept one are scored in lockstep against one run of
+    // the reference per group of caches that fits in memory.
+    let mut tests = vec![(req.policies[1].clone())];
+    tests.extend(req.sweep.iter().map(CacheSpec::to_policy));
+    let reference_policy = &req.policies[0];
+    let room = hooks.kv_room();
+    let batches = sweep::lockstep_batches(model, reference_policy, &tests, reference.len(), room)?;
+    let total = batches.len() * reference.len();
+    let mut tested = None;
+    for (b, range) in batches.into_iter().enumerate() {
+        let mut on_chunk = |done: usize, _: usize| {
+            hooks.emit(CompareEvent::Scoring {
+                done: b * reference.len() + done,
+                total,
+            });
+            hooks.between_steps();
+            !cancel.load(Ordering::Relaxed)
+        };
+        let reports = compare_many_from(
             model,
             &reference,
-            spec.to_string(),
-            &spec.to_policy(),
-            &req.policies[0],
+            reference_policy,
+            &tests[range.clone()],
             FIDELITY_CHUNK,
             0,
+            &mut on_chunk,
         )?;
-        hooks.emit(CompareEvent::SweepPoint { point });
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        for (i, report) in range.zip(reports) {
+            let Some(s) = i.checked_sub(1) else {
+                tested = Some(report);
+                continue;
+            };
+            let bits = sweep::bits_per_coordinate(model, &tests[i], reference.len())?;
+            let point = sweep::point(req.sweep[s].to_string(), bits, &report);
+            hooks.emit(CompareEvent::SweepPoint { point });
+        }
     }
+    let Some(report) = tested else {
+        return Ok(None);
+    };
     Ok(Some(CompareFidelity {
         mean_kld: report.mean_kld,
         max_kld: report.max_kld,

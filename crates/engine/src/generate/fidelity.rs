@@ -3,11 +3,12 @@
 //! the test cache is compared with the reference cache's: KL(ref ‖ test), top-1 agreement,
 //! largest logit error, and both perplexities.
 
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::kv::PrecisionPolicy;
+use crate::generate::logit_rows::ReferenceRows;
+use crate::kv::{KvCache, PrecisionPolicy};
 use crate::model::{Logits, Model};
 
 /// One scored position `i` (predicting token `i + 1`).
@@ -73,78 +74,95 @@ pub fn compare_caches_from(
     score_from: usize,
     on_chunk: &mut dyn FnMut(usize, usize),
 ) -> Result<FidelityReport> {
+    let mut reports = compare_many_from(
+        model,
+        ids,
+        reference,
+        std::slice::from_ref(test),
+        chunk,
+        score_from,
+        &mut |done, total| {
+            on_chunk(done, total);
+            true
+        },
+    )?;
+    Ok(reports.remove(0))
+}
+
+/// Every cache of `tests` against one `reference`, in lockstep on the same tokens: each chunk
+/// runs through the reference once and through every test cache, and each test's rows are
+/// scored against the reference's, so N caches cost N + 1 forward passes instead of 2N. A
+/// test equal to the reference reuses its logits. All `tests.len() + 1` caches are held at
+/// once: bound the count by memory ([`crate::sweep::lockstep_batches`]). Reports come back in
+/// `tests`' order. `on_chunk(done, total)` reports tokens run after each chunk and returns
+/// whether to go on: on `false` the reports hold the positions scored so far.
+pub fn compare_many_from(
+    model: &Model,
+    ids: &[u32],
+    reference: &PrecisionPolicy,
+    tests: &[PrecisionPolicy],
+    chunk: usize,
+    score_from: usize,
+    on_chunk: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<Vec<FidelityReport>> {
     if ids.len() < 2 {
         return Err(EngineError::invalid(
             "fidelity needs at least 2 tokens (one to condition on, one to score)",
         ));
     }
     let mut c_ref = model.new_cache(reference)?;
-    let mut c_test = model.new_cache(test)?;
+    let mut c_tests = tests
+        .iter()
+        .map(|t| (t != reference).then(|| model.new_cache(t)).transpose())
+        .collect::<Result<Vec<Option<KvCache>>>>()?;
     let chunk = chunk.max(1);
-    let mut positions = Vec::with_capacity(ids.len() - 1);
+    let mut positions = vec![Vec::with_capacity(ids.len() - 1); tests.len()];
     let mut at = 0;
     while at < ids.len() {
         let n = chunk.min(ids.len() - at);
         let part = &ids[at..at + n];
-        if at + n <= score_from {
-            model.forward(part, &mut c_ref, Logits::Last)?;
-            model.forward(part, &mut c_test, Logits::Last)?;
-            at += n;
-            on_chunk(at, ids.len());
-            continue;
-        }
-        let l_ref = model.forward(part, &mut c_ref, Logits::All)?;
-        let l_test = model.forward(part, &mut c_test, Logits::All)?;
+        // Rows scored in this chunk: every one but a last token's, which predicts nothing.
         let scored = n.min(ids.len() - 1 - at);
-        if scored > 0 {
+        if at + n <= score_from || scored == 0 {
+            model.forward(part, &mut c_ref, Logits::Last)?;
+            for cache in c_tests.iter_mut().flatten() {
+                model.forward(part, cache, Logits::Last)?;
+            }
+        } else {
             let targets = &ids[at + 1..at + 1 + scored];
-            positions.extend(compare_rows(
-                &l_ref.narrow(0, 0, scored)?,
-                &l_test.narrow(0, 0, scored)?,
-                targets,
-                at,
-            )?);
+            let l_ref = scored_rows(model.forward(part, &mut c_ref, Logits::All)?, scored)?;
+            let rows = ReferenceRows::new(&l_ref, l_ref.len() / scored, targets, at);
+            for (cache, out) in c_tests.iter_mut().zip(&mut positions) {
+                out.extend(match cache {
+                    Some(cache) => {
+                        let logits = model.forward(part, cache, Logits::All)?;
+                        rows.score(&scored_rows(logits, scored)?)
+                    }
+                    None => rows.score(&l_ref),
+                });
+            }
         }
         at += n;
-        on_chunk(at, ids.len());
+        if !on_chunk(at, ids.len()) {
+            break;
+        }
     }
-    Ok(FidelityReport::from_positions(positions))
-}
-
-/// Per-row comparison of two `[n, vocab]` logit blocks whose rows predict `targets`.
-fn compare_rows(
-    l_ref: &Tensor,
-    l_test: &Tensor,
-    targets: &[u32],
-    first_pos: usize,
-) -> Result<Vec<PositionFidelity>> {
-    let l_ref = l_ref.to_dtype(DType::F32)?;
-    let l_test = l_test.to_dtype(DType::F32)?;
-    let lp_ref = candle_nn::ops::log_softmax(&l_ref, D::Minus1)?;
-    let lp_test = candle_nn::ops::log_softmax(&l_test, D::Minus1)?;
-    let kld = (lp_ref.exp()? * (&lp_ref - &lp_test)?)?
-        .sum(D::Minus1)?
-        .to_vec1::<f32>()?;
-    let top_ref = l_ref.argmax(D::Minus1)?.to_vec1::<u32>()?;
-    let top_test = l_test.argmax(D::Minus1)?.to_vec1::<u32>()?;
-    let max_err = (&l_ref - &l_test)?
-        .abs()?
-        .max(D::Minus1)?
-        .to_vec1::<f32>()?;
-    let idx = Tensor::from_vec(targets.to_vec(), (targets.len(), 1), l_ref.device())?;
-    let nll_ref = lp_ref.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?;
-    let nll_test = lp_test.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?;
-    Ok((0..targets.len())
-        .map(|i| PositionFidelity {
-            pos: first_pos + i,
-            // Rounding can make a near-zero KL slightly negative.
-            kld: (kld[i] as f64).max(0.0),
-            top1_agree: top_ref[i] == top_test[i],
-            max_logit_error: max_err[i],
-            nll_reference: -(nll_ref[i] as f64),
-            nll: -(nll_test[i] as f64),
+    Ok(positions
+        .into_iter()
+        .map(|p| {
+            let p = p.into_iter().filter(|p| p.pos >= score_from).collect();
+            FidelityReport::from_positions(p)
         })
         .collect())
+}
+
+/// The first `rows` rows of a `[t, vocab]` logits block, as row-major f32.
+fn scored_rows(logits: Tensor, rows: usize) -> Result<Vec<f32>> {
+    Ok(logits
+        .narrow(0, 0, rows)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
 }
 
 impl FidelityReport {

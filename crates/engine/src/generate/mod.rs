@@ -7,6 +7,7 @@ pub mod compare;
 pub mod detok;
 mod error;
 pub mod fidelity;
+mod logit_rows;
 pub mod sampling;
 pub mod score;
 mod sequence;

@@ -3,11 +3,13 @@
 //! and the compare view charts. Bits are counted as held: a cache's bytes against an f32
 //! cache's with the same layers and tokens, so norms, offsets, weights and dense layers count.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::Result;
-use crate::fidelity::{compare_caches_from, FidelityReport};
+use crate::fidelity::{compare_many_from, FidelityReport};
 use crate::kv::{KvPrecision, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
 use crate::model::Model;
@@ -70,28 +72,60 @@ pub fn point(kv: String, bits_per_coordinate: f64, report: &FidelityReport) -> S
     }
 }
 
-/// Scores `test` against `reference` on `ids` (every position from `score_from` on,
-/// teacher-forced, `chunk` tokens per step) and counts its bits at `ids.len()` tokens.
-pub fn measure(
+/// Scores each of `tests` (a label and its policy) against `reference` on `ids`, all in
+/// lockstep ([`compare_many_from`]: every position from `score_from` on, teacher-forced,
+/// `chunk` tokens per step), and counts each one's bits at `ids.len()` tokens. `on_chunk`
+/// reports progress and may stop the run, as [`compare_many_from`]'s does.
+pub fn measure_many(
     model: &Model,
     ids: &[u32],
-    kv: String,
-    test: &PrecisionPolicy,
+    tests: &[(String, PrecisionPolicy)],
     reference: &PrecisionPolicy,
     chunk: usize,
     score_from: usize,
-) -> Result<SweepPoint> {
-    let report = compare_caches_from(
-        model,
-        ids,
-        reference,
-        test,
-        chunk,
-        score_from,
-        &mut |_, _| {},
+    on_chunk: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<Vec<SweepPoint>> {
+    let policies: Vec<PrecisionPolicy> = tests.iter().map(|(_, p)| p.clone()).collect();
+    let reports = compare_many_from(
+        model, ids, reference, &policies, chunk, score_from, on_chunk,
     )?;
-    let bits = bits_per_coordinate(model, test, ids.len())?;
-    Ok(point(kv, bits, &report))
+    tests
+        .iter()
+        .zip(&reports)
+        .map(|((kv, policy), report)| {
+            let bits = bits_per_coordinate(model, policy, ids.len())?;
+            Ok(point(kv.clone(), bits, report))
+        })
+        .collect()
+}
+
+/// Splits `tests` into consecutive groups to run in lockstep, each group's caches of `tokens`
+/// tokens together with the reference's fitting in `room` bytes (a group holds at least one
+/// test, whatever its size: the caller has admitted a single cache already).
+pub fn lockstep_batches(
+    model: &Model,
+    reference: &PrecisionPolicy,
+    tests: &[PrecisionPolicy],
+    tokens: usize,
+    room: u64,
+) -> Result<Vec<Range<usize>>> {
+    let bytes = |p: &PrecisionPolicy| estimate_kv_bytes(model.config(), p, tokens, 0);
+    let base = bytes(reference)?;
+    let mut batches = Vec::new();
+    let (mut start, mut held) = (0, base);
+    for (i, test) in tests.iter().enumerate() {
+        // A test equal to the reference holds no cache of its own.
+        let b = if test == reference { 0 } else { bytes(test)? };
+        if i > start && held.saturating_add(b) > room {
+            batches.push(start..i);
+            (start, held) = (i, base);
+        }
+        held = held.saturating_add(b);
+    }
+    if start < tests.len() {
+        batches.push(start..tests.len());
+    }
+    Ok(batches)
 }
 
 #[cfg(test)]
@@ -127,5 +161,29 @@ mod tests {
         // TurboQuant on the full layers only: between the two.
         let full = bits("tq4@full");
         assert!(full > tq4 && full < 16.0, "{full}");
+    }
+
+    #[test]
+    fn lockstep_groups_hold_what_fits_in_the_room() {
+        use crate::kv::CacheSpec;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gguf/tiny_gemma3.f32.gguf");
+        let model = Model::load(&path, &crate::LoadOptions::default()).unwrap();
+        let p = |s: &str| CacheSpec::parse(s).unwrap().to_policy();
+        let (reference, tokens) = (p("f16"), 100);
+        let tests = [p("tq4@all"), p("f16"), p("tq3@all"), p("f32")];
+        let bytes = |q: &PrecisionPolicy| estimate_kv_bytes(model.config(), q, tokens, 0).unwrap();
+        let groups = |room| -> Vec<(usize, usize)> {
+            let batches = lockstep_batches(&model, &reference, &tests, tokens, room).unwrap();
+            batches.into_iter().map(|r| (r.start, r.end)).collect()
+        };
+        assert_eq!(groups(u64::MAX), [(0, 4)]);
+        // Room for the reference and the two TurboQuant caches: the f16 test is the reference
+        // itself (no cache of its own), the f32 one starts a group of its own.
+        let three = bytes(&reference) + bytes(&tests[0]) + bytes(&tests[2]);
+        assert_eq!(groups(three), [(0, 3), (3, 4)]);
+        assert_eq!(groups(three - 1), [(0, 2), (2, 3), (3, 4)]);
+        // Not even one fits: one cache per group, never an empty one.
+        assert_eq!(groups(0), [(0, 1), (1, 2), (2, 3), (3, 4)]);
     }
 }

@@ -446,7 +446,9 @@ impl EngineHandle {
                     CompareEvent::Error { code, message } => {
                         Some(Err(JobError::new(*code, message)))
                     }
-                    CompareEvent::Pane { .. } | CompareEvent::SweepPoint { .. } => None,
+                    CompareEvent::Pane { .. }
+                    | CompareEvent::SweepPoint { .. }
+                    | CompareEvent::Scoring { .. } => None,
                 };
                 if !on_event(ev) {
                     own.cancel();

@@ -732,4 +732,9 @@ impl CompareHooks for CmpHooks<'_> {
             format_bytes(budget.margin()),
         )))
     }
+
+    fn kv_room(&mut self) -> u64 {
+        let budget = *lock(&self.queue.shared.budget);
+        budget.available().saturating_sub(budget.margin())
+    }
 }
