@@ -196,13 +196,24 @@ fn check_backend(codec: &Codec, block: &CodeBlock, want: Backend, rng: &mut Test
     let d = codec.dim();
     let n = block.len();
     let mut s = codec.scratch();
-    let q = rng.gaussian_vec(d * 3);
-    let mut out = vec![0.0; 3 * n];
+    // 15 queries (tiles of 8, 4, 2, 1 in the SIMD backends) and 7 weight rows (4, 2, 1).
+    let q = rng.gaussian_vec(d * 15);
+    let mut out = vec![0.0; 15 * n];
     codec.scores_multi(&q, block, &mut s, &mut out).unwrap();
     assert_eq!(s.last_backend(), Some(want), "scores_multi ran elsewhere");
     check_scores(codec, block, &q);
-    let w: Vec<f32> = (0..n * 2).map(|_| rng.uniform() as f32).collect();
-    let mut acc = vec![0.0; 2 * d];
+    // Zero weights as masking leaves them: whole records no row weighs, and single zeros.
+    let w: Vec<f32> = (0..n * 7)
+        .map(|i| {
+            let (row, t) = (i / n, i % n);
+            if t % 7 == 3 || (t + row) % 5 == 0 {
+                0.0
+            } else {
+                rng.uniform() as f32
+            }
+        })
+        .collect();
+    let mut acc = vec![0.0; 7 * d];
     codec.accumulate_multi(&w, block, &mut s, &mut acc).unwrap();
     assert_eq!(
         s.last_backend(),

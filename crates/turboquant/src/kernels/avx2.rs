@@ -200,25 +200,72 @@ pub(crate) unsafe fn scores(
     let d = ctx.dim;
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
     assert!(q.len() >= g * d);
+    // Queries in tiles of 8, 4, 2, 1: each record's codes are unpacked and looked up once per
+    // tile, not once per query (a decode step's group of query heads is one tile).
+    let mut q0 = 0;
+    while q0 < g {
+        let left = g - q0;
+        // SAFETY (each arm): module contract; the tile's queries lie within q's g rows.
+        unsafe {
+            q0 += match left {
+                8.. => scores_tile::<8>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                4..=7 => scores_tile::<4>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                2..=3 => scores_tile::<2>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                _ => scores_tile::<1>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+            };
+        }
+    }
+}
+
+/// Scores of queries `q0..q0 + Q` against every record of `chunk`; returns `Q`.
+///
+/// # Safety
+/// See the module contract; `q` holds at least `(q0 + Q)·d` values.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_tile<const Q: usize>(
+    ctx: &Ctx,
+    regs: &[SegRegs],
+    q: &[f32],
+    sq: &[f32],
+    sqsum: &[f32],
+    q0: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) -> usize {
+    let d = ctx.dim;
+    assert!(q.len() >= (q0 + Q) * d);
+    let qp: [*const f32; Q] = std::array::from_fn(|k| q[(q0 + k) * d..].as_ptr());
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
-        // One query at a time keeps every accumulator in a register; the codes of the
-        // record stay in L1 between queries.
-        for qi in 0..g {
-            let qp = q[qi * d..].as_ptr();
-            let mut acc = _mm256_setzero_ps();
-            let mut tail = 0.0f32;
-            // SAFETY: module contract; every position + 8 ≤ d.
-            unsafe {
-                walk(
-                    ctx,
-                    &regs,
-                    rec,
-                    |j, c| acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(qp.add(j)), acc),
-                    |j, c| tail += q[qi * d + j] * c,
-                );
-            }
-            let mut dot = hsum(acc) + tail;
+        // One accumulator register per query: each centroid vector feeds Q FMAs, in the
+        // same order per query as one query alone would run them.
+        let mut acc = [_mm256_setzero_ps(); Q];
+        let mut tail = [0.0f32; Q];
+        // SAFETY: module contract; every position + 8 ≤ d.
+        unsafe {
+            walk(
+                ctx,
+                regs,
+                rec,
+                |j, c| {
+                    for k in 0..Q {
+                        acc[k] = _mm256_fmadd_ps(c, _mm256_loadu_ps(qp[k].add(j)), acc[k]);
+                    }
+                },
+                |j, c| {
+                    for k in 0..Q {
+                        tail[k] += q[(q0 + k) * d + j] * c;
+                    }
+                },
+            );
+        }
+        for k in 0..Q {
+            let qi = q0 + k;
+            let mut dot = hsum(acc[k]) + tail[k];
             if let Some((sb, go, scale)) = ctx.qjl {
                 dot += read_f16(rec, go)
                     * scale
@@ -227,6 +274,7 @@ pub(crate) unsafe fn scores(
             out[qi * n + base + r] = norm * dot;
         }
     }
+    Q
 }
 
 /// # Safety
@@ -246,33 +294,77 @@ pub(crate) unsafe fn accumulate(
     let d = ctx.dim;
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
     assert!(acc.len() >= g * d && acc_s.len() >= g * d);
+    // Weight rows in tiles of 8, 4, 2, 1, as in `scores`: codes unpacked once per tile.
+    let mut q0 = 0;
+    while q0 < g {
+        let left = g - q0;
+        // SAFETY (each arm): module contract; the tile's rows lie within acc's g rows.
+        unsafe {
+            q0 += match left {
+                8.. => accumulate_tile::<8>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+                4..=7 => accumulate_tile::<4>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+                2..=3 => accumulate_tile::<2>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+                _ => accumulate_tile::<1>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+            };
+        }
+    }
+}
+
+/// Weighted sums of rows `q0..q0 + Q` over every record of `chunk`; returns `Q`.
+///
+/// # Safety
+/// See the module contract; `acc` and `acc_s` hold at least `(q0 + Q)·d` values.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_tile<const Q: usize>(
+    ctx: &Ctx,
+    regs: &[SegRegs],
+    weights: &[f32],
+    q0: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+    acc_s: &mut [f32],
+) -> usize {
+    let d = ctx.dim;
+    assert!(acc.len() >= (q0 + Q) * d && acc_s.len() >= (q0 + Q) * d);
+    let ap: [*mut f32; Q] = std::array::from_fn(|k| acc[(q0 + k) * d..].as_mut_ptr());
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
-        for qi in 0..g {
-            let s = weights[qi * n + base + r] * norm;
-            if s == 0.0 {
-                continue;
-            }
-            let sv = _mm256_set1_ps(s);
-            let row = &mut acc[qi * d..(qi + 1) * d];
-            let ap = row.as_mut_ptr();
-            // SAFETY: module contract; every position + 8 ≤ d, row has d values.
-            unsafe {
-                walk(
-                    ctx,
-                    &regs,
-                    rec,
-                    |j, c| {
-                        let p = ap.add(j);
-                        _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv, _mm256_loadu_ps(p)));
-                    },
-                    |j, c| *ap.add(j) += s * c,
-                );
-            }
-            if let Some((sb, go, scale)) = ctx.qjl {
-                let t = s * read_f16(rec, go) * scale;
-                for (k, av) in acc_s[qi * d..(qi + 1) * d].iter_mut().enumerate() {
-                    *av += if bits::read(rec, sb + k, 1) == 1 {
+        let s: [f32; Q] = std::array::from_fn(|k| weights[(q0 + k) * n + base + r] * norm);
+        // A record no row weighs (masked out) is skipped; one that some row weighs is added
+        // to every row of the tile (a zero weight adds zero).
+        if s.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let sv: [__m256; Q] = std::array::from_fn(|k| _mm256_set1_ps(s[k]));
+        // SAFETY: module contract; every position + 8 ≤ d, each row has d values.
+        unsafe {
+            walk(
+                ctx,
+                regs,
+                rec,
+                |j, c| {
+                    for k in 0..Q {
+                        let p = ap[k].add(j);
+                        _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv[k], _mm256_loadu_ps(p)));
+                    }
+                },
+                |j, c| {
+                    for k in 0..Q {
+                        *ap[k].add(j) += s[k] * c;
+                    }
+                },
+            );
+        }
+        if let Some((sb, go, scale)) = ctx.qjl {
+            for (k, &sk) in s.iter().enumerate() {
+                let t = sk * read_f16(rec, go) * scale;
+                let qi = q0 + k;
+                for (kk, av) in acc_s[qi * d..(qi + 1) * d].iter_mut().enumerate() {
+                    *av += if bits::read(rec, sb + kk, 1) == 1 {
                         t
                     } else {
                         -t
@@ -281,4 +373,5 @@ pub(crate) unsafe fn accumulate(
             }
         }
     }
+    Q
 }
