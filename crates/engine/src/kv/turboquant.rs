@@ -70,8 +70,11 @@ const SCORE_BUDGET: usize = 1 << 20;
 /// (the centering in `kv::spec`); a smaller first append leaves the head uncentered.
 const MIN_CENTER_ROWS: usize = 16;
 
-/// Below this many (query, key) pairs a block is processed on the calling thread.
-const PARALLEL_MIN_PAIRS: usize = 1 << 14;
+/// Below this many (query, key) pairs a block is processed on the calling thread. Low enough
+/// that a decode step over a sliding window (8 query heads × 512 keys, over two segments)
+/// runs on two cores, as the f16 path's 256-key blocks do: a TurboQuant call there takes
+/// ~0.25 ms, far above the pool's dispatch cost.
+const PARALLEL_MIN_PAIRS: usize = 1 << 12;
 
 /// One segment of one side of one kv head.
 enum Seg {
