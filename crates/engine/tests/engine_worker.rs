@@ -472,10 +472,12 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
         ..LoadRequest::new(ModelSource::Local { path: path.clone() })
     };
     let err = s.engine.load_blocking(request("f32"), |_| {}).unwrap_err();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE model load larger than memory -> {}",
-        err.code
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE model load larger than memory -> {}", err.code)
+        )
+        .as_bytes(),
     );
     assert_eq!(err.code, ErrorCode::OutOfMemory, "{err}");
     for want in [
@@ -551,10 +553,12 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
         .engine
         .switch_cache(PrecisionPolicy::uniform(KvPrecision::F32))
         .unwrap_err();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE cache switch larger than memory -> {}",
-        err.code
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE cache switch larger than memory -> {}", err.code)
+        )
+        .as_bytes(),
     );
     assert_eq!(err.code, ErrorCode::OutOfMemory, "{err}");
     for want in [
@@ -616,9 +620,12 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         ),
     )
     .error();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE context growth larger than memory -> {code}"
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE context growth larger than memory -> {code}")
+        )
+        .as_bytes(),
     );
     assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
     assert!(
@@ -658,9 +665,12 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     let last = rx.into_iter().last().expect("an answer");
     match last {
         kvlab_engine::compare::CompareEvent::Error { code, message } => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "HOSTILE comparison larger than memory -> {code}"
+            let _ = std::io::stderr().lock().write_all(
+                format!(
+                    "{}\n",
+                    format_args!("HOSTILE comparison larger than memory -> {code}")
+                )
+                .as_bytes(),
             );
             assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
         }

@@ -335,9 +335,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
         "the replay's KV bytes"
     );
     assert_eq!(sample.kv.total_used, replayed.memory().total.0 as u64);
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE generation under churn: {actions} actions over {} turns ({} switches, {} stops, \
+    let _ = std::io::stderr().lock().write_all(format!("{}\n", format_args!("HOSTILE generation under churn: {actions} actions over {} turns ({} switches, {} stops, \
          {} regenerations, {} busy refusals, {} comparisons, {} queries), {tokens} tokens \
          replayed -> no_corruption",
         turns.len(),
@@ -346,8 +344,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
         tally.regenerations,
         tally.busy_refusals,
         tally.compares,
-        tally.queries
-    );
+        tally.queries)).as_bytes());
     assert!(
         tally.switches >= 40 && tally.stops >= 10,
         "{actions} actions"

@@ -68,7 +68,9 @@ impl Lab {
             .engine
             .load_blocking(request(path, &self.tokenizer), |_| {})
             .expect_err("a lying file must be refused");
-        let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {}", err.code);
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(format!("{}\n", format_args!("HOSTILE {row} -> {}", err.code)).as_bytes());
         assert_eq!(err.code, code, "{row}: {err}");
         assert!(err.message.contains(says), "{row}: {}", err.message);
         let after = self.engine.status().model.expect("the model is kept");
@@ -495,7 +497,9 @@ fn non_finite(lab: &Lab, row: &str, path: &Path) {
         .load_blocking(request(path, &lab.tokenizer), |_| {})
         .expect("a NaN is a valid f32: the file loads");
     let code = try_generate(&lab.engine).expect_err("non-finite logits are refused");
-    let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {code}");
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{}\n", format_args!("HOSTILE {row} -> {code}")).as_bytes());
     assert_eq!(code, ErrorCode::NonFiniteLogits, "{row}");
     let status = lab.engine.status();
     assert_eq!(

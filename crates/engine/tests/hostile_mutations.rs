@@ -270,17 +270,22 @@ fn campaign(
         }
         Ok(())
     });
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE {row}: {} mutants, {} refused, the rest load -> {}",
-        tried.get(),
-        refused.get(),
-        codes
-            .borrow()
-            .iter()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", ")
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!(
+                "HOSTILE {row}: {} mutants, {} refused, the rest load -> {}",
+                tried.get(),
+                refused.get(),
+                codes
+                    .borrow()
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        )
+        .as_bytes(),
     );
     if let Err(e) = result {
         panic!("{row}: {e}");

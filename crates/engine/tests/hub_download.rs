@@ -460,7 +460,9 @@ fn unknown_repository_is_model_not_found() {
 
 /// Prints the tally line `scripts/hostile.sh` counts and checks the code.
 fn hostile(row: &str, err: &SourceError, want: ErrorCode) {
-    let _ = writeln!(std::io::stderr().lock(), "HOSTILE {row} -> {}", err.code());
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{}\n", format_args!("HOSTILE {row} -> {}", err.code())).as_bytes());
     assert_eq!(err.code(), want, "{row}: {err}");
 }
 
@@ -592,10 +594,9 @@ fn hostile_hub_5xx_is_retried_with_backoff() {
     let (hub, opts, dir) = hub_and_dir();
     hub.script(MODEL, "503 Service Unavailable", &[], 2);
     run(&opts, false).0.expect("succeeds on the third try");
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE hub 5xx twice -> recovered"
-    );
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{}\n", format_args!("HOSTILE hub 5xx twice -> recovered")).as_bytes());
     let reqs = model_requests(&hub);
     assert_eq!(reqs.len(), 4, "503, 503, HEAD, GET: {reqs:?}");
     let (w1, w2) = (reqs[1].at - reqs[0].at, reqs[2].at - reqs[1].at);
@@ -685,9 +686,12 @@ fn hostile_hub_partial_that_is_not_a_prefix_is_refetched_whole() {
     std::fs::create_dir_all(&snap).unwrap();
     std::fs::write(snap.join("model.safetensors.part"), vec![0xAB; 5000]).unwrap();
     run(&opts, false).0.expect("recovers");
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE hub stale partial that is not a prefix -> recovered"
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE hub stale partial that is not a prefix -> recovered")
+        )
+        .as_bytes(),
     );
     assert_eq!(std::fs::read(snap.join(MODEL)).unwrap(), fixture(MODEL));
     let gets: Vec<_> = model_requests(&hub)
@@ -781,9 +785,12 @@ fn hostile_hub_disk_full_mid_download() {
             )
         });
     let (code, message) = line.split_once('\t').unwrap();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE hub disk full mid-download -> {code}"
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE hub disk full mid-download -> {code}")
+        )
+        .as_bytes(),
     );
     assert_eq!(code, "disk_full", "{message}");
     assert!(

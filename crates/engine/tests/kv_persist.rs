@@ -126,9 +126,12 @@ fn bystander(model: &Model) -> (Session, Vec<u32>, usize) {
 }
 
 fn hostile(what: &str, outcome: impl std::fmt::Display) {
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE cache file {what} -> {outcome}"
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!("HOSTILE cache file {what} -> {outcome}")
+        )
+        .as_bytes(),
     );
 }
 

@@ -130,11 +130,16 @@ fn hostile_arbitrary_block_bytes_decode_or_are_truncated_block() {
         }
         Ok(())
     });
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "HOSTILE arbitrary KV code block bytes: {} blocks, {} truncated -> truncated_block",
-        tried.get(),
-        truncated.get()
+    let _ = std::io::stderr().lock().write_all(
+        format!(
+            "{}\n",
+            format_args!(
+                "HOSTILE arbitrary KV code block bytes: {} blocks, {} truncated -> truncated_block",
+                tried.get(),
+                truncated.get()
+            )
+        )
+        .as_bytes(),
     );
     if let Err(e) = result {
         panic!("{e}");

@@ -186,10 +186,15 @@ fn hostile_chat_templates_are_refused_quickly() {
         }
         assert!(took < Duration::from_secs(1), "{what} took {took:?}");
         // To the stderr handle, which libtest does not capture: scripts/hostile.sh tallies it.
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "HOSTILE chat template: {what} -> {}",
-            crate::events::ErrorCode::BadChatTemplate
+        let _ = std::io::stderr().lock().write_all(
+            format!(
+                "{}\n",
+                format_args!(
+                    "HOSTILE chat template: {what} -> {}",
+                    crate::events::ErrorCode::BadChatTemplate
+                )
+            )
+            .as_bytes(),
         );
     }
     // A template's own refusal is the conversation's fault, not the template's.
