@@ -202,22 +202,20 @@ pub(crate) unsafe fn scores(
     assert!(q.len() >= g * d);
     // Queries in tiles of 8, 4, 2, 1: each record's codes are unpacked and looked up once per
     // tile, not once per query (a decode step's group of query heads is one tile).
-    let mut q0 = 0;
-    while q0 < g {
-        let left = g - q0;
+    for (q0, tile) in super::query_tiles(g, 8) {
         // SAFETY (each arm): module contract; the tile's queries lie within q's g rows.
         unsafe {
-            q0 += match left {
-                8.. => scores_tile::<8>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-                4..=7 => scores_tile::<4>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-                2..=3 => scores_tile::<2>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+            match tile {
+                8 => scores_tile::<8>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                4 => scores_tile::<4>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                2 => scores_tile::<2>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
                 _ => scores_tile::<1>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-            };
+            }
         }
     }
 }
 
-/// Scores of queries `q0..q0 + Q` against every record of `chunk`; returns `Q`.
+/// Scores of queries `q0..q0 + Q` against every record of `chunk`.
 ///
 /// # Safety
 /// See the module contract; `q` holds at least `(q0 + Q)·d` values.
@@ -235,7 +233,7 @@ unsafe fn scores_tile<const Q: usize>(
     out: &mut [f32],
     n: usize,
     base: usize,
-) -> usize {
+) {
     let d = ctx.dim;
     assert!(q.len() >= (q0 + Q) * d);
     let qp: [*const f32; Q] = std::array::from_fn(|k| q[(q0 + k) * d..].as_ptr());
@@ -274,7 +272,6 @@ unsafe fn scores_tile<const Q: usize>(
             out[qi * n + base + r] = norm * dot;
         }
     }
-    Q
 }
 
 /// # Safety
@@ -295,22 +292,20 @@ pub(crate) unsafe fn accumulate(
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
     assert!(acc.len() >= g * d && acc_s.len() >= g * d);
     // Weight rows in tiles of 8, 4, 2, 1, as in `scores`: codes unpacked once per tile.
-    let mut q0 = 0;
-    while q0 < g {
-        let left = g - q0;
+    for (q0, tile) in super::query_tiles(g, 8) {
         // SAFETY (each arm): module contract; the tile's rows lie within acc's g rows.
         unsafe {
-            q0 += match left {
-                8.. => accumulate_tile::<8>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
-                4..=7 => accumulate_tile::<4>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
-                2..=3 => accumulate_tile::<2>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+            match tile {
+                8 => accumulate_tile::<8>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+                4 => accumulate_tile::<4>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
+                2 => accumulate_tile::<2>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
                 _ => accumulate_tile::<1>(ctx, &regs, weights, q0, n, base, chunk, acc, acc_s),
-            };
+            }
         }
     }
 }
 
-/// Weighted sums of rows `q0..q0 + Q` over every record of `chunk`; returns `Q`.
+/// Weighted sums of rows `q0..q0 + Q` over every record of `chunk`.
 ///
 /// # Safety
 /// See the module contract; `acc` and `acc_s` hold at least `(q0 + Q)·d` values.
@@ -327,7 +322,7 @@ unsafe fn accumulate_tile<const Q: usize>(
     chunk: &[u8],
     acc: &mut [f32],
     acc_s: &mut [f32],
-) -> usize {
+) {
     let d = ctx.dim;
     assert!(acc.len() >= (q0 + Q) * d && acc_s.len() >= (q0 + Q) * d);
     let ap: [*mut f32; Q] = std::array::from_fn(|k| acc[(q0 + k) * d..].as_mut_ptr());
@@ -373,5 +368,4 @@ unsafe fn accumulate_tile<const Q: usize>(
             }
         }
     }
-    Q
 }

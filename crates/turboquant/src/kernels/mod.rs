@@ -133,6 +133,27 @@ impl Ctx {
     }
 }
 
+/// Tiles `(first, size)` of consecutive queries covering `0..g`, each the largest power of two
+/// up to `widest` that fits: a SIMD backend unpacks each record's codes once per tile.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn query_tiles(g: usize, widest: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut qi = 0;
+    std::iter::from_fn(move || {
+        let left = g - qi;
+        if left == 0 {
+            return None;
+        }
+        let tile = (1..=widest)
+            .rev()
+            .find(|t| t.is_power_of_two() && *t <= left)?;
+        qi += tile;
+        Some((qi - tile, tile))
+    })
+}
+
 /// A kernel implementation: which instruction set computed a result. All variants exist on
 /// every platform so callers can match on them; only those of the running CPU ever occur.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -438,5 +459,17 @@ impl Codec {
             }
         }
         Ok(acc.into_iter().map(|v| v as f32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tile_tests {
+    #[test]
+    fn query_tiles_cover_every_query_once_largest_first() {
+        let tiles = |g, w| super::query_tiles(g, w).collect::<Vec<_>>();
+        assert_eq!(tiles(15, 8), [(0, 8), (8, 4), (12, 2), (14, 1)]);
+        assert_eq!(tiles(16, 8), [(0, 8), (8, 8)]);
+        assert_eq!(tiles(7, 4), [(0, 4), (4, 2), (6, 1)]);
+        assert_eq!(tiles(0, 8), []);
     }
 }

@@ -203,17 +203,7 @@ fn sign_dot(rec: &[u8], sb: usize, sq: &[f32], sqsum: f32) -> f32 {
 
 /// Tiles of 4, 2 or 1 consecutive queries covering `0..g`.
 fn tiles(g: usize) -> impl Iterator<Item = (usize, usize)> {
-    let mut qi = 0;
-    std::iter::from_fn(move || {
-        let tile = match g - qi {
-            0 => return None,
-            r if r >= 4 => 4,
-            r if r >= 2 => 2,
-            _ => 1,
-        };
-        qi += tile;
-        Some((qi - tile, tile))
-    })
+    super::query_tiles(g, 4)
 }
 
 /// Scores of `g` queries (`q`, `sq`, `sqsum` as prepared by the caller, coordinate order)

@@ -291,16 +291,9 @@ pub(crate) unsafe fn scores(
     base: usize,
 ) {
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
-    let mut qi = 0;
-    while qi < g {
+    for (qi, tile) in super::query_tiles(g, 8) {
         // Up to 8 queries share each decoded code (a group of 8 query heads per KV head,
         // as in Gemma 4 E2B, decodes each key once).
-        let tile = match g - qi {
-            r if r >= 8 => 8,
-            r if r >= 4 => 4,
-            r if r >= 2 => 2,
-            _ => 1,
-        };
         // SAFETY: forwarded module contract; qi + tile ≤ g.
         unsafe {
             match tile {
@@ -310,7 +303,6 @@ pub(crate) unsafe fn scores(
                 _ => scores_tile::<1>(ctx, &regs, q, sq, sqsum, qi, chunk, out, n, base),
             }
         }
-        qi += tile;
     }
 }
 
@@ -422,14 +414,7 @@ pub(crate) unsafe fn accumulate(
     acc_s: &mut [f32],
 ) {
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
-    let mut qi = 0;
-    while qi < g {
-        let tile = match g - qi {
-            r if r >= 8 => 8,
-            r if r >= 4 => 4,
-            r if r >= 2 => 2,
-            _ => 1,
-        };
+    for (qi, tile) in super::query_tiles(g, 8) {
         // SAFETY: forwarded module contract; qi + tile ≤ g.
         unsafe {
             match tile {
@@ -439,7 +424,6 @@ pub(crate) unsafe fn accumulate(
                 _ => accumulate_tile::<1>(ctx, &regs, weights, qi, n, base, chunk, acc, acc_s),
             }
         }
-        qi += tile;
     }
 }
 
