@@ -213,7 +213,7 @@ pub fn run(
     }
     // The tested pane's cache and every swept one are scored in lockstep against one run of
     // the reference per group of caches that fits in memory.
-    let mut tests = vec![(req.policies[1].clone())];
+    let mut tests = vec![req.policies[1].clone()];
     tests.extend(req.sweep.iter().map(CacheSpec::to_policy));
     let reference_policy = &req.policies[0];
     let room = hooks.kv_room();
