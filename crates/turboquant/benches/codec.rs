@@ -59,9 +59,44 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// A decode step's shape in Gemma 4 E2B: a group of 8 query heads over one kv head, a full
+/// layer (head dim 512, 4096 keys) and a sliding one (256, 512 keys), 4-bit codes.
+fn bench_decode_group(c: &mut Criterion) {
+    let g = 8;
+    let mut group = c.benchmark_group("decode_group8");
+    for (d, keys) in [(512usize, 4096usize), (256, 512)] {
+        let codec = Codec::new(d, Spec::mse(Bits::B4)).unwrap();
+        let mut block = codec.new_block();
+        codec
+            .encode_batch(&values(d * keys, 1), &mut block)
+            .unwrap();
+        let queries = values(d * g, 2);
+        let weights = values(keys * g, 3);
+        let mut scratch = codec.scratch();
+        let mut out = vec![0.0; g * keys];
+        let mut acc = vec![0.0; g * d];
+        let id = format!("d{d}_keys{keys}");
+        group.bench_function(BenchmarkId::new("scores_multi", &id), |b| {
+            b.iter(|| {
+                codec
+                    .scores_multi(&queries, &block, &mut scratch, &mut out)
+                    .unwrap()
+            })
+        });
+        group.bench_function(BenchmarkId::new("accumulate_multi", &id), |b| {
+            b.iter(|| {
+                codec
+                    .accumulate_multi(&weights, &block, &mut scratch, &mut acc)
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = bench
+    targets = bench, bench_decode_group
 }
 criterion_main!(benches);

@@ -343,6 +343,10 @@ fn accumulate_neon(
     }
 }
 
+/// Records added per pass in `accumulate_tile`: each accumulator group is loaded and stored
+/// once per `RECORDS` records instead of once per record (as in the AVX2 backend).
+const RECORDS: usize = 4;
+
 /// `rows` / `rows_s`: the tile's `G` accumulator rows of `dim` values each.
 #[target_feature(enable = "neon")]
 fn accumulate_tile<const G: usize>(
@@ -354,37 +358,16 @@ fn accumulate_tile<const G: usize>(
     rows_s: &mut [f32],
 ) {
     let d = ctx.dim;
+    // Records some row weighs, gathered until RECORDS are pending, then added in one pass
+    // (in record order, so each coordinate sees the same FMA sequence as one at a time).
+    let mut pending: [(&[u8], [f32; G]); RECORDS] = [(&[], [0.0; G]); RECORDS];
+    let mut held = 0;
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
         let s: [f32; G] = std::array::from_fn(|k| weights[(qi0 + k) * n + base + r] * norm);
         if s.iter().all(|&v| v == 0.0) {
             continue;
         }
-        let sv: [float32x4_t; G] = std::array::from_fn(|k| vdupq_n_f32(s[k]));
-        walk(
-            ctx,
-            tabs,
-            rec,
-            rows,
-            |rows, j, c| {
-                for (k, svk) in sv.iter().enumerate() {
-                    let row = &mut rows[k * d + j..k * d + j + 16];
-                    let p = row.as_mut_ptr();
-                    for (m, cm) in c.iter().enumerate() {
-                        // SAFETY: `row` holds 16 floats; each access covers 4 of them.
-                        unsafe {
-                            let a = p.add(4 * m);
-                            vst1q_f32(a, vfmaq_f32(vld1q_f32(a), *cm, *svk));
-                        }
-                    }
-                }
-            },
-            |rows, j, c| {
-                for (k, sk) in s.iter().enumerate() {
-                    rows[k * d + j] += sk * c;
-                }
-            },
-        );
         if let Some((sb, go, scale)) = ctx.qjl {
             let gs = read_f16(rec, go) * scale;
             for (k, row) in rows_s.chunks_exact_mut(d).enumerate() {
@@ -397,6 +380,100 @@ fn accumulate_tile<const G: usize>(
                     };
                 }
             }
+        }
+        pending[held] = (rec, s);
+        held += 1;
+        if held == RECORDS {
+            add_records(ctx, tabs, rows, pending);
+            held = 0;
+        }
+    }
+    for &one in &pending[..held] {
+        add_records(ctx, tabs, rows, [one]);
+    }
+}
+
+/// Adds `Σ_r s_r[k] · ĉ_r` (each record's centroids) into row k of `rows`, for `R` records.
+// Indexed loops: m and r each address several arrays at once (row quarter, centroids, weights).
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "neon")]
+fn add_records<const G: usize, const R: usize>(
+    ctx: &Ctx,
+    tabs: &[SegTab],
+    rows: &mut [f32],
+    records: [(&[u8], [f32; G]); R],
+) {
+    let d = ctx.dim;
+    let recs: [&[u8]; R] = std::array::from_fn(|r| records[r].0);
+    let s: [[f32; G]; R] = std::array::from_fn(|r| records[r].1);
+    let mut sv = [[vdupq_n_f32(0.0); G]; R];
+    for r in 0..R {
+        for k in 0..G {
+            sv[r][k] = vdupq_n_f32(s[r][k]);
+        }
+    }
+    walk_records(
+        ctx,
+        tabs,
+        recs,
+        rows,
+        |rows, j, c| {
+            for k in 0..G {
+                let row = &mut rows[k * d + j..k * d + j + 16];
+                let p = row.as_mut_ptr();
+                for m in 0..4 {
+                    // SAFETY: `row` holds 16 floats; each access covers 4 of them.
+                    unsafe {
+                        let a = p.add(4 * m);
+                        let mut v = vld1q_f32(a);
+                        for r in 0..R {
+                            v = vfmaq_f32(v, c[r][m], sv[r][k]);
+                        }
+                        vst1q_f32(a, v);
+                    }
+                }
+            }
+        },
+        |rows, j, c| {
+            for k in 0..G {
+                for r in 0..R {
+                    rows[k * d + j] += s[r][k] * c[r];
+                }
+            }
+        },
+    );
+}
+
+/// `walk` for `R` records in step (the accumulator's blocking): `f(state, j, centroids of
+/// coordinates j..j+16 of each record)` per whole group of 16, `tail(state, coordinate,
+/// centroid of each record)` for the rest.
+#[inline]
+#[target_feature(enable = "neon")]
+fn walk_records<S: ?Sized, const R: usize>(
+    ctx: &Ctx,
+    tabs: &[SegTab],
+    recs: [&[u8]; R],
+    state: &mut S,
+    mut f: impl FnMut(&mut S, usize, &[[float32x4_t; 4]; R]),
+    mut tail: impl FnMut(&mut S, usize, [f32; R]),
+) {
+    for (seg, t) in ctx.segs.iter().zip(tabs) {
+        let byte0 = seg.bit_offset / 8;
+        let w = t.width;
+        for gi in 0..t.groups {
+            let mut c = [[vdupq_n_f32(0.0); 4]; R];
+            for r in 0..R {
+                let codes = codes16(load_u64(recs[r], byte0 + 2 * w * gi), t);
+                c[r] = centroids16(codes, &t.planes);
+            }
+            f(state, seg.start + 16 * gi, &c);
+        }
+        for k in 16 * t.groups..seg.len {
+            let mut c = [0.0f32; R];
+            for r in 0..R {
+                c[r] = seg.table[bits::read(recs[r], seg.bit_offset + k * w, seg.width) as usize];
+            }
+            tail(state, seg.start + k, c);
         }
     }
 }
