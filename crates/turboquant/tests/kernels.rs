@@ -164,6 +164,51 @@ fn kernels_equal_dequantize_then_compute() {
     }
 }
 
+/// A record range scores exactly what the whole block scores there, across chunk boundaries
+/// (chunks of 37 records), and leaves every other column as it was.
+#[test]
+fn scores_of_a_record_range_equal_the_whole_blocks() {
+    for spec in [
+        Spec::mse(Bits::B4),
+        Spec::mse(Bits::B3_5),
+        Spec {
+            variant: Variant::Prod,
+            ..Spec::mse(Bits::B3)
+        },
+    ] {
+        let d = 128;
+        let codec = Codec::new(d, spec).unwrap();
+        let n = 100;
+        let (block, _) = filled_block(&codec, n, 5);
+        let q = TestRng::new(8).gaussian_vec(d * 3);
+        let mut s = codec.scratch();
+        let mut whole = vec![0.0; 3 * n];
+        codec.scores_multi(&q, &block, &mut s, &mut whole).unwrap();
+        for range in [0..0, 0..n, 30..80, 36..38, 74..75, 99..100] {
+            let sentinel = -12345.0;
+            let mut out = vec![sentinel; 3 * n];
+            codec
+                .scores_multi_range(&q, &block, range.clone(), &mut s, &mut out)
+                .unwrap();
+            for (i, (&got, &want)) in out.iter().zip(&whole).enumerate() {
+                let want = if range.contains(&(i % n)) {
+                    want
+                } else {
+                    sentinel
+                };
+                assert_eq!(got, want, "{spec:?} {range:?} column {i}");
+            }
+        }
+        let mut out = vec![0.0; 3 * n];
+        for bad in [10..101, 101..101] {
+            assert!(matches!(
+                codec.scores_multi_range(&q, &block, bad, &mut s, &mut out),
+                Err(Error::IndexOutOfRange { .. })
+            ));
+        }
+    }
+}
+
 #[test]
 fn codec_is_shareable() {
     fn assert_send_sync<T: Send + Sync>() {}

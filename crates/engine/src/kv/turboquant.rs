@@ -333,22 +333,24 @@ impl Side {
         Ok(())
     }
 
-    /// `out[qi·n + t] = ⟨q_qi, x̂_t⟩` for the `n` tokens of segment `s` of head `h`.
+    /// `out[qi·n + t] = ⟨q_qi, x̂_t⟩` for the tokens `cols` of the `n` of segment `s` of head
+    /// `h`; the other columns are left as they were (the caller masks them).
     fn scores(
         &self,
         h: usize,
         s: usize,
         queries: &[f32],
+        cols: std::ops::Range<usize>,
         scratch: &mut Scratch,
         out: &mut [f32],
     ) -> Result<()> {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
-            (Seg::Codes(b), Some(c)) => c.scores_multi(queries, b, scratch, out)?,
+            (Seg::Codes(b), Some(c)) => c.scores_multi_range(queries, b, cols, scratch, out)?,
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
                 let mut row = vec![0f32; d];
-                for t in 0..n {
+                for t in cols.start..cols.end.min(n) {
                     for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
                         *o = x.to_f32();
                     }
@@ -663,15 +665,22 @@ impl TurboQuantStorage {
         // Phase 1: masked scores per segment.
         let score_seg = |scratch: &mut Scratch, s: usize| -> Result<Vec<f32>> {
             let n = self.key.seg_len(&self.key.heads[hk][s]);
-            let mut buf = vec![0f32; g * n];
-            self.key.scores(hk, s, qm, scratch, &mut buf)?;
             let base = s * SEGMENT_TOKENS;
-            for (qi, row) in buf.chunks_exact_mut(n.max(1)).enumerate().take(g) {
-                let (rlo, rhi) = ranges[qi / group];
+            // Row r sees the segment's tokens `cols(r)`; only their union is scored (a sliding
+            // window's dropped front and a causal block's future are never read).
+            let cols = |(rlo, rhi): (usize, usize)| {
                 let from = rlo.saturating_sub(base).min(n);
-                let to = rhi.saturating_sub(base).min(n);
+                (from, rhi.saturating_sub(base).min(n).max(from))
+            };
+            let lo = ranges.iter().map(|&r| cols(r).0).min().unwrap_or(0);
+            let hi = ranges.iter().map(|&r| cols(r).1).max().unwrap_or(0);
+            let mut buf = vec![0f32; g * n];
+            self.key
+                .scores(hk, s, qm, lo..hi.max(lo), scratch, &mut buf)?;
+            for (qi, row) in buf.chunks_exact_mut(n.max(1)).enumerate().take(g) {
+                let (from, to) = cols(ranges[qi / group]);
                 row[..from].fill(f32::NEG_INFINITY);
-                row[to.max(from)..].fill(f32::NEG_INFINITY);
+                row[to..].fill(f32::NEG_INFINITY);
             }
             Ok(buf)
         };

@@ -277,10 +277,30 @@ impl Codec {
         scratch: &mut Scratch,
         out: &mut [f32],
     ) -> Result<()> {
+        self.scores_multi_range(queries, block, 0..block.len(), scratch, out)
+    }
+
+    /// [`Self::scores_multi`] for the vectors `records` of `block` only (e.g. those a sliding
+    /// window still sees): `out` is still `g × n`, and its other columns are left as they
+    /// were. The codes outside `records` are not read.
+    pub fn scores_multi_range(
+        &self,
+        queries: &[f32],
+        block: &CodeBlock,
+        records: std::ops::Range<usize>,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
         self.check_block(block)?;
         let g = self.query_count(queries.len())?;
         let n = block.len();
         self.check_len(g * n, out.len())?;
+        if records.start > records.end || records.end > n {
+            return Err(Error::IndexOutOfRange {
+                index: records.end.max(records.start),
+                len: n,
+            });
+        }
         self.prepare_queries(queries, g, scratch);
         let ctx = &self.ctx;
         let d = self.dim;
@@ -306,9 +326,16 @@ impl Codec {
         };
         let sq = &scratch.sq[..g * d];
         let sqsum = &scratch.sqsum[..g];
-        let mut base = 0;
-        for chunk in block.chunks() {
-            let m = chunk.len() / ctx.stride;
+        let mut first = 0;
+        for whole in block.chunks() {
+            let start = first;
+            first += whole.len() / ctx.stride;
+            // The chunk's records inside `records`, as a sub-slice starting at record `base`.
+            let (base, end) = (records.start.max(start), records.end.min(first));
+            if base >= end {
+                continue;
+            }
+            let chunk = &whole[(base - start) * ctx.stride..(end - start) * ctx.stride];
             match backend {
                 // SAFETY: the CPU features were detected at run time; q, sq hold g·d values
                 // and the chunk holds whole records of this layout.
@@ -327,7 +354,6 @@ impl Codec {
                 Backend::Neon => neon::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
                 _ => portable::scores(ctx, q, sq, sqsum, g, chunk, out, n, base),
             }
-            base += m;
         }
         Ok(())
     }
