@@ -171,10 +171,10 @@ unsafe fn walk(
     }
 }
 
-/// `walk` for `R` records in step (the accumulator's blocking; scores keep `walk`, whose
-/// single-record code LLVM schedules better: through this one, scores ran ~1.4× slower): calls `f(position, centroids of 8 coordinates of each record)`
-/// for every 8-coordinate SIMD slot (positions in SIMD order), then `tail(coordinate,
-/// centroid of each record)` for the rest.
+/// `walk` for `R` records in step: calls `f(position, centroids of 8 coordinates of each
+/// record)` for every 8-coordinate SIMD slot (positions in SIMD order), then `tail(coordinate,
+/// centroid of each record)` for the rest. The accumulator's blocking; scores keep `walk`,
+/// whose single-record code LLVM schedules better (through this one they ran ~1.4× slower).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn walk_records<const R: usize>(
