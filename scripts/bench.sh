@@ -65,13 +65,18 @@ build_llama_cpp() {
   cmake --build "$LLAMA_DIR/build" --target llama-bench llama-quantize -j2 >>"$LLAMA_DIR/build.log"
 }
 
+APP_BENCH="${BENCH_APP:-1}"
+# A fresh machine works too: system packages, the UI's npm packages and the offline assets
+# (and, for the app rows, tauri-driver), then the UI the app embeds (its frontendDist).
+"$ROOT/scripts/setup.sh" "$([ "$APP_BENCH" = 0 ] && echo run || echo test)"
+say "building the UI"
+npm --prefix "$ROOT/ui" run --silent build >/dev/null
 build_llama_cpp
 # The app and the CLI from one release build with the test run's packages and features, so
 # the two share every compiled crate and differ only in their thin front ends.
 say "building kvlab and kvlab-app (release)"
 cargo build --release --quiet "${TEST_PACKAGES[@]}"
 KVLAB="$CARGO_TARGET_DIR/release/kvlab"
-APP_BENCH="${BENCH_APP:-1}"
 MODELS=(${BENCH_MODELS:-${BENCH_MODEL:-gemma3-270m e2b-q4_k_m e2b-q8_0}})
 # A model name or path -> the GGUF file.
 model_path() {
