@@ -413,6 +413,12 @@ mod tests {
     }
 
     #[test]
+    // Platform-independent arithmetic (scalar codebook code): checked natively, not again
+    // under qemu.
+    #[cfg_attr(
+        target_arch = "aarch64",
+        ignore = "arithmetic checked on the native run"
+    )]
     fn levels_are_fixed_points_of_quantize() {
         for d in [3usize, 17, 128, 4096] {
             // Wide codebooks (up to 256 levels) at two dimensions: each costs a fit.
@@ -518,6 +524,12 @@ mod tests {
     }
 
     #[test]
+    // Platform-independent arithmetic (scalar codebook code): checked natively, not again
+    // under qemu.
+    #[cfg_attr(
+        target_arch = "aarch64",
+        ignore = "arithmetic checked on the native run"
+    )]
     fn wide_codebooks_quantize_to_the_nearest_level() {
         let cb = codebook(256, 8);
         let levels = cb.centroids();
@@ -538,6 +550,12 @@ mod tests {
     }
 
     #[test]
+    // Platform-independent arithmetic (scalar codebook code): checked natively, not again
+    // under qemu.
+    #[cfg_attr(
+        target_arch = "aarch64",
+        ignore = "arithmetic checked on the native run"
+    )]
     fn within_the_paper_bounds() {
         for b in 1..=8u8 {
             let m = codebook(256, b).mse();
