@@ -7,7 +7,8 @@
 //! the 16-entry codebook register. Position 16·s + i of a block therefore holds coordinate
 //! 8i + s, so queries and accumulators are kept in that order (`Ctx::perm`). Remaining
 //! coordinates take 16 codes from a 64-bit word with a per-lane variable shift, then scalar.
-//! Queries are processed in tiles of 1, 2 or 4 so each record is unpacked once per tile.
+//! Queries are processed in tiles of 1, 2, 4 or 8 so each record is unpacked once per tile,
+//! and weighted sums add 4 records per pass (each accumulator slot stored once per 4).
 //!
 //! Safety contract of the `unsafe fn`s: the caller checked AVX-512F; `q`/`acc` hold at least
 //! `g · dim` values, `weights` `g · n`, `out` `g · n`; `chunk` holds whole records of the
@@ -427,6 +428,15 @@ pub(crate) unsafe fn accumulate(
     }
 }
 
+/// Records added per pass in `accumulate_tile`: each accumulator slot is loaded and stored
+/// once per `RECORDS` records instead of once per record (stores, not FMAs, bound the
+/// one-record loop), as in the AVX2 and NEON backends.
+const RECORDS: usize = 4;
+
+/// Weighted sums of rows `qi0..qi0 + G` over every record of `chunk`.
+///
+/// # Safety
+/// See the module contract.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 unsafe fn accumulate_tile<const G: usize>(
@@ -444,78 +454,150 @@ unsafe fn accumulate_tile<const G: usize>(
     let stride = ctx.stride;
     assert!(acc.len() >= (qi0 + G) * d && acc_s.len() >= (qi0 + G) * d);
     let ap: [*mut f32; G] = std::array::from_fn(|k| acc[(qi0 + k) * d..].as_mut_ptr());
-    for r in 0..chunk.len() / stride {
-        let off = r * stride;
-        let rec = &chunk[off..off + stride];
-        let rp = rec.as_ptr();
+    // Records some row weighs, gathered until RECORDS are pending, then added in one pass
+    // (in record order, so each coordinate sees the same FMA sequence as one at a time).
+    let mut pending: [(&[u8], [f32; G]); RECORDS] = [(&[], [0.0; G]); RECORDS];
+    let mut held = 0;
+    for (r, rec) in chunk.chunks_exact(stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
         let s: [f32; G] = std::array::from_fn(|k| weights[(qi0 + k) * n + base + r] * norm);
+        // A record no row weighs (masked out) is skipped; one that some row weighs is added
+        // to every row of the tile (a zero weight adds zero).
         if s.iter().all(|&v| v == 0.0) {
             continue;
         }
-        let sv: [__m512; G] = std::array::from_fn(|k| _mm512_set1_ps(s[k]));
-        for (seg, rg) in ctx.segs.iter().zip(regs) {
-            let byte0 = seg.bit_offset / 8;
-            for blk in 0..rg.lane_blocks {
-                // SAFETY: lane blocks lie inside the segment's code bytes of this record.
-                let x = unsafe { lanes(rp.add(byte0 + 16 * rg.width * blk), rg) };
-                let j0 = seg.start + blk * 128;
-                for sub in 0..8 {
-                    let c = lane_centroids(x, sub, rg);
-                    for k in 0..G {
-                        // SAFETY: j0 + 16·sub + 16 ≤ d and row k of acc has d values.
-                        unsafe {
-                            let p = ap[k].add(j0 + 16 * sub);
-                            _mm512_storeu_ps(p, _mm512_fmadd_ps(c, sv[k], _mm512_loadu_ps(p)));
-                        }
-                    }
-                }
+        if let Some((sb, go, scale)) = ctx.qjl {
+            add_signs(
+                rec,
+                sb,
+                read_f16(rec, go) * scale,
+                &s,
+                &mut acc_s[qi0 * d..],
+                d,
+            );
+        }
+        pending[held] = (rec, s);
+        held += 1;
+        if held == RECORDS {
+            // SAFETY: module contract; the rows lie within acc (asserted above).
+            unsafe { add_records(ctx, regs, &ap, pending) };
+            held = 0;
+        }
+    }
+    for &one in &pending[..held] {
+        // SAFETY: as above.
+        unsafe { add_records(ctx, regs, &ap, [one]) };
+    }
+}
+
+/// Adds `Σ_r s_r[k] · ĉ_r` (each record's centroids) into row k at `ap[k]`, for `R` records.
+///
+/// # Safety
+/// See the module contract; every `ap[k]` points at `d` writable values.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_records<const G: usize, const R: usize>(
+    ctx: &Ctx,
+    regs: &[SegRegs],
+    ap: &[*mut f32; G],
+    records: [(&[u8], [f32; G]); R],
+) {
+    let recs: [&[u8]; R] = std::array::from_fn(|r| records[r].0);
+    let s: [[f32; G]; R] = std::array::from_fn(|r| records[r].1);
+    let sv: [[__m512; G]; R] =
+        std::array::from_fn(|r| std::array::from_fn(|k| _mm512_set1_ps(s[r][k])));
+    // Plain loops over r, not `array::from_fn`, inside: the lookups must inline.
+    for (seg, rg) in ctx.segs.iter().zip(regs) {
+        let byte0 = seg.bit_offset / 8;
+        let w = rg.width;
+        for blk in 0..rg.lane_blocks {
+            let at = byte0 + 16 * w * blk;
+            let mut x = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                // SAFETY: lane blocks lie inside the segment's code bytes of each record.
+                x[r] = unsafe { lanes(recs[r].as_ptr().add(at), rg) };
             }
-            let w = rg.width;
-            for gi in 0..rg.general_groups {
-                let byte = off + byte0 + (rg.general_from + 16 * gi) * w / 8;
-                let c = centroids16(load_u64(chunk, byte), rg);
-                let j = seg.start + rg.general_from + 16 * gi;
+            let j0 = seg.start + blk * 128;
+            for sub in 0..8 {
+                let mut c = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    c[r] = lane_centroids(x[r], sub, rg);
+                }
                 for k in 0..G {
-                    // SAFETY: j + 16 ≤ d and row k of acc has d values.
+                    // SAFETY: j0 + 16·sub + 16 ≤ d and row k has d values.
                     unsafe {
-                        let p = ap[k].add(j);
-                        _mm512_storeu_ps(p, _mm512_fmadd_ps(c, sv[k], _mm512_loadu_ps(p)));
+                        let p = ap[k].add(j0 + 16 * sub);
+                        let mut a = _mm512_loadu_ps(p);
+                        for r in 0..R {
+                            a = _mm512_fmadd_ps(c[r], sv[r][k], a);
+                        }
+                        _mm512_storeu_ps(p, a);
                     }
-                }
-            }
-            for kk in rg.general_from + 16 * rg.general_groups..seg.len {
-                let i = bits::read(rec, seg.bit_offset + kk * w, seg.width);
-                let c = seg.table[i as usize];
-                for k in 0..G {
-                    acc[(qi0 + k) * d + seg.start + kk] += s[k] * c;
                 }
             }
         }
-        if let Some((sb, go, scale)) = ctx.qjl {
-            let gs = read_f16(rec, go) * scale;
-            let t: [f32; G] = std::array::from_fn(|k| s[k] * gs);
-            let groups = if sb % 8 == 0 { d / 16 } else { 0 };
-            for gi in 0..groups {
-                let m = load_u16(rec, sb / 8 + 2 * gi);
-                for k in 0..G {
-                    let row = &mut acc_s[(qi0 + k) * d + 16 * gi..(qi0 + k) * d + 16 * gi + 16];
-                    let v = _mm512_mask_blend_ps(m, _mm512_set1_ps(-t[k]), _mm512_set1_ps(t[k]));
-                    // SAFETY: `row` has exactly 16 values.
-                    unsafe {
-                        _mm512_storeu_ps(
-                            row.as_mut_ptr(),
-                            _mm512_add_ps(_mm512_loadu_ps(row.as_ptr()), v),
-                        );
+        for gi in 0..rg.general_groups {
+            let at = byte0 + (rg.general_from + 16 * gi) * w / 8;
+            let j = seg.start + rg.general_from + 16 * gi;
+            let mut c = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                c[r] = centroids16(load_u64(recs[r], at), rg);
+            }
+            for k in 0..G {
+                // SAFETY: j + 16 ≤ d and row k has d values.
+                unsafe {
+                    let p = ap[k].add(j);
+                    let mut a = _mm512_loadu_ps(p);
+                    for r in 0..R {
+                        a = _mm512_fmadd_ps(c[r], sv[r][k], a);
                     }
+                    _mm512_storeu_ps(p, a);
                 }
             }
-            for j in groups * 16..d {
-                let plus = bits::read(rec, sb + j, 1) == 1;
+        }
+        for kk in rg.general_from + 16 * rg.general_groups..seg.len {
+            let at = seg.bit_offset + kk * w;
+            for r in 0..R {
+                let c = seg.table[bits::read(recs[r], at, seg.width) as usize];
                 for k in 0..G {
-                    acc_s[(qi0 + k) * d + j] += if plus { t[k] } else { -t[k] };
+                    // SAFETY: seg.start + kk < d and row k has d values.
+                    unsafe { *ap[k].add(seg.start + kk) += s[r][k] * c };
                 }
             }
+        }
+    }
+}
+
+/// The QJL sign term: row k of `rows_s` (rows of `d`) gains ±`s[k] · γ·scale` per sign bit.
+#[target_feature(enable = "avx512f")]
+fn add_signs<const G: usize>(
+    rec: &[u8],
+    sb: usize,
+    gamma_scale: f32,
+    s: &[f32; G],
+    rows_s: &mut [f32],
+    d: usize,
+) {
+    let t: [f32; G] = std::array::from_fn(|k| s[k] * gamma_scale);
+    let groups = if sb.is_multiple_of(8) { d / 16 } else { 0 };
+    for gi in 0..groups {
+        let m = load_u16(rec, sb / 8 + 2 * gi);
+        for k in 0..G {
+            let row = &mut rows_s[k * d + 16 * gi..k * d + 16 * gi + 16];
+            let v = _mm512_mask_blend_ps(m, _mm512_set1_ps(-t[k]), _mm512_set1_ps(t[k]));
+            // SAFETY: `row` has exactly 16 values.
+            unsafe {
+                _mm512_storeu_ps(
+                    row.as_mut_ptr(),
+                    _mm512_add_ps(_mm512_loadu_ps(row.as_ptr()), v),
+                );
+            }
+        }
+    }
+    for j in groups * 16..d {
+        let plus = bits::read(rec, sb + j, 1) == 1;
+        for k in 0..G {
+            rows_s[k * d + j] += if plus { t[k] } else { -t[k] };
         }
     }
 }
