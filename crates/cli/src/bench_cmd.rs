@@ -1,6 +1,8 @@
 //! `kvlab bench decode`: prefill a context of N tokens, then decode M more (greedy, or the
 //! engine's default sampling), and print prefill and decode throughput plus the KV cache bytes, and with
-//! `--profile` where each phase's time went. A thin face over `kvlab_engine::bench::decode`.
+//! `--profile` where each phase's time went; with several `--kv` SPECs, one prefill and each
+//! cache's decode side by side in alternating rounds, as ratios to the first. A thin face over
+//! `kvlab_engine::bench::decode`.
 
 use std::path::PathBuf;
 
@@ -8,7 +10,8 @@ use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::bench::decode::{
-    bench_decode, BenchContext, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
+    bench_decode, bench_decode_compare, BenchContext, CompareReport, DecodeBenchReport,
+    DecodeBenchSpec, ProfileRow,
 };
 use kvlab_engine::bench::golden::{check_golden, GoldenReport};
 use kvlab_engine::device::{preferred_dtype, select_device};
@@ -83,9 +86,15 @@ enum BenchCommand {
         /// Prefill chunk size.
         #[arg(long, default_value_t = 512)]
         chunk: usize,
-        /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README).
+        /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README). Several,
+        /// comma-separated (`f16,tq4@all`): one prefill in the first, then each cache's decode
+        /// from the same depth in `--rounds` alternating rounds (the cache switched as the app
+        /// switches it), with each one's speed as a ratio to the first's.
         #[arg(long, default_value = "f16")]
         kv: String,
+        /// Rounds of a several-SPEC comparison; each cache's best round is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Device: cpu, auto, metal, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -150,6 +159,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             text,
             chunk,
             kv,
+            rounds,
             device,
             dtype,
             weights,
@@ -162,7 +172,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             if ctx == 0 {
                 bail!("--ctx must be at least 1");
             }
-            let cache_spec = CacheSpec::parse(&kv).with_context(|| format!("bad --kv `{kv}`"))?;
+            let cache_specs = kv
+                .split(',')
+                .map(|s| CacheSpec::parse(s).with_context(|| format!("bad --kv `{s}`")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let cache_spec = cache_specs[0];
+            let comparing = cache_specs.len() > 1;
+            if comparing && (profile || golden.is_some()) {
+                bail!("--profile and --golden take one --kv SPEC, not a comparison");
+            }
+            if comparing && rounds == 0 {
+                bail!("--rounds must be at least 1");
+            }
             let device = select_device(crate::model_args::parse_device(&device)?)?;
             let dtype = match dtype {
                 DtypeArg::Auto => preferred_dtype(&device),
@@ -211,6 +232,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 },
                 profile,
             };
+            if comparing {
+                let policies: Vec<_> = cache_specs.iter().map(|c| c.to_policy()).collect();
+                let r = bench_decode_compare(&m, &spec, &policies, rounds)?;
+                return print_comparison(&r, &cache_specs, &path, load_secs, json);
+            }
             let r = bench_decode(&m, &spec)?;
             let golden = match &golden {
                 Some(g) => Some(
@@ -279,6 +305,70 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `kvlab bench decode --kv A,B,… --json`: the engine's comparison and the SPECs' names.
+#[derive(Serialize)]
+struct CompareJson<'a> {
+    #[serde(flatten)]
+    report: &'a CompareReport,
+    kv: Vec<String>,
+    /// Each cache's best decode tok/s over the first's.
+    speed_vs_first: Vec<f64>,
+}
+
+/// A several-SPEC comparison: one row per cache, its best round and the ratio to the first.
+fn print_comparison(
+    r: &CompareReport,
+    specs: &[CacheSpec],
+    path: &std::path::Path,
+    load_secs: f64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let best: Vec<f64> = r
+        .rows
+        .iter()
+        .map(|row| row.best_tok_per_s(r.decode_tokens))
+        .collect();
+    let ratios: Vec<f64> = best.iter().map(|b| b / best[0]).collect();
+    if json {
+        let out = CompareJson {
+            report: r,
+            kv: specs.iter().map(|s| s.to_string()).collect(),
+            speed_vs_first: ratios,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("model   {} (loaded in {load_secs:.1}s)", path.display());
+    println!(
+        "prefill {} tokens in {:.2}s: {:.1} tok/s ({})",
+        r.prefill_tokens,
+        r.prefill_secs,
+        r.prefill_tokens as f64 / r.prefill_secs.max(1e-9),
+        specs[0]
+    );
+    let rounds = r.rows.first().map_or(0, |row| row.decode_secs.len());
+    println!(
+        "decode  {} tokens per run from that depth, best of {rounds} alternating rounds:",
+        r.decode_tokens
+    );
+    for ((row, spec), (b, ratio)) in r.rows.iter().zip(specs).zip(best.iter().zip(&ratios)) {
+        let each: Vec<String> = row
+            .decode_secs
+            .iter()
+            .map(|s| format!("{:.1}", r.decode_tokens as f64 / s.max(1e-9)))
+            .collect();
+        println!(
+            "  {:<12} {:>7.2} tok/s  ×{:.2}  KV {:>9.2} MiB  (rounds: {})",
+            spec.to_string(),
+            b,
+            ratio,
+            row.memory.total.0 as f64 / 1048576.0,
+            each.join(" ")
+        );
+    }
+    Ok(())
 }
 
 /// A phase's profile as a table: per token, largest first, `other` last.
