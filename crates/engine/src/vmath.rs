@@ -28,6 +28,30 @@ pub(crate) fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
+/// Softmax numerators: `x ← e^(x − m)` in place, a masked score (−∞) becoming exactly 0 (so
+/// callers may skip it), and returns their sum. Both passes vectorize: the exponentials as a
+/// plain map, the sum in 16 lanes added pairwise at the end.
+pub(crate) fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
+    widest!(exp_shifted_sum_body(x, m))
+}
+
+#[inline(always)]
+fn exp_shifted_sum_body(x: &mut [f32], m: f32) -> f32 {
+    for v in x.iter_mut() {
+        let e = exp(*v - m);
+        *v = if *v == f32::NEG_INFINITY { 0.0 } else { e };
+    }
+    let mut lanes = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// Runs `$body(args)` compiled for AVX-512 or AVX2 when this CPU has them (the body must be
 /// `#[inline(always)]` plain Rust: it is compiled into each variant).
 macro_rules! widest {
@@ -65,6 +89,37 @@ mod tests {
         v.extend((-300..=300).map(|i| i as f32 * 0.5));
         v.extend([f32::INFINITY, f32::NEG_INFINITY, 1e-30, -1e-30, 0.0]);
         v
+    }
+
+    #[test]
+    fn exp_shifted_sum_matches_libm_and_zeroes_masked_scores() {
+        for n in [0usize, 5, 16, 37] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 7 == 3 {
+                        f32::NEG_INFINITY
+                    } else {
+                        (i as f32 * 0.37).sin() * 9.0
+                    }
+                })
+                .collect();
+            let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let want: Vec<f64> = x.iter().map(|&v| ((v - m) as f64).exp()).collect();
+            let mut got = x.clone();
+            let sum = exp_shifted_sum(&mut got, m);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                if x[i] == f32::NEG_INFINITY {
+                    assert_eq!(*g, 0.0, "masked score {i} of {n}");
+                } else {
+                    assert!((*g as f64 - w).abs() <= 3e-7 * w, "{i} of {n}: {g} vs {w}");
+                }
+            }
+            let want_sum: f64 = want.iter().sum();
+            assert!(
+                (sum as f64 - want_sum).abs() <= 1e-6 * want_sum.max(1.0),
+                "sum of {n}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use candle_core::{DType, Storage, Tensor};
 use super::pool;
 use super::storage::AttendSpec;
 use crate::error::Result;
-use crate::vmath::{exp, widest};
+use crate::vmath::exp_shifted_sum;
 
 /// Query rows (`group × t`) per kv head up to which the fast path is used.
 pub const MAX_ROWS: usize = 32;
@@ -236,23 +236,12 @@ fn block_partial<T: Elem>(
             sr.fill(0.0);
             continue;
         }
-        sum[r] = widest!(exp_shift_body(sr, m));
+        sum[r] = exp_shifted_sum(sr, m);
         max[r] = m;
     }
     let mut out = vec![0f32; n_rows * d];
     T::weighted(&sc, &vals, n_rows, &mut out);
     Partial { max, sum, out }
-}
-
-/// `x ← exp(x − m)` over `x`; returns the sum.
-#[inline(always)]
-fn exp_shift_body(x: &mut [f32], m: f32) -> f32 {
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - m);
-        sum += *v;
-    }
-    sum
 }
 
 /// The two products over f16 rows: AVX-512 (f16 widened by `vcvtph2ps`, 16 lanes) or AVX2

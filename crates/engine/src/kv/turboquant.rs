@@ -58,6 +58,7 @@ use super::spec::{TqPrecision, TqSide};
 use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
 use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
+use crate::vmath::exp_shifted_sum;
 
 /// Tokens per code segment (per kv head and side).
 pub const SEGMENT_TOKENS: usize = 512;
@@ -711,10 +712,8 @@ impl TurboQuantStorage {
             let mut sum = 0f32;
             for buf in scores.iter_mut() {
                 let n = buf.len() / g;
-                for x in &mut buf[qi * n..(qi + 1) * n] {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
+                // Masked scores become exactly 0: the value sums skip records no row weighs.
+                sum += exp_shifted_sum(&mut buf[qi * n..(qi + 1) * n], max);
             }
             let inv = 1.0 / sum;
             for buf in scores.iter_mut() {
