@@ -123,7 +123,8 @@ fn converted_gemma4_vocabulary_is_a_working_tokenizer() {
     let tok = GemmaTokenizer::from_tokenizer(
         gguf_tok::tokenizer_from_file(&path).expect("tokenizer from the GGUF"),
         TokFamily::Gemma4,
-    );
+    )
+    .expect("wrap");
     let inner = tok.inner();
     let the = inner.token_to_id("▁the").expect("merged piece");
     let ids = tok.encode(" the", false).expect("encode");

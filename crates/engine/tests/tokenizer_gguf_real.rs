@@ -30,7 +30,7 @@ fn the_gguf_vocabulary_builds_the_asset_tokenizer() {
     let read = started.elapsed();
     let inner = kvlab_engine::tokenizer::gguf::build(&content, &gguf).expect("build");
     let total = started.elapsed();
-    let built = GemmaTokenizer::from_tokenizer(inner, Family::Gemma3);
+    let built = GemmaTokenizer::from_tokenizer(inner, Family::Gemma3).expect("wrap");
     let started = Instant::now();
     let reference = GemmaTokenizer::from_file(&asset, Family::Gemma3).expect("asset tokenizer");
     println!(

@@ -19,6 +19,15 @@ pub enum GenerateError {
         /// Maximum context.
         max: usize,
     },
+    /// The prompt is far longer than the model's context: refused before it was all
+    /// encoded, so its length is a lower bound.
+    #[error("the prompt has at least {at_least} tokens but the model's context holds {max}")]
+    PromptTooLong {
+        /// Prompt tokens, at least.
+        at_least: usize,
+        /// Maximum context.
+        max: usize,
+    },
     /// The context would outgrow the memory available (the message has the numbers and
     /// what would fit).
     #[error("{0}")]
@@ -73,7 +82,9 @@ impl GenerateError {
     /// The stable code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
+            GenerateError::ContextOverflow { .. } | GenerateError::PromptTooLong { .. } => {
+                ErrorCode::ContextOverflow
+            }
             GenerateError::OutOfMemory(_) => ErrorCode::OutOfMemory,
             GenerateError::NonFiniteLogits { .. } => ErrorCode::NonFiniteLogits,
             GenerateError::Chat(ChatError::BadTemplate { .. }) => ErrorCode::BadChatTemplate,

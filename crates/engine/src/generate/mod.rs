@@ -29,7 +29,7 @@ use crate::events::Event;
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
 use crate::stream::Delta;
-use crate::tokenizer::GemmaTokenizer;
+use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 use session::Session;
 
 /// Default prefill chunk: bounds activation memory on long prompts.
@@ -179,17 +179,31 @@ impl<F: FnMut(Event)> Hooks for F {
     }
 }
 
-/// The prompt's token ids, refused when empty or longer than the model's context.
+/// The prompt's token ids, refused when empty or longer than the model's context (a prompt
+/// far too long is refused by its bytes, before it is encoded).
 pub fn render_checked_prompt(
     model: &Model,
     tokenizer: &GemmaTokenizer,
     prompt: &Prompt,
 ) -> Result<Vec<u32>, GenerateError> {
-    let ids = render_prompt(tokenizer, prompt)?;
+    render_within_context(tokenizer, prompt, model.config().max_position_embeddings)
+}
+
+/// [`render_checked_prompt`] against a context of `max` tokens.
+pub fn render_within_context(
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+    max: usize,
+) -> Result<Vec<u32>, GenerateError> {
+    let ids = match render_prompt_within(tokenizer, prompt, max) {
+        Err(GenerateError::Tokenizer(TokenizerError::TooLong { at_least, .. })) => {
+            return Err(GenerateError::PromptTooLong { at_least, max })
+        }
+        other => other?,
+    };
     if ids.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
-    let max = model.config().max_position_embeddings;
     if ids.len() > max {
         return Err(GenerateError::ContextOverflow {
             prompt: ids.len(),
@@ -204,15 +218,24 @@ pub fn render_prompt(
     tokenizer: &GemmaTokenizer,
     prompt: &Prompt,
 ) -> Result<Vec<u32>, GenerateError> {
+    render_prompt_within(tokenizer, prompt, usize::MAX)
+}
+
+/// The prompt's token ids, or [`TokenizerError::TooLong`] past `limit`.
+fn render_prompt_within(
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+    limit: usize,
+) -> Result<Vec<u32>, GenerateError> {
     if let Some((messages, thinking)) = prompt_messages(prompt) {
         let opts = ChatOptions {
             thinking,
             add_generation_prompt: true,
         };
-        return Ok(tokenizer.render(&messages, opts)?);
+        return Ok(tokenizer.render_within(&messages, opts, limit)?);
     }
     Ok(match prompt {
-        Prompt::Text { text } => tokenizer.encode(text, true)?,
+        Prompt::Text { text } => tokenizer.encode_within(text, true, limit)?,
         Prompt::Ids { ids } => ids.clone(),
         Prompt::Chat { .. } | Prompt::Conversation { .. } => unreachable!("rendered above"),
     })

@@ -7,13 +7,15 @@
 pub mod gguf;
 #[cfg(test)]
 mod gguf_tests;
+mod memo;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use crate::family::{Control, Family};
 
-use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, Message};
+use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, ControlStrings, Message};
+use memo::{Encoded, Memo, Span};
 
 /// Why tokenization or decoding failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,15 @@ pub enum TokenizerError {
     Tokenizer(String),
     #[error("token id {0} is outside the vocabulary")]
     UnknownId(u32),
+    /// The text holds more tokens than the caller allows: it was refused before (or while)
+    /// being encoded, so its length is a lower bound.
+    #[error("the text holds at least {at_least} tokens, over the limit of {limit}")]
+    TooLong {
+        /// Tokens the text holds at least.
+        at_least: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 fn tk_err(e: tokenizers::Error) -> TokenizerError {
@@ -53,6 +64,16 @@ pub struct GemmaTokenizer {
     /// Special (control) pieces of the vocabulary, longest first: what a rendered template's
     /// control strings are split at.
     specials: Vec<(String, u32)>,
+    /// The same pieces as one automaton, in the same order.
+    control_strings: ControlStrings,
+    /// Most bytes of text one token can stand for: a text longer than `limit` times this
+    /// holds more than `limit` tokens, known before it is encoded.
+    max_token_bytes: usize,
+    /// Recently encoded prompts, so the next turn of a conversation encodes only its new text.
+    memo: Memo,
+    /// Bytes of prompt text encoded so far (what the memo saves shows here).
+    #[cfg(test)]
+    text_bytes_encoded: std::sync::atomic::AtomicUsize,
     /// Ids that end a generated turn.
     stops: Vec<u32>,
     /// The checkpoint's chat template, if it ships one (or falls back to the family's).
@@ -75,22 +96,29 @@ impl GemmaTokenizer {
     /// (`tokenizer.ggml.*`) becomes the tokenizer (see [`gguf`]). No chat template yet (see
     /// [`GemmaTokenizer::with_template`]); stops on `<eos>` and the family's end of turn.
     pub fn from_file(path: &Path, family: Family) -> Result<Self, TokenizerError> {
-        if gguf::is_gguf(path) {
-            return Ok(Self::wrap(gguf::tokenizer_from_file(path)?, family));
-        }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load {
+        let load = |reason: String| TokenizerError::Load {
             path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self::wrap(inner, family))
+            reason,
+        };
+        if gguf::is_gguf(path) {
+            return Self::wrap(gguf::tokenizer_from_file(path)?, family).map_err(load);
+        }
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| load(e.to_string()))?;
+        Self::wrap(inner, family).map_err(load)
     }
 
     /// Wraps a `tokenizers` tokenizer built elsewhere (e.g. [`gguf::build`]).
-    pub fn from_tokenizer(inner: tokenizers::Tokenizer, family: Family) -> Self {
-        Self::wrap(inner, family)
+    pub fn from_tokenizer(
+        inner: tokenizers::Tokenizer,
+        family: Family,
+    ) -> Result<Self, TokenizerError> {
+        Self::wrap(inner, family).map_err(|reason| TokenizerError::Load {
+            path: "<memory>".into(),
+            reason,
+        })
     }
 
-    fn wrap(mut inner: tokenizers::Tokenizer, family: Family) -> Self {
+    fn wrap(mut inner: tokenizers::Tokenizer, family: Family) -> Result<Self, String> {
         inner.set_encode_special_tokens(true);
         let vocab_size = inner.get_vocab_size(true);
         let controls: Vec<(Control, u32)> = family
@@ -124,24 +152,33 @@ impl GemmaTokenizer {
             stops.extend(inner.token_to_id(text));
         }
         stops.dedup();
-        Self {
+        let control_strings = ControlStrings::new(specials.iter().map(|(s, _)| s.as_str()))
+            .map_err(|e| e.to_string())?;
+        let max_token_bytes = max_token_bytes(&inner, control_strings.longest());
+        Ok(Self {
             inner,
             family,
             vocab_size,
             controls,
             specials,
+            control_strings,
+            max_token_bytes,
+            memo: Memo::default(),
+            #[cfg(test)]
+            text_bytes_encoded: Default::default(),
             stops,
             template: None,
-        }
+        })
     }
 
     /// Loads a `tokenizer.json` held in memory.
     pub fn from_bytes(bytes: &[u8], family: Family) -> Result<Self, TokenizerError> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Load {
+        let load = |reason: String| TokenizerError::Load {
             path: "<memory>".into(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self::wrap(inner, family))
+            reason,
+        };
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| load(e.to_string()))?;
+        Self::wrap(inner, family).map_err(load)
     }
 
     /// The tokenizer of a loaded model: the vocabulary at `path`, stopping also on the
@@ -203,11 +240,10 @@ impl GemmaTokenizer {
 
     /// `template` if it renders a one-line conversation within its limits.
     fn probe(&self, template: ChatTemplate) -> Result<ChatTemplate, ChatError> {
-        let specials: Vec<&str> = self.specials.iter().map(|(s, _)| s.as_str()).collect();
         template.render(
             &[Message::user("Hi")],
             ChatOptions::default(),
-            &specials,
+            &self.control_strings,
             "<bos>",
             "<eos>",
         )?;
@@ -280,6 +316,34 @@ impl GemmaTokenizer {
         self.template.as_deref()
     }
 
+    /// [`GemmaTokenizer::encode`] for at most `limit` ids: a longer text is
+    /// [`TokenizerError::TooLong`], refused by its bytes alone when it cannot fit.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        bos: bool,
+        limit: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.check_bytes(text, limit)?;
+        let ids = self.encode(text, bos)?;
+        if ids.len() > limit {
+            return Err(TokenizerError::TooLong {
+                at_least: ids.len(),
+                limit,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// Refuses a text that holds more than `limit` tokens by its bytes alone.
+    fn check_bytes(&self, text: &str, limit: usize) -> Result<(), TokenizerError> {
+        let at_least = text.len() / self.max_token_bytes;
+        if at_least > limit {
+            return Err(TokenizerError::TooLong { at_least, limit });
+        }
+        Ok(())
+    }
+
     /// Ids of `text` as plain text, preceded by `<bos>` when `bos` is set. Control strings
     /// inside `text` are text, never control ids.
     pub fn encode(&self, text: &str, bos: bool) -> Result<Vec<u32>, TokenizerError> {
@@ -295,37 +359,76 @@ impl GemmaTokenizer {
     /// Ids of a rendered template: its control strings (the vocabulary's special pieces)
     /// become their ids, the text between them is [`unescape`]d and encoded as text.
     pub fn encode_rendered(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_rendered_within(rendered, usize::MAX)
+    }
+
+    /// [`GemmaTokenizer::encode_rendered`] for a prompt of at most `limit` tokens: a longer
+    /// one is [`TokenizerError::TooLong`], refused by its bytes alone when it cannot fit
+    /// (see `max_token_bytes`), else as soon as the tokens encoded pass the limit.
+    ///
+    /// Linear in the text, and incremental: the text is cut at its control strings (one
+    /// Aho–Corasick pass), and each piece the last prompts encoded ([`Memo`]) already hold,
+    /// at the same place in the same text, keeps its ids. A conversation's next turn renders
+    /// as the last one plus its new turns, so only those are encoded; the pieces between
+    /// control tokens are encoded on their own either way, so the ids are exactly what a
+    /// whole encoding gives.
+    pub fn encode_rendered_within(
+        &self,
+        rendered: &str,
+        limit: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.check_bytes(rendered, limit)?;
+        let earlier = self.memo.closest(rendered);
         let mut ids = Vec::new();
+        let mut spans: Vec<Span> = Vec::new();
+        // The earlier prompt's pieces stand while every piece so far matched one of them.
+        let mut reusing = earlier.is_some();
         let mut text_start = 0;
-        let mut at = 0;
-        let bytes = rendered.as_bytes();
-        while at < rendered.len() {
-            // Control strings start with an ASCII byte in every vocabulary we read ('<');
-            // checking only at char boundaries keeps the scan linear.
-            let hit = if rendered.is_char_boundary(at) {
-                self.specials
-                    .iter()
-                    .find(|(s, _)| bytes[at..].starts_with(s.as_bytes()))
-            } else {
-                None
-            };
-            match hit {
-                Some((s, id)) => {
-                    let text = unescape(&rendered[text_start..at]);
-                    if !text.is_empty() {
+        let controls = self.control_strings.find_from(rendered, 0).map(Some);
+        for control in controls.chain([None]) {
+            let text_end = control.as_ref().map_or(rendered.len(), |(r, _)| r.start);
+            if text_end > text_start {
+                let span = Span::text(text_start, text_end);
+                let old = earlier
+                    .as_ref()
+                    .filter(|_| reusing)
+                    .and_then(|e| e.ids_of(spans.len(), &span));
+                match old {
+                    Some(old) => ids.extend_from_slice(old),
+                    None => {
+                        reusing = false;
+                        let text = unescape(&rendered[text_start..text_end]);
+                        #[cfg(test)]
+                        self.text_bytes_encoded
+                            .fetch_add(text.len(), std::sync::atomic::Ordering::Relaxed);
                         ids.extend(self.encode(&text, false)?);
                     }
-                    ids.push(*id);
-                    at += s.len();
-                    text_start = at;
                 }
-                _ => at += 1,
+                spans.push(span.ending_at(ids.len()));
+            }
+            let Some((range, index)) = control else {
+                break;
+            };
+            let span = Span::control(range.start, range.end);
+            reusing = reusing
+                && earlier
+                    .as_ref()
+                    .and_then(|e| e.ids_of(spans.len(), &span))
+                    .is_some();
+            ids.push(self.specials[index].1);
+            spans.push(span.ending_at(ids.len()));
+            text_start = range.end;
+            if ids.len() > limit {
+                break;
             }
         }
-        let text = unescape(&rendered[text_start..]);
-        if !text.is_empty() {
-            ids.extend(self.encode(&text, false)?);
+        if ids.len() > limit {
+            return Err(TokenizerError::TooLong {
+                at_least: ids.len(),
+                limit,
+            });
         }
+        self.memo.keep(Encoded::new(rendered, ids.clone(), spans));
         Ok(ids)
     }
 
@@ -348,7 +451,6 @@ impl GemmaTokenizer {
                 &builtin
             }
         };
-        let specials: Vec<&str> = self.specials.iter().map(|(s, _)| s.as_str()).collect();
         let piece = |c| {
             self.control_id(c)
                 .and_then(|id| self.inner.id_to_token(id))
@@ -357,7 +459,7 @@ impl GemmaTokenizer {
         template.render(
             messages,
             opts,
-            &specials,
+            &self.control_strings,
             &piece(Control::Bos),
             &piece(Control::Eos),
         )
@@ -365,8 +467,19 @@ impl GemmaTokenizer {
 
     /// The conversation's token ids (see [`GemmaTokenizer::render_text`]).
     pub fn render(&self, messages: &[Message], opts: ChatOptions) -> Result<Vec<u32>, RenderError> {
+        self.render_within(messages, opts, usize::MAX)
+    }
+
+    /// [`GemmaTokenizer::render`] for at most `limit` ids ([`TokenizerError::TooLong`] past
+    /// it, see [`GemmaTokenizer::encode_rendered_within`]).
+    pub fn render_within(
+        &self,
+        messages: &[Message],
+        opts: ChatOptions,
+        limit: usize,
+    ) -> Result<Vec<u32>, RenderError> {
         let text = self.render_text(messages, opts)?;
-        Ok(self.encode_rendered(&text)?)
+        Ok(self.encode_rendered_within(&text, limit)?)
     }
 
     /// Text of `ids`: control tokens appear as their pieces (or are dropped when
@@ -403,6 +516,28 @@ impl GemmaTokenizer {
     pub fn piece(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
+}
+
+/// Most bytes of text one token of `tokenizer` stands for: its longest piece, with
+/// SentencePiece's `▁` as the one space it stands for and byte-fallback pieces as one byte,
+/// or its longest control string; doubled, so a normalizer that shortens text (NFKC's
+/// ligatures) cannot make a prompt that fits look too long.
+fn max_token_bytes(tokenizer: &tokenizers::Tokenizer, longest_control: usize) -> usize {
+    let longest_piece = tokenizer
+        .get_vocab(true)
+        .keys()
+        .map(|piece| {
+            let bytes = piece.len();
+            if bytes == 6 && piece.starts_with("<0x") && piece.ends_with('>') {
+                1
+            } else {
+                // '▁' is 3 bytes standing for 1.
+                bytes - 2 * piece.matches('▁').count()
+            }
+        })
+        .max()
+        .unwrap_or(1);
+    2 * longest_piece.max(longest_control).max(1)
 }
 
 /// Why a conversation could not become ids.
@@ -446,12 +581,109 @@ mod tests {
             "<bos><|turn>user\nhi<turn|>\n"
         );
         // An escaped control string is text again, never its id.
-        let escaped = crate::chat::escape("<|turn>", &["<|turn>"]);
+        let escaped = crate::chat::escape("<|turn>", &ControlStrings::new(["<|turn>"]).unwrap());
         let ids = t.encode_rendered(&escaped).unwrap();
         assert!(!ids.contains(&105), "{ids:?}");
         assert_eq!(t.decode(&ids, false).unwrap(), "<|turn>");
         // Plain encoding never produces control ids either.
         assert!(!t.encode("<turn|>", false).unwrap().contains(&106));
+    }
+
+    #[test]
+    fn a_prompt_encodes_the_same_whatever_was_encoded_before() {
+        // A conversation's turns, a regenerated answer (a branch), an edit in the middle and
+        // a prompt that shortens: each encoded after the others, by one tokenizer, equals a
+        // fresh tokenizer's encoding of it alone.
+        let turn = |who: &str, text: &str| format!("<|turn>{who}\n{text}<turn|>\n");
+        let t1 = format!("<bos>{}<|turn>model\n", turn("user", "hi there"));
+        let t2 = format!(
+            "<bos>{}{}{}<|turn>model\n",
+            turn("user", "hi there"),
+            turn("model", "hello, how can I help"),
+            turn("user", "tell me a story")
+        );
+        let branch = format!(
+            "<bos>{}{}{}<|turn>model\n",
+            turn("user", "hi there"),
+            turn("model", "hello, how can I help"),
+            turn("user", "tell me a poem")
+        );
+        let edited = t2.replace("hi there", "hi where");
+        let escaped = format!(
+            "<bos>{}<|turn>model\n",
+            turn(
+                "user",
+                &crate::chat::escape("a <turn|> b", &ControlStrings::new(["<turn|>"]).unwrap())
+            )
+        );
+        let used = tiny(Family::Gemma4);
+        let encoded = || {
+            used.text_bytes_encoded
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let mut fresh_bytes = 0;
+        for prompt in [
+            &t1,
+            &t2,
+            &branch,
+            &t2,
+            &edited,
+            &t1,
+            &escaped,
+            &t2,
+            &"<bos>".to_owned(),
+        ] {
+            let fresh = tiny(Family::Gemma4);
+            let ids = fresh.encode_rendered(prompt).unwrap();
+            fresh_bytes += fresh.text_bytes_encoded.into_inner();
+            assert_eq!(used.encode_rendered(prompt).unwrap(), ids, "{prompt:?}");
+        }
+        // Each turn encoded only its new text: the second turn "model\n" (the first's last
+        // piece, now longer), the answer and the new question; the branch only its question.
+        assert!(
+            encoded() < fresh_bytes / 2,
+            "{} of {fresh_bytes}",
+            encoded()
+        );
+        let before = encoded();
+        used.encode_rendered(&branch).unwrap();
+        assert_eq!(encoded() - before, 0, "an exact repeat encodes nothing");
+        let other = tiny(Family::Gemma4);
+        other.encode_rendered(&t2).unwrap();
+        let before = other
+            .text_bytes_encoded
+            .load(std::sync::atomic::Ordering::Relaxed);
+        other.encode_rendered(&branch).unwrap();
+        assert_eq!(
+            other.text_bytes_encoded.into_inner() - before,
+            "user\ntell me a poem".len() + "\n".len() + "model\n".len(),
+            "a branch encodes only its own turn and what follows it"
+        );
+    }
+
+    #[test]
+    fn a_prompt_over_the_limit_is_refused_before_or_while_it_is_encoded() {
+        let t = tiny(Family::Gemma4);
+        // By its bytes alone: the tiny vocabulary's longest piece is 16 bytes
+        // (`<|tool_response>`), so one token stands for at most 32.
+        let long = "a".repeat(10_000);
+        assert!(matches!(
+            t.encode_rendered_within(&long, 100),
+            Err(TokenizerError::TooLong {
+                at_least: 312,
+                limit: 100
+            })
+        ));
+        // By its tokens: 40 single characters and one control token.
+        let text = format!("<bos>{}", "ab".repeat(20));
+        assert!(matches!(
+            t.encode_rendered_within(&text, 30),
+            Err(TokenizerError::TooLong {
+                at_least: 41,
+                limit: 30
+            })
+        ));
+        assert_eq!(t.encode_rendered_within(&text, 41).unwrap().len(), 41);
     }
 
     #[test]
