@@ -69,6 +69,7 @@ APP_BENCH="${BENCH_APP:-1}"
 # A fresh machine works too: system packages, the UI's npm packages and the offline assets
 # (and, for the app rows, tauri-driver), then the UI the app embeds (its frontendDist).
 "$ROOT/scripts/setup.sh" "$([ "$APP_BENCH" = 0 ] && echo run || echo test)"
+lint_while_building
 say "building the UI"
 npm --prefix "$ROOT/ui" run --silent build >/dev/null
 build_llama_cpp

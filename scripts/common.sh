@@ -14,7 +14,22 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # every crate is compiled once; scripts/hostile.sh runs its tests with the same.
 # kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
 # are always compiled, linted and run.
-TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-assets -p kvlab-server --features kvlab/custom-protocol,kvlab-engine/hub)
+TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-cpu -p kvlab-assets -p kvlab-server --features kvlab/custom-protocol,kvlab-engine/hub)
+
+# Clippy lints the workspace's crates while they compile (as `cargo clippy` runs its driver
+# over a check build), so scripts/test.sh's one build serves the lints, the tests and the app:
+# a separate `cargo clippy` compiled every dependency a second time and took ~7 minutes on a
+# bare machine. Every script builds with it, so all share one build (the driver is part of a
+# crate's fingerprint: a build without it recompiles the workspace's crates). Its findings are
+# warnings; scripts/test.sh fails on any. Called again once setup.sh has installed clippy.
+lint_while_building() {
+  local driver
+  driver="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)"
+  if [ -n "$driver" ] && [ -x "$driver" ]; then
+    export RUSTC_WORKSPACE_WRAPPER="$driver"
+  fi
+}
+lint_while_building
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
 

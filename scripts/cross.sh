@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Checks for the platforms KV Lab's users run, from this Linux x86-64 machine. scripts/test.sh
 # runs both; scripts/setup.sh test installs what they need (cross compiler, qemu, targets).
-#   scripts/cross.sh aarch64-test   the codec's tests and the engine's attention and parity
-#                                   tests, built for aarch64 Linux and run under qemu-aarch64:
-#                                   this proves the NEON kernels' results (emulated timings say
-#                                   nothing about speed on Apple hardware)
+#   scripts/cross.sh aarch64-test   the tests of the two crates that hold NEON code, the codec
+#                                   (kvlab-turboquant) and the CPU kernels (kvlab-cpu), built
+#                                   for aarch64 Linux and run under qemu-aarch64: this proves
+#                                   the NEON kernels bit for bit against their portable
+#                                   references (emulated timings say nothing about speed on
+#                                   Apple hardware). The engine calls those kernels and holds
+#                                   no NEON code of its own, so it is not built for aarch64
+#                                   here: that build of candle and the rest took ~5 minutes.
 #   scripts/cross.sh macos-check    clippy -D warnings for aarch64-apple-darwin with Metal on
 #                                   the codec, the engine and the CLI (checked, never linked)
 # The cargo linker and runner are set here, not in a committed .cargo/config, so ordinary
@@ -42,18 +46,8 @@ aarch64_test() {
       t=(--target "$AARCH64")
       ;;
   esac
-  # Every codec test, doc test included: the backend test asserts NEON ran.
-  cargo test ${t[@]+"${t[@]}"} -p kvlab-turboquant
-  # The engine's attention: the kv module's unit tests (dense and TurboQuant storages,
-  # attention on codes against dense attention, precision switches) ...
-  cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --lib kv::
-  # ... the quantized matmul kernels (NEON against the portable reference, bit for bit) and
-  # the fused element-wise ops ...
-  cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --lib -- qmatmul:: model::fused::
-  # ... parity with the reference logits on the tiny fixtures ...
-  cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --test parity
-  # ... and TurboQuant attention crossing devices as from a Metal model.
-  cargo test ${t[@]+"${t[@]}"} -p kvlab-engine --test kv_turboquant metal_shaped
+  # Every test of both crates, doc tests included: their backend tests assert NEON ran.
+  cargo test ${t[@]+"${t[@]}"} -p kvlab-turboquant -p kvlab-cpu
 }
 
 macos_check() {
@@ -65,7 +59,7 @@ macos_check() {
   # against the SDK's libc headers and CoreServices, which only Xcode ships. For the same
   # reason kvlab-engine's `hub` feature is not enabled here. The macOS workflow
   # (.github/workflows/macos.yml) builds the app on a real Mac.
-  cargo clippy --target "$MACOS" -p kvlab-turboquant -p kvlab-engine -p kvlab-cli \
+  cargo clippy --target "$MACOS" -p kvlab-turboquant -p kvlab-cpu -p kvlab-engine -p kvlab-cli \
     --features kvlab-engine/metal --all-targets -- -D warnings
 }
 

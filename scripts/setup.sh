@@ -96,6 +96,7 @@ install_openai_client() {
 check_disk
 install_system_packages
 install_rust
+lint_while_building
 command -v npm >/dev/null || { say "Node.js 20+ and npm are required"; exit 1; }
 npm_ci "$ROOT/ui"
 if [ "$MODE" = test ]; then

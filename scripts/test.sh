@@ -26,9 +26,33 @@ step() {
 step setup "$ROOT/scripts/setup.sh" test
 if [ ${#failed_steps[@]} -gt 0 ]; then echo "summary: 0 passed, 1 failed"; exit 1; fi
 cd "$ROOT"
+# clippy, installed by setup.sh, lints every build below (common.sh).
+lint_while_building
+if [ -z "${RUSTC_WORKSPACE_WRAPPER:-}" ]; then
+  say "clippy-driver not found: rustup component add clippy"
+  echo "summary: 0 passed, 1 failed"
+  exit 1
+fi
+
+# deny_warnings CMD...: runs a cargo build and fails it when a workspace crate had warnings,
+# lints included (clippy's `-D warnings`, without putting it in the build's flags, which would
+# make every other script's build recompile the workspace). Cargo replays a crate's warnings
+# when it is fresh, so a warm run fails on them too.
+deny_warnings() {
+  local out status
+  out="$(mktemp)"
+  "$@" 2>&1 | tee "$out"
+  status=${PIPESTATUS[0]}
+  if sed 's/\x1b\[[0-9;]*m//g' "$out" | grep -qE '^warning: `[^`]+` \(.*\) generated [0-9]+ warnings?'; then
+    say "the warnings above fail the build (clippy -D warnings)"
+    status=1
+  fi
+  rm -f "$out"
+  return "$status"
+}
 # Assets were fetched by setup.sh: tests that need the real model must not skip silently.
 export KVLAB_REQUIRE_ASSETS=1
-# One package list and feature set for clippy, tests and the app build (TEST_PACKAGES in
+# One package list and feature set for the lints, tests and the app build (TEST_PACKAGES in
 # common.sh), so every crate is compiled once (the CLI turns on kvlab-engine/bench; a build of
 # the app alone would not); kvlab-engine/hub keeps the Hub code and its tests
 # (crates/engine/tests/hub_download.rs) always compiled, linted and run.
@@ -36,7 +60,8 @@ FEATURES=("${TEST_PACKAGES[@]}")
 
 step ui-build npm --prefix ui run --silent build
 step fmt cargo fmt --all --check
-step clippy cargo clippy "${FEATURES[@]}" --all-targets -- -D warnings
+# Every target compiled once, benches and examples included, and linted on the way.
+step build deny_warnings cargo test --no-run --all-targets "${FEATURES[@]}"
 # --no-fail-fast: every test binary runs, so the tally counts every failure, not the first.
 step cargo-test cargo test --no-fail-fast "${FEATURES[@]}"
 step aarch64-test "$ROOT/scripts/cross.sh" aarch64-test

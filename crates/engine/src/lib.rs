@@ -20,7 +20,7 @@
 //! - **Measuring (feature `bench`):** `bench` (decode benchmark, golden checks, matmul timings).
 //!
 //! Internal: the weight store (`weights`; its [`WeightFormat`] and GGUF name mapping are
-//! re-exported), the quantized CPU kernels (`qmatmul`), vectorized math (`vmath`), and the
+//! re-exported), the seam to the quantized CPU kernels of `kvlab-cpu` (`qmatmul`), and the
 //! typed error ([`EngineError`]).
 
 #[cfg(feature = "bench")]
@@ -42,7 +42,6 @@ pub(crate) mod qmatmul;
 pub mod source;
 pub mod threads;
 pub mod tokenizer;
-pub(crate) mod vmath;
 mod weights;
 pub mod worker;
 

@@ -7,7 +7,8 @@
 use rayon::prelude::*;
 
 use crate::fidelity::PositionFidelity;
-use crate::vmath::{self, widest};
+use kvlab_cpu::vmath;
+use kvlab_cpu::widest;
 
 /// Lanes of the vectorized sums (two AVX2 registers of f32, one of AVX-512).
 const LANES: usize = 16;

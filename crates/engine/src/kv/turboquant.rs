@@ -58,7 +58,7 @@ use super::spec::{TqPrecision, TqSide};
 use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
 use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
-use crate::vmath::exp_shifted_sum;
+use kvlab_cpu::vmath::exp_shifted_sum;
 
 /// Tokens per code segment (per kv head and side).
 pub const SEGMENT_TOKENS: usize = 512;

@@ -1,14 +1,14 @@
 //! Element-wise tails of the decoder's matmuls, each one pass over memory on the CPU:
 //! GELU (tanh form) of a gate times an up projection, and the final logit softcap
 //! `c·tanh(x/c)`. candle's CPU ops call libm's `tanh` per element and allocate a tensor per
-//! step (`gelu`, `*`, `/`, `tanh`, `*`); here `tanh` comes from [`crate::vmath`]'s
+//! step (`gelu`, `*`, `/`, `tanh`, `*`); here `tanh` comes from [`kvlab_cpu::vmath`]'s
 //! exponential, so the loops vectorize. Other devices and dtypes keep candle's ops.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
 use crate::error::Result;
-use crate::vmath::widest;
-use crate::vmath::{exp, tanh};
+use kvlab_cpu::vmath::{exp, tanh};
+use kvlab_cpu::widest;
 
 /// `gelu_tanh(gate) · up`, element-wise, for tensors of one shape.
 pub fn gelu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {

@@ -37,7 +37,7 @@ impl Linear {
 
     /// `x·Wᵢᵀ` for several layers that read the same input (a layer's q/k/v, its gate and
     /// up projections): one pass of the CPU kernels when every matrix is held for them
-    /// (see [`crate::qmatmul::matmul_group`]), else one layer after another.
+    /// (see [`crate::qmatmul::forward_group`]), else one layer after another.
     pub fn forward_group(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
         let packed: Option<Vec<&crate::qmatmul::PackedMatrix>> = layers
             .iter()
@@ -65,7 +65,7 @@ impl Linear {
         let _span = profile::span(label);
         let q = match &self.0 {
             Matrix::Packed(p) => {
-                let y = p.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+                let y = crate::qmatmul::forward(p, &x.to_dtype(DType::F32)?.contiguous()?)?;
                 return Ok(y.to_dtype(x.dtype())?);
             }
             Matrix::Candle(q) => q,

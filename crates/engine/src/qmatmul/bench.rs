@@ -10,7 +10,9 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use serde::Serialize;
 
-use super::{Backend, PackedMatrix, QFormat};
+use kvlab_cpu::qmatmul::Backend;
+
+use super::{ggml_type, CandlePool, PackedMatrix, QFormat};
 use crate::error::{EngineError, Result};
 
 /// One measured configuration.
@@ -65,7 +67,7 @@ pub fn matmul_bench(
         .ok_or_else(|| EngineError::invalid(format!("unknown weight type `{name}`")))?;
         for &(n, k) in shapes {
             let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
-            let q = QTensor::quantize(&w, format.ggml())?;
+            let q = QTensor::quantize(&w, ggml_type(format))?;
             let bytes = q.data()?.to_vec();
             let copies = if cached {
                 1
@@ -73,12 +75,12 @@ pub fn matmul_bench(
                 (COLD_BYTES / bytes.len().max(1)).max(1)
             };
             let ours: Vec<PackedMatrix> = (0..copies)
-                .map(|_| PackedMatrix::from_ggml(format, &bytes, n, k))
+                .map(|_| Ok(PackedMatrix::from_ggml(format, &bytes, n, k)?))
                 .collect::<Result<_>>()?;
             let theirs: Vec<QMatMul> = (0..copies)
                 .map(|_| {
                     let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
-                        format.ggml(),
+                        ggml_type(format),
                         &bytes,
                         vec![n, k],
                         &dev,
@@ -92,7 +94,9 @@ pub fn matmul_bench(
                 let mut y = vec![0f32; m * n];
                 // Many-row products reuse one matrix (compute-bound); one-row ones cycle.
                 let cycle = if m == 1 { copies } else { 1 };
-                let ours_s = time(seconds, cycle, |i| ours[i].matmul(&xs, m, &mut y))?;
+                let ours_s = time(seconds, cycle, |i| {
+                    Ok(ours[i].matmul(&CandlePool, &xs, m, &mut y)?)
+                })?;
                 let candle_s = time(seconds, cycle, |i| {
                     theirs[i].forward(&x)?;
                     Ok(())

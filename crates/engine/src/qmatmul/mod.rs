@@ -1,315 +1,93 @@
-//! Quantized matrices for CPU matmuls, with kernels of our own: a ggml matrix (Q4_0, Q5_0,
-//! Q8_0, Q4_K, Q5_K, Q6_K) is repacked once, at load, into interleaved tiles
-//! ([`layout`]) that replace it (about the file's size, never a second copy); each matmul
-//! quantizes its activation rows once ([`activation`]) and runs integer dots on the
-//! widest backend this CPU has ([`dispatch::Backend`]), split by tiles over candle's compute
-//! pool. Decode (one row) reads each weight once; prefill shares each unpacked weight
-//! vector among four rows and each tile among a chunk of rows.
-//!
-//! The seam for the decoder is [`PackedMatrix::forward`] (a candle `CustomOp1` on the
-//! activations); other devices keep candle's own kernels.
+//! The seam between candle and our quantized CPU kernels (`kvlab_cpu::qmatmul`): ggml
+//! tensors repacked at load ([`from_qtensor`]), matmuls as candle ops on the activations
+//! ([`forward`], [`forward_group`]), run on candle's compute pool ([`CandlePool`]). Other
+//! devices keep candle's own kernels.
 
-mod activation;
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 #[cfg(feature = "bench")]
 pub mod bench;
-mod dispatch;
-mod format;
-mod layout;
-#[cfg(target_arch = "aarch64")]
-mod neon;
-mod portable;
 #[cfg(test)]
 mod tests;
 
 use std::ops::Range;
+use std::sync::Arc;
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{CpuStorage, CustomOp1, Layout as TensorLayout, Shape, Tensor};
-
-pub use activation::QuantizedActs;
-pub use dispatch::Backend;
-pub use format::QFormat;
-#[cfg(test)]
-use format::ALL_FORMATS;
-use layout::{Layout, Line, TILE_ROWS, VEC};
+pub(crate) use kvlab_cpu::qmatmul::{packed_bytes, PackedMatrix, QFormat};
 
 use crate::error::{EngineError, Result};
 
-/// Activation rows per pass over the tiles in a many-row matmul: a tile stays in cache
-/// while these rows stream past it.
-const ROW_CHUNK: usize = 64;
+/// candle's barrier pool as the kernels' [`kvlab_cpu::Parallel`]: the pool candle's own CPU
+/// ops run on, whose workers spin a while after each op, so the next matmul starts at once.
+pub(crate) struct CandlePool;
 
-/// Bytes a `[rows, cols]` matrix of `format` holds once repacked (the pre-load estimate).
-pub fn packed_bytes(format: QFormat, rows: usize, cols: usize) -> usize {
-    rows.div_ceil(TILE_ROWS) * Layout::new(format, cols).tile_bytes
-}
-
-/// A `[rows, cols]` quantized matrix in the kernels' tile layout.
-pub struct PackedMatrix {
-    lay: Layout,
-    rows: usize,
-    cols: usize,
-    data: Vec<Line>,
-}
-
-impl std::fmt::Debug for PackedMatrix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PackedMatrix")
-            .field("format", &self.lay.format)
-            .field("rows", &self.rows)
-            .field("cols", &self.cols)
-            .finish()
+impl kvlab_cpu::Parallel for CandlePool {
+    fn for_ranges(&self, n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        candle_core::utils::barrier_pool().execute_chunked(n, f);
     }
 }
 
-/// Where a kernel writes: `rows × n` floats; tiles write disjoint columns.
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    pub ptr: *mut f32,
-    pub n: usize,
+impl From<kvlab_cpu::CpuError> for EngineError {
+    fn from(e: kvlab_cpu::CpuError) -> Self {
+        EngineError::invalid(e.0)
+    }
 }
 
-// SAFETY: kernels running in parallel write disjoint (row, column) cells of one buffer that
-// outlives the parallel section.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-/// A format known at compile time, for the SIMD kernels.
-pub(crate) trait Fmt {
-    const FORMAT: QFormat;
-    const G: format::Geometry = Self::FORMAT.geometry();
+/// Our format of a ggml type, if a kernel of ours reads it.
+pub(crate) fn format_of(t: GgmlDType) -> Option<QFormat> {
+    Some(match t {
+        GgmlDType::Q4_0 => QFormat::Q4_0,
+        GgmlDType::Q5_0 => QFormat::Q5_0,
+        GgmlDType::Q8_0 => QFormat::Q8_0,
+        GgmlDType::Q4K => QFormat::Q4K,
+        GgmlDType::Q5K => QFormat::Q5K,
+        GgmlDType::Q6K => QFormat::Q6K,
+        _ => return None,
+    })
 }
 
-macro_rules! fmt_type {
-    ($name:ident, $f:ident) => {
-        pub(crate) struct $name;
-        impl Fmt for $name {
-            const FORMAT: QFormat = QFormat::$f;
-        }
+/// The ggml type of one of our formats.
+pub(crate) fn ggml_type(f: QFormat) -> GgmlDType {
+    match f {
+        QFormat::Q4_0 => GgmlDType::Q4_0,
+        QFormat::Q5_0 => GgmlDType::Q5_0,
+        QFormat::Q8_0 => GgmlDType::Q8_0,
+        QFormat::Q4K => GgmlDType::Q4K,
+        QFormat::Q5K => GgmlDType::Q5K,
+        QFormat::Q6K => GgmlDType::Q6K,
+    }
+}
+
+/// Repacks a CPU `QTensor` `[rows, cols]` of a supported type; `None` for other types.
+pub(crate) fn from_qtensor(q: &candle_core::quantized::QTensor) -> Result<Option<PackedMatrix>> {
+    let Some(format) = format_of(q.dtype()) else {
+        return Ok(None);
     };
-}
-fmt_type!(Q40, Q4_0);
-fmt_type!(Q50, Q5_0);
-fmt_type!(Q80, Q8_0);
-fmt_type!(F4K, Q4K);
-fmt_type!(F5K, Q5K);
-fmt_type!(F6K, Q6K);
-
-impl PackedMatrix {
-    /// Repacks `rows` rows of ggml blocks of `format` (row-major, `cols` weights per row).
-    pub fn from_ggml(format: QFormat, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
-        let g = format.geometry();
-        if cols == 0 || rows == 0 || !cols.is_multiple_of(g.sb) {
-            return Err(EngineError::invalid(format!(
-                "a {} matrix needs rows of a multiple of {} weights, not [{rows}, {cols}]",
-                format.name(),
-                g.sb
-            )));
-        }
-        let want = rows * (cols / g.sb) * g.ggml_block;
-        if bytes.len() != want {
-            return Err(EngineError::invalid(format!(
-                "{} data of {} bytes for [{rows}, {cols}] (expected {want})",
-                format.name(),
-                bytes.len()
-            )));
-        }
-        let (lay, data) = layout::repack(format, bytes, rows, cols);
-        Ok(Self {
-            lay,
-            rows,
-            cols,
-            data,
-        })
+    let (rows, cols) = q.shape().dims2()?;
+    if !cols.is_multiple_of(format.geometry().sb) {
+        return Ok(None);
     }
-
-    /// Repacks a CPU `QTensor` `[rows, cols]` of a supported type; `None` for other types.
-    pub fn from_qtensor(q: &candle_core::quantized::QTensor) -> Result<Option<Self>> {
-        let Some(format) = QFormat::from_ggml(q.dtype()) else {
-            return Ok(None);
-        };
-        let (rows, cols) = q.shape().dims2()?;
-        if !cols.is_multiple_of(format.geometry().sb) {
-            return Ok(None);
-        }
-        Self::from_ggml(format, &q.data()?, rows, cols).map(Some)
-    }
-
-    /// The weight type.
-    pub fn format(&self) -> QFormat {
-        self.lay.format
-    }
-
-    /// Output rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Weights per row.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    /// Bytes held.
-    pub fn held_bytes(&self) -> usize {
-        self.data.len() * VEC
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.held_bytes()) }
-    }
-
-    fn tiles(&self) -> usize {
-        self.rows.div_ceil(TILE_ROWS)
-    }
-
-    /// Row `r` as f32 into `out` (`cols` values), as ggml dequantizes it.
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let t = r / TILE_ROWS;
-        let tile = &self.bytes()[t * self.lay.tile_bytes..(t + 1) * self.lay.tile_bytes];
-        layout::dequantize_row(&self.lay, tile, r % TILE_ROWS, out);
-    }
-
-    /// `x · Wᵀ` for `m` rows `x` (`m × cols`, row-major) into `out` (`m × rows`), on `backend`.
-    pub fn matmul_with(
-        &self,
-        backend: Backend,
-        x: &[f32],
-        m: usize,
-        out: &mut [f32],
-    ) -> Result<()> {
-        matmul_group_with(backend, &[self], x, m, &mut [out])
-    }
-
-    /// `x · Wᵀ` on the best backend.
-    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
-        self.matmul_with(Backend::best(), x, m, out)
-    }
-
-    /// `x · Wᵀ` for an f32 CPU tensor `x` `[.., cols]` → `[.., rows]`.
-    pub fn forward(self: &std::sync::Arc<Self>, x: &Tensor) -> Result<Tensor> {
-        Ok(x.apply_op1_no_bwd(&MatmulOp(self.clone()))?)
-    }
-
-    /// Rows `ids` as f32 `[ids.len(), cols]` (embedding lookups).
-    pub fn embedding(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; ids.len() * self.cols];
-        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
-            let id = id as usize;
-            if id >= self.rows {
-                return Err(EngineError::invalid(format!(
-                    "row {id} outside a table of {} rows",
-                    self.rows
-                )));
-            }
-            self.dequantize_row(id, row);
-        }
-        Ok(out)
-    }
+    Ok(Some(PackedMatrix::from_ggml(
+        format,
+        &q.data()?,
+        rows,
+        cols,
+    )?))
 }
 
-/// `x · Wᵢᵀ` for every matrix `Wᵢ` of `mats` (all with the input's width) into `outs[i]`
-/// (`m × rowsᵢ`), on the best backend: the input is quantized once and the tiles of all the
-/// matrices are one work list for the compute pool, so a layer's q/k/v or gate/up
-/// projections cost one pass of the pool instead of several, and the small ones balance out.
-pub fn matmul_group(
-    mats: &[&PackedMatrix],
-    x: &[f32],
-    m: usize,
-    outs: &mut [&mut [f32]],
-) -> Result<()> {
-    matmul_group_with(Backend::best(), mats, x, m, outs)
+/// `x · Wᵀ` for an f32 CPU tensor `x` `[.., cols]` → `[.., rows]`.
+pub(crate) fn forward(w: &Arc<PackedMatrix>, x: &Tensor) -> Result<Tensor> {
+    Ok(x.apply_op1_no_bwd(&MatmulOp(Arc::clone(w)))?)
 }
 
-/// [`matmul_group`] on `backend`.
-pub fn matmul_group_with(
-    backend: Backend,
-    mats: &[&PackedMatrix],
-    x: &[f32],
-    m: usize,
-    outs: &mut [&mut [f32]],
-) -> Result<()> {
-    let Some(first) = mats.first() else {
-        return Ok(());
-    };
-    let cols = first.cols;
-    for (w, out) in mats.iter().zip(outs.iter()) {
-        if w.cols != cols || x.len() != m * cols || out.len() != m * w.rows {
-            return Err(EngineError::invalid(format!(
-                "matmul of [{m}, {}] activations into [{m}, {}] outputs with a [{}, {}] matrix",
-                x.len() / m.max(1),
-                out.len() / m.max(1),
-                w.rows,
-                w.cols
-            )));
-        }
-    }
-    if outs.len() != mats.len() {
-        return Err(EngineError::invalid("one output per matrix"));
-    }
-    if !backend.available() {
-        return Err(EngineError::invalid(format!(
-            "the {} kernels do not run on this CPU",
-            backend.name()
-        )));
-    }
-    let mut acts = QuantizedActs::default();
-    acts.quantize_into(x, m, cols);
-    let sinks: Vec<Out> = outs
-        .iter_mut()
-        .zip(mats)
-        .map(|(o, w)| Out {
-            ptr: o.as_mut_ptr(),
-            n: w.rows,
-        })
-        .collect();
-    // Work item i is tile i − starts[j] of matrix j.
-    let mut starts = Vec::with_capacity(mats.len() + 1);
-    starts.push(0);
-    for w in mats {
-        starts.push(starts.last().copied().unwrap_or(0) + w.tiles());
-    }
-    let total = starts.last().copied().unwrap_or(0);
-    let chunk = if m <= 4 { m } else { ROW_CHUNK };
-    for row0 in (0..m).step_by(chunk.max(1)) {
-        let rows: Range<usize> = row0..(row0 + chunk).min(m);
-        candle_core::utils::barrier_pool().execute_chunked(total, |items| {
-            let mut at = items.start;
-            while at < items.end {
-                let j = starts.partition_point(|&s| s <= at) - 1;
-                let end = items.end.min(starts[j + 1]);
-                let w = mats[j];
-                let tiles = at - starts[j]..end - starts[j];
-                // SAFETY: availability checked above; the work items of one call are
-                // disjoint tiles, and the outputs outlive the pool's execution.
-                unsafe {
-                    dispatch::run(
-                        backend,
-                        &w.lay,
-                        w.bytes(),
-                        &acts,
-                        rows.clone(),
-                        tiles,
-                        sinks[j],
-                    )
-                }
-                at = end;
-            }
-        });
-    }
-    Ok(())
-}
-
-/// [`matmul_group`] over f32 CPU tensors: `x` `[.., cols]` → one `[.., rowsᵢ]` per matrix.
-pub fn forward_group(mats: &[&PackedMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
+/// `x · Wᵢᵀ` for every matrix of `mats` over f32 CPU tensors: `x` `[.., cols]` → one
+/// `[.., rowsᵢ]` per matrix, the activations quantized once and every matrix's tiles one
+/// work list for the pool ([`kvlab_cpu::qmatmul::matmul_group`]).
+pub(crate) fn forward_group(mats: &[&PackedMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
     let x = x.contiguous()?;
     let cols = x.dim(candle_core::D::Minus1)?;
     let m = x.elem_count() / cols.max(1);
-    let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0f32; m * w.rows]).collect();
+    let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0f32; m * w.rows()]).collect();
     {
         let (storage, layout) = x.storage_and_layout();
         let candle_core::Storage::Cpu(CpuStorage::F32(data)) = &*storage else {
@@ -321,21 +99,21 @@ pub fn forward_group(mats: &[&PackedMatrix], x: &Tensor) -> Result<Vec<Tensor>> 
             .contiguous_offsets()
             .ok_or_else(|| EngineError::invalid("non-contiguous activations"))?;
         let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-        matmul_group(mats, &data[a..b], m, &mut views)?;
+        kvlab_cpu::qmatmul::matmul_group(&CandlePool, mats, &data[a..b], m, &mut views)?;
     }
     let lead = &x.dims()[..x.rank() - 1];
     outs.into_iter()
         .zip(mats)
         .map(|(o, w)| {
             let mut dims = lead.to_vec();
-            dims.push(w.rows);
+            dims.push(w.rows());
             Ok(Tensor::from_vec(o, dims, x.device())?)
         })
         .collect()
 }
 
 /// The matmul as a candle op on the activations (CPU only).
-struct MatmulOp(std::sync::Arc<PackedMatrix>);
+struct MatmulOp(Arc<PackedMatrix>);
 
 impl CustomOp1 for MatmulOp {
     fn name(&self) -> &'static str {
@@ -355,21 +133,21 @@ impl CustomOp1 for MatmulOp {
             candle_core::bail!("kvlab-qmatmul takes contiguous activations")
         };
         let mut dims = layout.shape().dims().to_vec();
-        if dims.last() != Some(&w.cols) {
+        if dims.last() != Some(&w.cols()) {
             candle_core::bail!(
                 "activations {:?} against a [{}, {}] matrix",
                 dims,
-                w.rows,
-                w.cols
+                w.rows(),
+                w.cols()
             )
         }
         let x = &data[start..end];
-        let m = x.len() / w.cols;
-        let mut out = vec![0f32; m * w.rows];
-        w.matmul(x, m, &mut out)
+        let m = x.len() / w.cols();
+        let mut out = vec![0f32; m * w.rows()];
+        w.matmul(&CandlePool, x, m, &mut out)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         if let Some(last) = dims.last_mut() {
-            *last = w.rows;
+            *last = w.rows();
         }
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }

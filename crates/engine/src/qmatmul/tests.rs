@@ -1,238 +1,78 @@
-//! Every backend against dequantize-then-multiply on random matrices, and the SIMD backends
-//! against the portable one bit for bit.
+//! Our kernels against ggml's own arithmetic, through candle: the blocks decode as candle
+//! dequantizes them, and a matrix candle quantized multiplies as candle's dequantized copy
+//! does. The kernels' own tests (every backend, bit for bit against the portable one) are in
+//! `kvlab-cpu`.
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
+use kvlab_cpu::qmatmul::{decode_block, ALL_FORMATS};
 
 use super::*;
 
-fn random(rng: &mut kvlab_turboquant::Rng, n: usize, spread: bool) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let v = rng.gaussian() as f32;
-            // Rows of very different magnitudes and a few outliers, as real weights have.
-            if spread {
-                v * (0.2 + (i % 13) as f32) + if i % 97 == 0 { 8.0 } else { 0.0 }
-            } else {
-                v
-            }
-        })
-        .collect()
-}
-
-/// A random `[rows, cols]` matrix quantized by candle, its dequantized f32 values and ours.
-fn matrix(format: QFormat, rows: usize, cols: usize, seed: u64) -> (PackedMatrix, Vec<f32>) {
-    let mut rng = kvlab_turboquant::Rng::new(seed, 1);
-    let dev = Device::Cpu;
-    let w = Tensor::from_vec(random(&mut rng, rows * cols, true), (rows, cols), &dev).unwrap();
-    let q = QTensor::quantize(&w, format.ggml()).unwrap();
-    let deq: Vec<f32> = q
-        .dequantize(&dev)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    (PackedMatrix::from_qtensor(&q).unwrap().unwrap(), deq)
-}
-
-/// The shapes each format is checked at: one superblock, several, an E2B-like width, and row
-/// counts that leave a partial last tile.
-fn shapes(format: QFormat) -> Vec<(usize, usize)> {
-    let sb = format.geometry().sb;
-    vec![(16, sb), (37, 2 * sb), (48, 1536), (5, 6 * sb)]
-}
-
-const BACKENDS: [Backend; 4] = [
-    Backend::Avx512Vnni,
-    Backend::Avx2,
-    Backend::Neon,
-    Backend::Portable,
-];
-
+/// Every format's decoded values equal candle's dequantization of the same ggml bytes.
 #[test]
-fn kernels_match_dequantize_then_multiply() {
-    let mut tried = Vec::new();
-    for format in ALL_FORMATS {
-        for (si, (rows, cols)) in shapes(format).into_iter().enumerate() {
-            let (w, deq) = matrix(format, rows, cols, 10 + si as u64);
-            for m in [1usize, 3, 4, 9, 70] {
-                let mut rng = kvlab_turboquant::Rng::new(99 + m as u64, 2);
-                let x = random(&mut rng, m * cols, false);
-                // The activations as the kernels see them (quantized), for a tight reference.
-                let mut acts = QuantizedActs::default();
-                acts.quantize_into(&x, m, cols);
-                let xq: Vec<f32> = (0..m * cols)
-                    .map(|i| acts.q[i] as f32 * acts.d[i / activation::BLOCK])
-                    .collect();
-                let reference = |xs: &[f32]| -> (Vec<f64>, Vec<f64>) {
-                    let mut y = vec![0f64; m * rows];
-                    let mut mag = vec![0f64; m * rows];
-                    for i in 0..m {
-                        for r in 0..rows {
-                            for k in 0..cols {
-                                let p = xs[i * cols + k] as f64 * deq[r * cols + k] as f64;
-                                y[i * rows + r] += p;
-                                mag[i * rows + r] += p.abs();
-                            }
-                        }
-                    }
-                    (y, mag)
-                };
-                let (tight, mag) = reference(&xq);
-                let (exact, _) = reference(&x);
-                let mut portable = vec![0f32; m * rows];
-                w.matmul_with(Backend::Portable, &x, m, &mut portable)
-                    .unwrap();
-                for backend in BACKENDS.into_iter().filter(|b| b.available()) {
-                    let mut got = vec![0f32; m * rows];
-                    w.matmul_with(backend, &x, m, &mut got).unwrap();
-                    for i in 0..m * rows {
-                        let err = (got[i] as f64 - tight[i]).abs();
-                        assert!(
-                            err <= 1e-5 * mag[i] + 1e-6,
-                            "{format:?} {backend:?} [{rows}x{cols}] m={m} out {i}: {} vs {} (mag {})",
-                            got[i],
-                            tight[i],
-                            mag[i]
-                        );
-                    }
-                    assert_eq!(
-                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{format:?} {backend:?} differs from the portable kernel"
-                    );
-                    if !tried.contains(&backend) {
-                        tried.push(backend);
-                    }
+fn decoded_blocks_dequantize_as_ggml() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    let mut rng = kvlab_turboquant::Rng::new(7, 0);
+    for f in ALL_FORMATS {
+        let g = f.geometry();
+        let (rows, cols) = (3, 512);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| rng.gaussian() as f32 * (1.0 + (i % 7) as f32) - 0.3)
+            .collect();
+        let t = Tensor::from_vec(data, (rows, cols), &dev)?;
+        let q = QTensor::quantize(&t, ggml_type(f))?;
+        let want: Vec<f32> = q.dequantize(&dev)?.flatten_all()?.to_vec1()?;
+        let bytes = q.data()?;
+        let got: Vec<f32> = bytes
+            .chunks_exact(g.ggml_block)
+            .flat_map(|b| decode_block(f, b).values(&g))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                "{f:?} [{i}]: {a} vs {b}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A matrix quantized by candle, repacked, multiplies on candle's pool as its dequantized
+/// copy does in f64 (within the activations' rounding), and its rows and embedding lookups
+/// are candle's dequantized rows exactly.
+#[test]
+fn candle_quantized_matrices_multiply_as_their_dequantized_copies() -> Result<()> {
+    let dev = Device::Cpu;
+    let mut rng = kvlab_turboquant::Rng::new(3, 1);
+    for f in ALL_FORMATS {
+        let (rows, cols, m) = (37, 2 * f.geometry().sb, 5);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gaussian() as f32).collect();
+        let q = QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &dev)?, ggml_type(f))?;
+        let deq: Vec<f32> = q.dequantize(&dev)?.flatten_all()?.to_vec1()?;
+        let packed = Arc::new(from_qtensor(&q)?.ok_or_else(|| EngineError::invalid("no kernel"))?);
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.gaussian() as f32).collect();
+        let y: Vec<f32> = forward(&packed, &Tensor::from_vec(x.clone(), (m, cols), &dev)?)?
+            .flatten_all()?
+            .to_vec1()?;
+        for i in 0..m {
+            for r in 0..rows {
+                let (mut want, mut mag) = (0f64, 0f64);
+                for k in 0..cols {
+                    let p = x[i * cols + k] as f64 * deq[r * cols + k] as f64;
+                    want += p;
+                    mag += p.abs();
                 }
-                // Against the unquantized activations, only the activation rounding remains.
-                let num: f64 = (0..m * rows)
-                    .map(|i| (portable[i] as f64 - exact[i]).powi(2))
-                    .sum();
-                let den: f64 = exact.iter().map(|v| v * v).sum();
+                let got = y[i * rows + r] as f64;
                 assert!(
-                    (num / den).sqrt() < 0.02,
-                    "{format:?} [{rows}x{cols}] m={m}: relative error {}",
-                    (num / den).sqrt()
+                    (got - want).abs() <= 0.02 * mag,
+                    "{f:?} [{i}, {r}]: {got} vs {want}"
                 );
             }
         }
+        let e = packed.embedding(&[36, 0])?;
+        assert_eq!(e[..cols], deq[36 * cols..37 * cols], "{f:?}");
     }
-    // This machine's best backend was among those checked.
-    assert!(tried.contains(&Backend::best()), "{tried:?}");
-}
-
-#[test]
-fn repacked_rows_dequantize_as_ggml_and_keep_their_size() {
-    for format in ALL_FORMATS {
-        let (rows, cols) = (37, 2 * format.geometry().sb);
-        let (w, deq) = matrix(format, rows, cols, 5);
-        let mut row = vec![0f32; cols];
-        for r in 0..rows {
-            w.dequantize_row(r, &mut row);
-            assert_eq!(row, deq[r * cols..(r + 1) * cols], "{format:?} row {r}");
-        }
-        let ids = [0u32, 36, 5];
-        let e = w.embedding(&ids).unwrap();
-        assert_eq!(e[cols..2 * cols], deq[36 * cols..37 * cols]);
-        assert!(w.embedding(&[37]).is_err());
-        // Held bytes against ggml's, for a full-size row count (no padding tile).
-        let (big, _) = matrix(format, 256, 1536, 6);
-        let ggml = 256 * 1536 / format.geometry().sb * format.geometry().ggml_block;
-        let ratio = big.held_bytes() as f64 / ggml as f64;
-        assert!((1.0..1.03).contains(&ratio), "{format:?}: {ratio}");
-    }
-}
-
-#[test]
-fn bad_shapes_and_lengths_are_errors() {
-    assert!(PackedMatrix::from_ggml(QFormat::Q4K, &[0; 144], 1, 128).is_err());
-    assert!(PackedMatrix::from_ggml(QFormat::Q8_0, &[0; 33], 1, 32).is_err());
-    let (w, _) = matrix(QFormat::Q8_0, 16, 64, 1);
-    let mut out = vec![0f32; 16];
-    assert!(w.matmul(&[0.0; 63], 1, &mut out).is_err());
-}
-
-#[test]
-fn non_finite_activations_reach_the_outputs() {
-    for format in ALL_FORMATS {
-        let (w, _) = matrix(format, 16, format.geometry().sb, 3);
-        let mut x = vec![0.5f32; w.cols()];
-        x[3] = f32::NAN;
-        let mut out = vec![0f32; 16];
-        w.matmul(&x, 1, &mut out).unwrap();
-        assert!(out.iter().all(|v| v.is_nan()), "{format:?}: {out:?}");
-    }
-}
-
-/// ggml blocks whose every stored integer is its format's largest (Q8_0's: −128, the largest
-/// magnitude), with small float scales: the widest integer sums any kernel can meet.
-fn saturated_blocks(format: QFormat, rows: usize, cols: usize) -> Vec<u8> {
-    let g = format.geometry();
-    let mut bytes = vec![0xFFu8; rows * (cols / g.sb) * g.ggml_block];
-    let small = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
-    for block in bytes.chunks_exact_mut(g.ggml_block) {
-        match format {
-            QFormat::Q6K => block[g.ggml_block - 2..].copy_from_slice(&small),
-            QFormat::Q4K | QFormat::Q5K => {
-                block[..2].copy_from_slice(&small);
-                block[2..4].copy_from_slice(&small);
-            }
-            QFormat::Q8_0 => {
-                block[..2].copy_from_slice(&small);
-                block[2..].fill(0x80);
-            }
-            QFormat::Q4_0 | QFormat::Q5_0 => block[..2].copy_from_slice(&small),
-        }
-    }
-    bytes
-}
-
-#[test]
-fn kernels_hold_the_widest_integer_sums() {
-    // Activations of one sign quantize to ±127 everywhere, so with every weight at its
-    // largest, each 16-bit partial sum a kernel keeps is at its bound: an overflow would
-    // show as a wrong sign or magnitude against the dequantized reference.
-    for format in ALL_FORMATS {
-        let (rows, cols) = (24, 2 * format.geometry().sb);
-        let w = PackedMatrix::from_ggml(format, &saturated_blocks(format, rows, cols), rows, cols)
-            .unwrap();
-        let mut deq = vec![0f32; rows * cols];
-        for (r, row) in deq.chunks_exact_mut(cols).enumerate() {
-            w.dequantize_row(r, row);
-        }
-        for sign in [1.0f32, -1.0] {
-            for m in [1usize, 4] {
-                let x = vec![sign; m * cols];
-                let mut portable = vec![0f32; m * rows];
-                w.matmul_with(Backend::Portable, &x, m, &mut portable)
-                    .unwrap();
-                for (i, &got) in portable.iter().enumerate() {
-                    let r = i % rows;
-                    let want: f64 = deq[r * cols..(r + 1) * cols]
-                        .iter()
-                        .map(|&v| v as f64 * sign as f64)
-                        .sum();
-                    let mag: f64 = deq[r * cols..(r + 1) * cols]
-                        .iter()
-                        .map(|v| v.abs() as f64)
-                        .sum();
-                    assert!(
-                        (got as f64 - want).abs() <= 1e-5 * mag,
-                        "{format:?} m={m} sign {sign} out {i}: {got} vs {want}"
-                    );
-                }
-                for backend in BACKENDS.into_iter().filter(|b| b.available()) {
-                    let mut got = vec![0f32; m * rows];
-                    w.matmul_with(backend, &x, m, &mut got).unwrap();
-                    assert_eq!(
-                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{format:?} {backend:?} m={m} sign {sign}"
-                    );
-                }
-            }
-        }
-    }
+    Ok(())
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::{EngineError, Result};
-use crate::qmatmul::{packed_bytes, PackedMatrix, QFormat};
+use crate::qmatmul::{from_qtensor, ggml_type, packed_bytes, PackedMatrix, QFormat};
 
 pub use choice::{Held, WeightsChoice, WEIGHTS_CHOICES};
 pub use gguf::gguf_name;
@@ -107,7 +107,7 @@ impl Matrix {
     /// The profiler's row for multiplies by this matrix.
     pub fn profile_label(&self) -> &'static str {
         match self {
-            Matrix::Packed(p) => crate::profile::quant_label(p.format().ggml()),
+            Matrix::Packed(p) => crate::profile::quant_label(ggml_type(p.format())),
             Matrix::Candle(QMatMul::QTensor(q)) => crate::profile::quant_label(q.dtype()),
             Matrix::Candle(QMatMul::Tensor(_)) => "matmul dense",
             Matrix::Candle(QMatMul::TensorF16(_)) => "matmul dense f16",
@@ -461,7 +461,7 @@ impl WeightStore {
         cols: usize,
         lookup_only: bool,
     ) -> Option<QFormat> {
-        let f = QFormat::from_ggml(q)?;
+        let f = crate::qmatmul::format_of(q)?;
         (self.device.is_cpu() && !lookup_only && cols.is_multiple_of(f.geometry().sb)).then_some(f)
     }
 
@@ -472,7 +472,7 @@ impl WeightStore {
     fn hold(&self, q: QTensor) -> Result<Matrix> {
         let (_, cols) = q.shape().dims2()?;
         if self.packed_format(q.dtype(), cols, false).is_some() {
-            if let Some(p) = PackedMatrix::from_qtensor(&q)? {
+            if let Some(p) = from_qtensor(&q)? {
                 return Ok(Matrix::Packed(Arc::new(p)));
             }
         }
@@ -595,7 +595,7 @@ impl WeightStore {
             }
         };
         let table = match self.packed_format(quantized.dtype(), cols, !matmul) {
-            Some(_) => match PackedMatrix::from_qtensor(&quantized)? {
+            Some(_) => match from_qtensor(&quantized)? {
                 Some(p) => Table::Packed(Arc::new(p)),
                 None => Table::Quantized(Arc::new(quantized)),
             },

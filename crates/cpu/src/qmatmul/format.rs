@@ -1,8 +1,8 @@
 //! The quantized weight types the CPU kernels read, and how a ggml block of each decodes into
 //! one canonical form: per row and superblock, the float scales, the integer sub-block scales
 //! and mins, and the stored integer of every weight (so that weight = `d·sc·(q − offset) −
-//! dmin·min`). Byte layouts follow ggml's `block_q*` structs exactly (checked against candle's
-//! dequantization in the tests).
+//! dmin·min`). Byte layouts follow ggml's `block_q*` structs exactly (checked against ggml's
+//! dequantization, through candle, in the engine's tests).
 
 /// A quantized weight type with a CPU kernel of our own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,7 +22,6 @@ pub enum QFormat {
 }
 
 /// Every format, for tests and listings.
-#[cfg(test)]
 pub const ALL_FORMATS: [QFormat; 6] = [
     QFormat::Q4_0,
     QFormat::Q5_0,
@@ -94,33 +93,6 @@ impl QFormat {
         }
     }
 
-    /// The format of a ggml type, if a kernel of ours reads it.
-    pub fn from_ggml(t: candle_core::quantized::GgmlDType) -> Option<Self> {
-        use candle_core::quantized::GgmlDType as G;
-        Some(match t {
-            G::Q4_0 => QFormat::Q4_0,
-            G::Q5_0 => QFormat::Q5_0,
-            G::Q8_0 => QFormat::Q8_0,
-            G::Q4K => QFormat::Q4K,
-            G::Q5K => QFormat::Q5K,
-            G::Q6K => QFormat::Q6K,
-            _ => return None,
-        })
-    }
-
-    /// The ggml type of this format.
-    pub fn ggml(self) -> candle_core::quantized::GgmlDType {
-        use candle_core::quantized::GgmlDType as G;
-        match self {
-            QFormat::Q4_0 => G::Q4_0,
-            QFormat::Q5_0 => G::Q5_0,
-            QFormat::Q8_0 => G::Q8_0,
-            QFormat::Q4K => G::Q4K,
-            QFormat::Q5K => G::Q5K,
-            QFormat::Q6K => G::Q6K,
-        }
-    }
-
     /// Lower-case name (`q4_k`), as the profiler labels matmuls.
     pub fn name(self) -> &'static str {
         match self {
@@ -165,7 +137,6 @@ pub struct Decoded {
 
 impl Decoded {
     /// The weights as f32, as ggml dequantizes them.
-    #[cfg(test)]
     pub fn values(&self, g: &Geometry) -> Vec<f32> {
         use half::f16;
         let d = f16::from_bits(self.d).to_f32();
@@ -289,42 +260,4 @@ pub fn decode_block(format: QFormat, block: &[u8]) -> Decoded {
     }
     out.q = q;
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use candle_core::quantized::QTensor;
-    use candle_core::{Device, Tensor};
-
-    use super::*;
-
-    /// Every format's decoded values equal candle's dequantization of the same ggml bytes.
-    #[test]
-    fn decoded_blocks_dequantize_as_ggml() -> candle_core::Result<()> {
-        let dev = Device::Cpu;
-        let mut rng = kvlab_turboquant::Rng::new(7, 0);
-        for f in ALL_FORMATS {
-            let g = f.geometry();
-            let (rows, cols) = (3, 512);
-            let data: Vec<f32> = (0..rows * cols)
-                .map(|i| rng.gaussian() as f32 * (1.0 + (i % 7) as f32) - 0.3)
-                .collect();
-            let t = Tensor::from_vec(data, (rows, cols), &dev)?;
-            let q = QTensor::quantize(&t, f.ggml())?;
-            let want: Vec<f32> = q.dequantize(&dev)?.flatten_all()?.to_vec1()?;
-            let bytes = q.data()?;
-            let got: Vec<f32> = bytes
-                .chunks_exact(g.ggml_block)
-                .flat_map(|b| decode_block(f, b).values(&g))
-                .collect();
-            assert_eq!(got.len(), want.len());
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
-                    "{f:?} [{i}]: {a} vs {b}"
-                );
-            }
-        }
-        Ok(())
-    }
 }

@@ -19,11 +19,7 @@ const PREFETCH: usize = 8192;
 
 /// Whether this CPU runs this backend.
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::features().avx512_vnni
 }
 
 /// Output columns of `tiles` for activation rows `rows`.

@@ -31,7 +31,7 @@ impl Backend {
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => super::avx2::available(),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            Backend::Neon => crate::features().neon,
             Backend::Portable => true,
             #[allow(unreachable_patterns)]
             _ => false,

@@ -5,7 +5,7 @@
 /// `e^x` for `x` in f32's range, within 2 ulp: `2^n · p(r)` with `x = n·ln2 + r`,
 /// `|r| ≤ ln2/2` and `p` the degree-6 Taylor polynomial (remainder below 1.2e-7).
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that n·LN2_HI is exact for |n| < 2^10.
     const LN2_HI: f32 = 0.693_145_75;
@@ -24,15 +24,15 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 /// `tanh(x) = 1 − 2/(e^{2x} + 1)`, saturating to ±1.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
+pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
 /// Softmax numerators: `x ← e^(x − m)` in place, a masked score (−∞) becoming exactly 0 (so
 /// callers may skip it), and returns their sum. Both passes vectorize: the exponentials as a
 /// plain map, the sum in 16 lanes added pairwise at the end.
-pub(crate) fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
-    widest!(exp_shifted_sum_body(x, m))
+pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
+    crate::widest!(exp_shifted_sum_body(x, m))
 }
 
 #[inline(always)]
@@ -54,6 +54,7 @@ fn exp_shifted_sum_body(x: &mut [f32], m: f32) -> f32 {
 
 /// Runs `$body(args)` compiled for AVX-512 or AVX2 when this CPU has them (the body must be
 /// `#[inline(always)]` plain Rust: it is compiled into each variant).
+#[macro_export]
 macro_rules! widest {
     ($body:ident($($arg:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]
@@ -62,12 +63,11 @@ macro_rules! widest {
             unsafe fn wide<R>(f: impl FnOnce() -> R) -> R { f() }
             #[target_feature(enable = "avx2,fma")]
             unsafe fn narrow<R>(f: impl FnOnce() -> R) -> R { f() }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the feature was just detected.
+            let cpu = $crate::features();
+            if cpu.avx512 {
+                // SAFETY: the feature was detected.
                 unsafe { wide(|| $body($($arg),*)) }
-            } else if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            } else if cpu.avx2 {
                 // SAFETY: as above.
                 unsafe { narrow(|| $body($($arg),*)) }
             } else {
@@ -78,7 +78,6 @@ macro_rules! widest {
         $body($($arg),*)
     }};
 }
-pub(crate) use widest;
 
 #[cfg(test)]
 mod tests {

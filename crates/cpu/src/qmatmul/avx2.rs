@@ -21,9 +21,7 @@ const HALF: usize = TILE_ROWS / 2;
 
 /// Whether this CPU runs this backend.
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::features().avx2
 }
 
 /// Output columns of `tiles` for activation rows `rows`.

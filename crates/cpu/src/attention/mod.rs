@@ -1,0 +1,81 @@
+//! The two products of decode attention over f16 cache rows, for all query rows of a group
+//! at once: scores `scale · q_r · k_j` and weighted sums `Σ_j p[r][j] · v_j`. AVX-512 (f16
+//! widened by `vcvtph2ps`, 16 lanes) or AVX2 with F16C (8 lanes) on x86-64 when the head
+//! width is a multiple of 16, else plain loops (the reference the SIMD ones are tested
+//! against). The engine's attention reads the rows straight from its cache buffers and merges
+//! key blocks; this module only multiplies.
+
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+use half::f16;
+
+/// `out[r][j] = scale · q_r · k_j` (`q`: `rows × d`); the SIMD kernels prefetch the
+/// keys ahead and `prefetch` (any rows, usually the block's values) alongside.
+pub fn scores(
+    q: &[f32],
+    keys: &[&[f16]],
+    prefetch: &[&[f16]],
+    rows: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = keys.first().map_or(0, |k| k.len());
+    assert!(q.len() >= rows * d && out.len() >= rows * keys.len());
+    assert!(keys.iter().all(|k| k.len() == d));
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(16) {
+        if crate::features().avx512 {
+            // SAFETY: AVX-512F detected; every row has d values, asserted above.
+            return unsafe { x86::scores512(q, keys, prefetch, rows, d, scale, out) };
+        }
+        if crate::features().avx2 {
+            // SAFETY: AVX2, FMA and F16C detected; lengths asserted above.
+            return unsafe { x86::scores256(q, keys, prefetch, rows, d, scale, out) };
+        }
+    }
+    let _ = prefetch; // the plain loops leave fetching to the hardware
+    let span = keys.len();
+    for r in 0..rows {
+        for (j, k) in keys.iter().enumerate() {
+            let s: f32 = q[r * d..(r + 1) * d]
+                .iter()
+                .zip(*k)
+                .map(|(a, b)| a * b.to_f32())
+                .sum();
+            out[r * span + j] = s * scale;
+        }
+    }
+}
+
+/// `out[r] = Σ_j p[r][j] · v_j` (`p`: `rows × span`, `out`: `rows × d`).
+pub fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, out: &mut [f32]) {
+    let d = vals.first().map_or(0, |v| v.len());
+    let span = vals.len();
+    assert!(p.len() >= rows * span && out.len() >= rows * d);
+    assert!(vals.iter().all(|v| v.len() == d));
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(16) {
+        if crate::features().avx512 {
+            // SAFETY: AVX-512F detected; lengths asserted above.
+            return unsafe { x86::weighted512(p, vals, rows, d, out) };
+        }
+        if crate::features().avx2 {
+            // SAFETY: AVX2, FMA and F16C detected; lengths asserted above.
+            return unsafe { x86::weighted256(p, vals, rows, d, out) };
+        }
+    }
+    out[..rows * d].fill(0.0);
+    for r in 0..rows {
+        for (j, v) in vals.iter().enumerate() {
+            let w = p[r * span + j];
+            if w == 0.0 {
+                continue;
+            }
+            for (o, x) in out[r * d..(r + 1) * d].iter_mut().zip(*v) {
+                *o += w * x.to_f32();
+            }
+        }
+    }
+}
