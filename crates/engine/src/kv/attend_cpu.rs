@@ -30,28 +30,51 @@ impl<T> Rows<'_, T> {
     }
 }
 
+/// Passes over the keys a short prompt chunk may take through the fast path (each of at most
+/// [`MAX_ROWS`] query rows): a turn's few new tokens at depth then read the cache as a few
+/// decode steps would, where the general path converted every visible key and value to f32
+/// first (at 30k tokens of history that was most of the turn's time to first token).
+const MAX_PASSES: usize = 4;
+
 /// `Some(output)` when the fast path applies (CPU, f32 queries, f16 K/V with contiguous
-/// rows, few query rows), else `None` for the general path.
+/// rows, few query rows: at most [`MAX_ROWS`] per pass, in up to [`MAX_PASSES`] passes of
+/// consecutive query positions), else `None` for the general path.
 pub fn try_attend(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Result<Option<Tensor>> {
     let (n_heads, t, d) = q.dims3()?;
     let (n_kv, s, _) = k.dims3()?;
     let group = n_heads / n_kv;
+    // Query positions per pass.
+    let per_pass = MAX_ROWS / group.max(1);
     // f32 caches go through candle's GEMM, which measured as fast; f16 ones would need a
     // converted copy of every visible key first (3× slower at 4k keys).
     if !q.device().is_cpu()
         || q.dtype() != DType::F32
         || k.dtype() != DType::F16
         || v.dtype() != DType::F16
-        || group * t > MAX_ROWS
+        || per_pass == 0
+        || t.div_ceil(per_pass) > MAX_PASSES
         || k.stride()[2] != 1
         || v.stride()[2] != 1
     {
         return Ok(None);
     }
     let q = q.contiguous()?;
-    let qv: Vec<f32> = q.flatten_all()?.to_vec1()?;
-    let out = run::<half::f16>(&qv, k, v, spec, (n_kv, group, t, d, s))?;
-    Ok(Some(Tensor::from_vec(out, (n_heads, t, d), q.device())?))
+    let mut parts = Vec::with_capacity(t.div_ceil(per_pass));
+    for a in (0..t).step_by(per_pass) {
+        let tb = per_pass.min(t - a);
+        let qv: Vec<f32> = q.narrow(1, a, tb)?.flatten_all()?.to_vec1()?;
+        let pass = AttendSpec {
+            query_start: spec.query_start + a,
+            ..*spec
+        };
+        let out = run::<half::f16>(&qv, k, v, &pass, (n_kv, group, tb, d, s))?;
+        parts.push(Tensor::from_vec(out, (n_heads, tb, d), q.device())?);
+    }
+    Ok(Some(if parts.len() == 1 {
+        parts.remove(0)
+    } else {
+        Tensor::cat(&parts, 1)?
+    }))
 }
 
 /// Element types the fast path reads, with its two inner loops over one cache row for all
@@ -268,7 +291,15 @@ mod tests {
         let buf = Tensor::randn(0f32, 1.0, (2, 40, 16), &dev)?.to_dtype(DType::F16)?;
         let k = buf.narrow(1, 3, 29)?;
         let v = (buf.narrow(1, 5, 29)? * 0.5)?;
-        for (t, window) in [(1, None), (3, Some(8)), (4, None), (1, Some(8))] {
+        // t 13 (8 query heads on 2 kv heads: 8 positions a pass) takes two passes.
+        for (t, window) in [
+            (1, None),
+            (3, Some(8)),
+            (4, None),
+            (1, Some(8)),
+            (13, None),
+            (13, Some(8)),
+        ] {
             let q = Tensor::randn(0f32, 1.0, (8, t, 16), &dev)?;
             let spec = AttendSpec {
                 query_start: 100 + 29 - t,
