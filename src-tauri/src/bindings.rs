@@ -10,7 +10,10 @@ use kvlab_engine::card::{HeadShape, LayerCounts, MemoryEstimate, ModelCard};
 use kvlab_engine::chat::{Message, Role, TemplateSource};
 use kvlab_engine::compare::{CompareEvent, CompareFidelity};
 use kvlab_engine::config::{AttentionKind, Family};
-use kvlab_engine::events::{Activity, DoneReason, ErrorCode, Event, GenStats, LoadPhase};
+use kvlab_engine::events::{
+    Activity, CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason,
+    ErrorCode, Event, GenStats, LoadPhase, MarkerKind, Tier,
+};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
 use kvlab_engine::kv::{
     CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
@@ -46,6 +49,12 @@ pub fn typescript() -> String {
     let cfg = Config::new().with_large_int("number");
     let mut decls = vec![
         decl::<Activity>(&cfg),
+        decl::<CacheOrigin>(&cfg),
+        decl::<ConversationChoice>(&cfg),
+        decl::<ConversationId>(&cfg),
+        decl::<ConversationInfo>(&cfg),
+        decl::<MarkerKind>(&cfg),
+        decl::<Tier>(&cfg),
         decl::<AttentionKind>(&cfg),
         decl::<ByteCount>(&cfg),
         decl::<CacheChoice>(&cfg),
@@ -185,6 +194,7 @@ fn facts() -> String {
         json(serde_json::json!({
             "engineStatus": crate::STATUS_EVENT,
             "memorySample": crate::monitor::MEMORY_EVENT,
+            "memoryMarker": crate::monitor::MARKER_EVENT,
         })),
         json(serde_json::json!(kvlab_engine::WEIGHTS_CHOICES)),
         json(serde_json::json!(bytes)),

@@ -6,12 +6,12 @@
 
 use kvlab_engine::compare::{CompareEvent, CompareRequest as EngineCompare};
 use kvlab_engine::device::DeviceChoice;
-use kvlab_engine::events::{Activity, Event};
+use kvlab_engine::events::{Activity, ConversationId, Event};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
 use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::worker::{ActivityListener, LoadRequest};
+use kvlab_engine::worker::{ActivityListener, LoadRequest, PoolSettings};
 use kvlab_engine::{
     Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelCard, ModelSource, WeightsChoice,
 };
@@ -59,9 +59,20 @@ fn load_options(weights: Option<WeightsChoice>) -> Res<LoadOptions> {
 
 impl EngineBridge {
     /// Starts the engine thread; `on_activity` hears every change of what it is doing.
-    pub fn spawn(on_activity: ActivityListener) -> Res<Self> {
+    /// Conversations' caches spill to, and come back from, `caches` (the sessions folder:
+    /// each session's `ID.kvc`), within `disk_budget` bytes.
+    pub fn spawn(
+        on_activity: ActivityListener,
+        caches: std::path::PathBuf,
+        disk_budget: u64,
+    ) -> Res<Self> {
         let handle = Engine::spawn()?;
         handle.on_activity(on_activity);
+        handle.set_pool_settings(PoolSettings {
+            spill_dir: Some(caches),
+            disk_budget,
+            ..PoolSettings::default()
+        });
         Ok(Self { handle })
     }
 
@@ -96,7 +107,7 @@ impl EngineBridge {
             policy: cache.policy()?,
             context,
         };
-        self.handle.load_blocking(request, |_| {})
+        self.handle.submit(request)?.wait(|_| true)
     }
 
     /// Runs one chat turn; `on_event` gets the engine's events as they come (false: the UI
@@ -104,16 +115,19 @@ impl EngineBridge {
     pub fn generate(
         &self,
         request: GenerateRequest,
-        on_event: impl FnMut(Event) -> bool + Send + 'static,
+        mut on_event: impl FnMut(Event) -> bool + Send + 'static,
     ) -> Res<()> {
-        self.handle.stream_blocking(request, on_event)
+        self.handle
+            .submit(request)?
+            .wait(|ev| on_event(ev.clone()))
+            .map(|_| ())
     }
 
     /// Runs one prompt through two caches side by side, then fidelity. Blocks until it ends.
     pub fn compare(
         &self,
         req: CompareRequest,
-        on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
+        mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
     ) -> Res<()> {
         let request = EngineCompare {
             prompt: req.prompt,
@@ -127,24 +141,31 @@ impl EngineBridge {
                 .map(CacheSelection::spec)
                 .collect::<Result<_, _>>()?,
         };
-        self.handle.compare_blocking(request, on_event)
+        self.handle
+            .submit(request)?
+            .wait(|ev| on_event(ev.clone()))
+            .map(|_| ())
     }
 
-    /// Stops the running generation or comparison before its next token.
-    pub fn cancel(&self) {
-        self.handle.cancel();
+    /// Stops `conversation`'s generation (every request: `None`) before its next token.
+    pub fn cancel(&self, conversation: Option<&ConversationId>) {
+        self.handle.cancel(conversation);
     }
 
-    /// Forgets the conversation in the cache (blocks for the engine's answer).
-    pub fn reset(&self) -> Res<()> {
-        self.handle.reset()
+    /// Re-encodes `conversation`'s cache as `cache` selects (between two tokens when
+    /// generating; for a conversation not yet in memory, the cache of its next turn; with no
+    /// model loaded, the next load's) and returns the timeline marker. Blocks until done.
+    pub fn switch_cache(
+        &self,
+        conversation: &ConversationId,
+        cache: &CacheSelection,
+    ) -> Res<SwitchEvent> {
+        self.handle.switch_cache(conversation, cache.policy()?)
     }
 
-    /// Re-encodes the conversation's cache as `cache` selects (between two tokens when
-    /// generating; with no model loaded, the engine keeps it for the next load) and returns
-    /// the timeline marker. Blocks until done.
-    pub fn switch_cache(&self, cache: &CacheSelection) -> Res<SwitchEvent> {
-        self.handle.switch_cache(cache.policy()?)
+    /// The cache new conversations get (the user's choice for new chats).
+    pub fn set_default_cache(&self, cache: &CacheSelection) -> Res<SwitchEvent> {
+        self.handle.set_default_policy(cache.policy()?)
     }
 
     /// The engine's handle, for queries answered on the calling thread (token counts,
@@ -153,9 +174,15 @@ impl EngineBridge {
         &self.handle
     }
 
-    /// A memory timeline point now (never waits for a generation).
+    /// A memory timeline point now (never waits for a generation): every conversation's
+    /// bytes and tier.
     pub fn memory_sample(&self, t_ms: u64, probe: &mut RssProbe) -> MemorySample {
-        self.handle.memory_sample(t_ms, probe)
+        self.handle.memory_sample(t_ms, probe, None)
+    }
+
+    /// The pool's markers (demotions, spills, restores, drops) after number `seen`.
+    pub fn markers_since(&self, seen: u64) -> (Vec<SwitchEvent>, u64) {
+        self.handle.markers_since(seen)
     }
 
     /// What the engine is doing now.
@@ -179,9 +206,17 @@ mod tests {
         Box::new(|_| {})
     }
 
+    fn spawn() -> Res<EngineBridge> {
+        EngineBridge::spawn(
+            quiet(),
+            std::env::temp_dir().join("kvlab-bridge-test"),
+            1 << 20,
+        )
+    }
+
     #[test]
     fn the_load_checks_the_context_the_estimate_showed() -> Res<()> {
-        let bridge = EngineBridge::spawn(quiet())?;
+        let bridge = spawn()?;
         let f32 = CacheSelection::Spec("f32".into());
         let (short, long) = (100, 256);
         let need = |ctx| bridge.estimate(&tiny_gguf(), ctx, &f32, None);
@@ -203,7 +238,7 @@ mod tests {
     #[test]
     fn the_app_rewinds_as_far_as_the_engine_says() -> Res<()> {
         // One margin: the app's engine and a bare one estimate the same sliding layers.
-        let bridge = EngineBridge::spawn(quiet())?;
+        let bridge = spawn()?;
         let bare = Engine::spawn()?;
         let f16 = CacheSelection::Spec("f16".into());
         let opts = load_options(None)?;

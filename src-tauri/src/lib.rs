@@ -71,7 +71,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             chat::commands::preview_prompt,
             chat::commands::compare,
             chat::commands::stop_generation,
-            chat::commands::reset_conversation,
+            chat::commands::stop_compare,
             chat::commands::switch_cache,
             chat::commands::cache_options,
             chat::commands::context_costs,
@@ -104,19 +104,25 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             );
             tracing::info!(dir = %data_dir.display(), "app data");
             let handle = app.handle().clone();
-            let engine = bridge::EngineBridge::spawn(Box::new(move |a: &Activity| {
-                let _ = handle.emit(STATUS_EVENT, a);
-            }))?;
-            let sampled = engine.clone();
+            let sessions = sessions::SessionStore::new(data_dir.join("sessions"));
+            let engine = bridge::EngineBridge::spawn(
+                Box::new(move |a: &Activity| {
+                    let _ = handle.emit(STATUS_EVENT, a);
+                }),
+                sessions.caches().dir().to_path_buf(),
+                sessions::caches::DEFAULT_CACHE_BUDGET_BYTES,
+            )?;
+            let (sampled, marked) = (engine.clone(), engine.clone());
             monitor::spawn_memory_sampler(
                 app.handle().clone(),
                 move |t_ms, probe| sampled.memory_sample(t_ms, probe),
+                move |seen| marked.markers_since(seen),
                 monitor::SAMPLE_PERIOD,
             );
             app.manage(state::AppState {
                 engine,
-                sessions: sessions::SessionStore::new(data_dir.join("sessions")),
-                cache_owner: Default::default(),
+                sessions,
+                quitting: Default::default(),
                 cache_budget: sessions::caches::DEFAULT_CACHE_BUDGET_BYTES.into(),
                 documents: documents::Reader::this_executable(documents::Limits::from_env())?,
                 data_dir,

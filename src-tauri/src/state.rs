@@ -13,9 +13,8 @@ use crate::sessions::SessionStore;
 pub struct AppState {
     pub engine: EngineBridge,
     pub sessions: SessionStore,
-    /// The saved session whose conversation the engine's cache holds (the one saved or
-    /// opened last; none after a reset): its cache is what a quit saves.
-    pub cache_owner: std::sync::Mutex<Option<String>>,
+    /// Set once the quit's cache saving ran (quitting raises more than one event).
+    pub quitting: std::sync::atomic::AtomicBool,
     /// What saved caches may take on disk (the user's setting, sent with each save).
     pub cache_budget: std::sync::atomic::AtomicU64,
     /// Reads attached documents in a child process with limits.

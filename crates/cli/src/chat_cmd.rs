@@ -113,9 +113,14 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     };
     let restored = match &args.load_cache {
         Some(file) => {
-            let r = engine.restore_cache(file).map_err(|e| {
-                anyhow::anyhow!("restoring {}: [{}] {}", file.display(), e.code, e.message)
-            })?;
+            let r = engine
+                .restore_cache(
+                    &kvlab_engine::events::ConversationId::default_id(),
+                    Some(std::path::PathBuf::from(file)),
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("restoring {}: [{}] {}", file.display(), e.code, e.message)
+                })?;
             eprintln!(
                 "[restored {} tokens ({}, {:.2} MiB) from {} in {:.3} s, instead of reading them again]",
                 r.tokens,
@@ -127,7 +132,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             if args.kv.as_deref().is_some_and(|kv| kv != r.spec) {
                 // A restore is in the file's precision; --kv converts it, as a switch does.
                 let marker = engine
-                    .switch_cache(policy.clone())
+                    .switch_cache(
+                        &kvlab_engine::events::ConversationId::default_id(),
+                        policy.clone(),
+                    )
                     .map_err(|e| anyhow::anyhow!("converting the cache to {kv}: {e}"))?;
                 eprintln!(
                     "[converted the restored cache {} → {}: {:.2} → {:.2} MiB]",
@@ -179,21 +187,26 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         max_tokens: args.max_tokens,
         prefill_chunk: PREFILL_CHUNK,
         cache: None,
+        stop: Vec::new(),
+        conversation: None,
     };
-    let (events, _cancel) = engine.generate_channel(request)?;
+    let ticket = engine.submit(request)?;
     let tty = std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
     let mut stats: Option<GenStats> = None;
     let mut reason = None;
     let mut streamed = 0usize;
-    for ev in events {
+    for ev in ticket.events() {
         if matches!(ev, Event::Token { .. } | Event::Thinking { .. }) {
             streamed += 1;
             if let Some((at, to, p)) = &switch {
                 if streamed == *at {
                     // Applied by the engine thread between this token and the next.
                     let marker = engine
-                        .switch_cache(p.clone())
+                        .switch_cache(
+                            &kvlab_engine::events::ConversationId::default_id(),
+                            p.clone(),
+                        )
                         .map_err(|e| anyhow::anyhow!("switching the cache to {to}: {e}"))?;
                     eprintln!(
                         "\n[switched the cache {} → {} after {at} tokens in {:.0} ms: KV {:.2} → {:.2} MiB]",
@@ -223,14 +236,19 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     writeln!(out)?;
     drop(out);
     if let Some(file) = &args.save_cache {
-        let saved = engine.save_cache(file).map_err(|e| {
-            anyhow::anyhow!(
-                "saving the cache to {}: [{}] {}",
-                file.display(),
-                e.code,
-                e.message
+        let saved = engine
+            .save_cache(
+                &kvlab_engine::events::ConversationId::default_id(),
+                Some(std::path::PathBuf::from(file)),
             )
-        })?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "saving the cache to {}: [{}] {}",
+                    file.display(),
+                    e.code,
+                    e.message
+                )
+            })?;
         eprintln!(
             "[saved {} tokens ({}) to {}: {:.2} MiB in {:.3} s]",
             saved.tokens,

@@ -80,15 +80,19 @@ impl ModelArgs {
             context,
         };
         let card = engine
-            .load_blocking(request, |ev| {
-                if let kvlab_engine::events::Event::Loading {
-                    phase,
-                    done: Some(d),
-                    total: Some(t),
-                } = ev
-                {
-                    eprint!("\r{phase:?} {d}/{t} bytes");
-                }
+            .submit(request)
+            .and_then(|ticket| {
+                ticket.wait(|ev| {
+                    if let kvlab_engine::events::Event::Loading {
+                        phase,
+                        done: Some(d),
+                        total: Some(t),
+                    } = ev
+                    {
+                        eprint!("\r{phase:?} {d}/{t} bytes");
+                    }
+                    true
+                })
             })
             .with_context(|| format!("loading {}", self.model))?;
         print_warnings(&card.warnings);

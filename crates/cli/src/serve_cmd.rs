@@ -1,6 +1,9 @@
 //! `kvlab serve`: loads a model on the engine thread and serves it over KV Lab's local
 //! OpenAI-compatible API (kvlab-server) until Ctrl-C. Loopback only unless `--host` says
-//! otherwise, and then only with `--api-key`.
+//! otherwise, and then only with `--api-key`. Clients' conversations share one KV budget
+//! (`--kv-budget`): idle ones are demoted (`--demote-to`), then spilled to `--spill-dir`
+//! (within `--disk-budget`), then dropped; on Ctrl-C each goes to its own file, so a restart
+//! with the same model picks them up.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -36,6 +39,57 @@ pub struct ServeArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// KV bytes all conversations may hold in memory together (`512M`, `4G`; default: what
+    /// the machine has available beside the weights).
+    #[arg(long, value_parser = parse_size)]
+    kv_budget: Option<u64>,
+    /// Bytes the conversations' cache files may take on disk together.
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    disk_budget: u64,
+    /// Where idle conversations' caches are spilled (default: `$KVLAB_CACHE/conversations`,
+    /// `~/.cache/kvlab/conversations`).
+    #[arg(long)]
+    spill_dir: Option<std::path::PathBuf>,
+    /// The cache idle conversations are demoted to before they are spilled (default: the
+    /// suggested TurboQuant preset).
+    #[arg(long)]
+    demote_to: Option<String>,
+}
+
+/// A size in bytes: a number with an optional `K`, `M`, `G` or `T` (binary units, `B` and
+/// `iB` allowed: `512M`, `4GiB`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (512M, 4G)"))?;
+    if !(v.is_finite() && v >= 0.0) || v * (1u64 << shift) as f64 > u64::MAX as f64 {
+        return Err(format!("`{s}` is not a size (512M, 4G)"));
+    }
+    Ok((v * (1u64 << shift) as f64) as u64)
+}
+
+/// Where spilled conversations go unless `--spill-dir` says.
+fn default_spill_dir() -> std::path::PathBuf {
+    let cache = std::env::var_os("KVLAB_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/kvlab"))
+        })
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("conversations")
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -52,6 +106,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     .checked()?;
     let engine = Engine::spawn()?;
+    let mut pool = engine.pool_settings();
+    pool.kv_budget = args.kv_budget;
+    pool.disk_budget = args.disk_budget;
+    pool.spill_dir = Some(args.spill_dir.clone().unwrap_or_else(default_spill_dir));
+    if let Some(spec) = &args.demote_to {
+        pool.demote_to = kv_policy(spec)?;
+    }
+    engine.set_pool_settings(pool);
     let card = args
         .model
         .load_into(&engine, kv_policy(&args.kv)?, args.ctx)?;
@@ -68,7 +130,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
+        // Each conversation to its own file: a restart on the same model picks them up.
+        engine.cancel(None);
+        let _ = engine.save_all();
         engine.shutdown();
         anyhow::Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_as_binary_units() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("1.5K"), Ok(1536));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
 }

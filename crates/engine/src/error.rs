@@ -84,6 +84,10 @@ pub enum EngineError {
     /// A tensor operation failed inside candle.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A request needs more memory than the budget leaves, with nothing left to free (the
+    /// message has the figures).
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl EngineError {
@@ -104,6 +108,7 @@ impl EngineError {
             EngineError::InvalidRequest(_) => C::InvalidRequest,
             EngineError::CacheCorrupt(_) => C::CacheCorrupt,
             EngineError::CacheMismatch(_) => C::CacheMismatch,
+            EngineError::OutOfMemory(_) => C::OutOfMemory,
             EngineError::Codec(_) | EngineError::Candle(_) => C::Internal,
         }
     }

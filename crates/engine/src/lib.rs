@@ -30,6 +30,7 @@ pub mod card;
 pub mod chat;
 pub mod config;
 pub mod contract;
+mod conversations;
 pub mod device;
 mod error;
 pub mod family;

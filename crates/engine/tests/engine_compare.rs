@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use kvlab_engine::chat::Message;
 use kvlab_engine::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use kvlab_engine::events::{DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::events::{
+    ConversationId, ConversationInfo, DoneReason, ErrorCode, Event, GenStats,
+};
 use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::RssProbe;
@@ -32,7 +34,10 @@ fn load(engine: &EngineHandle, model: &Path, tokenizer: &Path) {
             path: model.to_path_buf(),
         })
     };
-    engine.load_blocking(request, |_| {}).expect("load fixture");
+    engine
+        .submit(request)
+        .and_then(|t| t.wait(|_| true))
+        .expect("load fixture");
 }
 
 struct Setup {
@@ -55,6 +60,17 @@ fn setup() -> Setup {
         tokenizer,
         _dir: dir,
     }
+}
+
+/// The default conversation as the engine reports it.
+fn conversation(engine: &EngineHandle) -> ConversationInfo {
+    let id = ConversationId::default_id();
+    engine
+        .status()
+        .conversations
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("the default conversation")
 }
 
 fn golden_ids() -> Vec<u32> {
@@ -85,9 +101,18 @@ fn compare_sweeping(
         prefill_chunk: 5,
         sweep,
     };
-    let (rx, _cancel) = engine.compare_channel(request).expect("send");
+    let rx = match engine.submit(request) {
+        Ok(rx) => rx,
+        // Refused as submitted: the one error, as an event.
+        Err(e) => {
+            return vec![CompareEvent::Error {
+                code: e.code,
+                message: e.message,
+            }]
+        }
+    };
     let mut events = Vec::new();
-    for ev in rx {
+    for ev in rx.events() {
         let end = matches!(
             ev,
             CompareEvent::Finished { .. } | CompareEvent::Error { .. }
@@ -274,9 +299,9 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
     assert!(s.engine.tokenizer().is_some());
 
     let expect = golden_ids();
-    let (rx, _c) = s
+    let rx = s
         .engine
-        .generate_channel(GenerateRequest {
+        .submit(GenerateRequest {
             sampling: SamplingParams::greedy(),
             max_tokens: 6,
             ..GenerateRequest::new(Prompt::Ids {
@@ -284,13 +309,15 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
             })
         })
         .expect("send");
-    for ev in rx {
+    for ev in rx.events() {
         if matches!(ev, Event::Done { .. } | Event::Error { .. }) {
             break;
         }
     }
     let status = s.engine.status();
-    let sample = s.engine.memory_sample(7, &mut RssProbe::new());
+    let sample =
+        s.engine
+            .memory_sample(7, &mut RssProbe::new(), Some(&ConversationId::default_id()));
     assert_eq!((sample.t_ms, sample.tokens_in_context), (7, 17));
     assert_eq!(sample.kv.total_used, status.kv.total_used);
     assert_eq!(
@@ -301,26 +328,32 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
     assert!(sample.weights_bytes > 0 && sample.rss_bytes > 0);
 
     // A marked switch: f32 → f16 halves the bytes, and the marker says so.
-    let marker = s.engine.switch_cache(policy("f16")).expect("switch");
+    let marker = s
+        .engine
+        .switch_cache(
+            &kvlab_engine::events::ConversationId::default_id(),
+            policy("f16"),
+        )
+        .expect("switch");
     assert_eq!(marker.tokens, 17);
     assert_eq!(marker.kv_after.used * 2, marker.kv_before.used);
     assert_eq!((marker.from.as_str(), marker.to.as_str()), ("f32", "f16"));
     assert!(marker.t_ms > 1_700_000_000_000, "{}", marker.t_ms);
     assert_eq!(s.engine.status().kv.total_used, marker.kv_after.used);
-    assert_eq!(s.engine.status().policy, policy("f16"));
+    assert_eq!(conversation(&s.engine).spec, "f16");
     s.engine.shutdown();
 }
 
 fn turn(engine: &EngineHandle, prompt: Prompt, max_tokens: usize) -> GenStats {
-    let (rx, _c) = engine
-        .generate_channel(GenerateRequest {
+    let rx = engine
+        .submit(GenerateRequest {
             sampling: SamplingParams::greedy(),
             max_tokens,
             ..GenerateRequest::new(prompt)
         })
         .expect("send");
     let mut stats = None;
-    for ev in rx {
+    for ev in rx.events() {
         match ev {
             Event::Stats(s) => stats = Some(s),
             Event::Done { .. } => break,
@@ -364,7 +397,9 @@ fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
         Some(true)
     );
     let chat = turn(&s.engine, conversation(), 1);
-    s.engine.reset().expect("reset");
+    s.engine
+        .forget(&kvlab_engine::events::ConversationId::default_id(), false)
+        .expect("reset");
 
     let dir = copy(None);
     load(

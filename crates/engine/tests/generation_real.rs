@@ -21,7 +21,8 @@ fn gemma3_270m_streams_a_greedy_continuation() {
     };
     let engine = Engine::spawn().expect("spawn");
     let card = engine
-        .load_blocking(LoadRequest::new(ModelSource::Local { path: gguf }), |_| {})
+        .submit(LoadRequest::new(ModelSource::Local { path: gguf }))
+        .and_then(|t| t.wait(|_| true))
         .expect("load: the tokenizer must come from the GGUF itself");
     println!("{card:#?}");
     assert_eq!(
@@ -55,10 +56,10 @@ fn gemma3_270m_streams_a_greedy_continuation() {
             text: "The capital of France is".into(),
         })
     };
-    let (rx, _cancel) = engine.generate_channel(request).expect("send");
+    let rx = engine.submit(request).expect("send");
     let mut text = String::new();
     let mut done = None;
-    for ev in rx {
+    for ev in rx.events() {
         match ev {
             Event::Token { text: t } => text.push_str(&t),
             Event::Done { reason, token_ids } => {

@@ -16,7 +16,7 @@ mod common;
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use kvlab_engine::compare::{CompareEvent, CompareRequest};
@@ -26,7 +26,7 @@ use kvlab_engine::kv::presets::presets;
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::RssProbe;
 use kvlab_engine::sampling::{Sampler, SamplingParams};
-use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::worker::{LoadRequest, Submission, Ticket};
 use kvlab_engine::{
     Engine, EngineHandle, KvPrecision, LoadOptions, Logits, Model, ModelSource, PrecisionPolicy,
     Session,
@@ -91,7 +91,7 @@ fn request(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
 
 /// Waits for the next event of a generation (generous: the machine is shared); its end as
 /// `Some((reason, ids))`. An error ends the test: nothing here should fail.
-fn next(rx: &Receiver<Event>) -> Option<(DoneReason, Vec<u32>)> {
+fn next(rx: &Ticket<GenerateRequest>) -> Option<(DoneReason, Vec<u32>)> {
     match rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the generation went silent")
@@ -103,7 +103,10 @@ fn next(rx: &Receiver<Event>) -> Option<(DoneReason, Vec<u32>)> {
 }
 
 /// After a terminal event: nothing more arrives and the channel closes (the job is over).
-fn assert_closed<T: std::fmt::Debug>(rx: &Receiver<T>, what: &str) {
+fn assert_closed<R: Submission>(rx: &Ticket<R>, what: &str)
+where
+    R::Event: std::fmt::Debug,
+{
     match rx.recv_timeout(Duration::from_secs(10)) {
         Err(RecvTimeoutError::Disconnected) => {}
         Ok(ev) => panic!("{what}: an event after the end: {ev:?}"),
@@ -123,7 +126,8 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
         prefill_chunk: 512,
         sweep: Vec::new(),
     };
-    let (rx, cancel) = engine.compare_channel(req).expect("send compare");
+    let rx = engine.submit(req).expect("send compare");
+    let cancel = rx.cancel_token();
     let mut seen = 0;
     loop {
         match rx.recv_timeout(Duration::from_secs(60)).expect("compare") {
@@ -160,14 +164,12 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
     let engine = Engine::spawn().expect("spawn");
     engine.set_rewind_margin(MARGIN);
     engine
-        .load_blocking(
-            LoadRequest {
-                tokenizer: Some(tokenizer.clone()),
-                policy: start.clone(),
-                ..LoadRequest::new(ModelSource::Local { path: path.clone() })
-            },
-            |_| {},
-        )
+        .submit(LoadRequest {
+            tokenizer: Some(tokenizer.clone()),
+            policy: start.clone(),
+            ..LoadRequest::new(ModelSource::Local { path: path.clone() })
+        })
+        .and_then(|t| t.wait(|_| true))
         .expect("load");
     let policies = policies();
     assert!(policies.len() >= 8, "{policies:?}");
@@ -186,9 +188,8 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
     while actions < ACTIONS {
         // A turn: 8 to 40 tokens (the fixture has 256 positions).
         let max_tokens = 8 + dice.below(33);
-        let (rx, cancel) = engine
-            .generate_channel(request(&prompt, max_tokens))
-            .expect("send");
+        let rx = engine.submit(request(&prompt, max_tokens)).expect("send");
+        let cancel = rx.cancel_token();
         let mut turn = Turn {
             prompt: prompt.clone(),
             ids: Vec::new(),
@@ -213,7 +214,12 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
             match dice.below(10) {
                 0..=3 => {
                     let policy = policies[dice.below(policies.len())].clone();
-                    let ev = engine.switch_cache(policy.clone()).expect("switch");
+                    let ev = engine
+                        .switch_cache(
+                            &kvlab_engine::events::ConversationId::default_id(),
+                            policy.clone(),
+                        )
+                        .expect("switch");
                     assert_eq!(ev.to, policy.spec_string());
                     assert!(ev.kv_after.used > 0 || ev.tokens == 0, "{ev:?}");
                     turn.switches.push((ev.tokens, policy));
@@ -224,18 +230,12 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     tally.stops += 1;
                 }
                 5 => {
-                    // A second generation while busy waits its turn in the queue and, asking
-                    // for no tokens, is then refused as invalid, exactly once, leaving the
-                    // conversation alone.
-                    let (rx2, _) = engine.generate_channel(request(&prompt, 0)).expect("send");
-                    match rx2.recv_timeout(Duration::from_secs(60)).expect("reply") {
-                        Event::Error { code, .. } => assert!(
-                            matches!(code, ErrorCode::Busy | ErrorCode::InvalidRequest),
-                            "{code}"
-                        ),
-                        other => panic!("expected busy, got {other:?}"),
+                    // A second generation asking for no tokens is refused as invalid the
+                    // moment it is submitted, leaving the conversation alone.
+                    match engine.submit(request(&prompt, 0)) {
+                        Err(e) => assert_eq!(e.code, ErrorCode::InvalidRequest, "{e}"),
+                        Ok(_) => panic!("a request for no tokens was queued"),
                     }
-                    assert_closed(&rx2, "busy generate");
                     tally.busy_refusals += 1;
                 }
                 6 => {
@@ -247,9 +247,9 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                         prefill_chunk: 512,
                         sweep: Vec::new(),
                     };
-                    // Refused while busy; should the turn have just ended it runs on its own
-                    // caches (the conversation's is left alone) and finishes once.
-                    let (rx2, _) = engine.compare_channel(req).expect("send");
+                    // It runs beside the turn on its own caches (the conversation's is left
+                    // alone) and finishes once.
+                    let rx2 = engine.submit(req).expect("send");
                     loop {
                         match rx2.recv_timeout(Duration::from_secs(60)).expect("reply") {
                             CompareEvent::Error { code, .. } => {
@@ -269,7 +269,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     let n = 1 + dice.below(100);
                     let costs = engine.context_costs(n).expect("costs");
                     assert!(!costs.is_empty());
-                    let fits = engine.document_fits(&[n, 2 * n], 16).expect("fits");
+                    let fits = engine.document_fits(None, &[n, 2 * n], 16).expect("fits");
                     assert_eq!(fits.len(), 2);
                     assert!(fits[1].context_after > fits[0].context_after);
                     tally.queries += 1;
@@ -318,7 +318,11 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
             _ => vec![2, 9, 5 + dice.below(200) as u32],
         };
     }
-    let sample = engine.memory_sample(0, &mut RssProbe::new());
+    let sample = engine.memory_sample(
+        0,
+        &mut RssProbe::new(),
+        Some(&kvlab_engine::events::ConversationId::default_id()),
+    );
     let status = engine.status();
     assert_eq!(sample.kv.total_used, status.kv.total_used);
     assert_eq!(sample.tokens_in_context, status.context_tokens);

@@ -43,7 +43,8 @@ fn lab() -> Lab {
     let engine = Engine::spawn().expect("spawn");
     let good = common::fixture("tiny_dense").join("model.safetensors");
     engine
-        .load_blocking(request(&good, &tokenizer), |_| {})
+        .submit(request(&good, &tokenizer))
+        .and_then(|t| t.wait(|_| true))
         .expect("load the fixture");
     Lab {
         engine,
@@ -66,7 +67,8 @@ impl Lab {
         let before = self.engine.status().model.expect("a model before");
         let err = self
             .engine
-            .load_blocking(request(path, &self.tokenizer), |_| {})
+            .submit(request(path, &self.tokenizer))
+            .and_then(|t| t.wait(|_| true))
             .expect_err("a lying file must be refused");
         let _ = std::io::stderr()
             .lock()
@@ -89,8 +91,8 @@ fn try_generate(engine: &EngineHandle) -> Result<Vec<u32>, ErrorCode> {
             ids: vec![2, 9, 17, 33],
         })
     };
-    let (rx, _cancel) = engine.generate_channel(req).expect("send");
-    for ev in rx {
+    let rx = engine.submit(req).expect("send");
+    for ev in rx.events() {
         match ev {
             Event::Done { token_ids, .. } => return Ok(token_ids),
             Event::Error { code, .. } => return Err(code),
@@ -320,7 +322,8 @@ fn hostile_gguf_layer_count_contradicts_tensors() {
     std::fs::create_dir_all(&t64).expect("dir");
     let tok = common::write_tokenizer(&t64, 64);
     lab.engine
-        .load_blocking(request(&ok, &tok), |_| {})
+        .submit(request(&ok, &tok))
+        .and_then(|t| t.wait(|_| true))
         .expect("the honest file loads");
 }
 
@@ -494,7 +497,8 @@ fn poisoned(lab: &Lab, name: &str, names: &[&str], value: f32) -> PathBuf {
 /// poisoned one is gone only because the user replaced it, and loading it again works.
 fn non_finite(lab: &Lab, row: &str, path: &Path) {
     lab.engine
-        .load_blocking(request(path, &lab.tokenizer), |_| {})
+        .submit(request(path, &lab.tokenizer))
+        .and_then(|t| t.wait(|_| true))
         .expect("a NaN is a valid f32: the file loads");
     let code = try_generate(&lab.engine).expect_err("non-finite logits are refused");
     let _ = std::io::stderr()
@@ -509,7 +513,8 @@ fn non_finite(lab: &Lab, row: &str, path: &Path) {
     assert_eq!(status.kv.total_used, 0, "{row}");
     let good = common::fixture("tiny_dense").join("model.safetensors");
     lab.engine
-        .load_blocking(request(&good, &lab.tokenizer), |_| {})
+        .submit(request(&good, &lab.tokenizer))
+        .and_then(|t| t.wait(|_| true))
         .expect("reload");
     assert_eq!(generate(&lab.engine).len(), 3, "{row}: usable again");
 }

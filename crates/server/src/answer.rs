@@ -1,16 +1,17 @@
 //! One request's answer as the server reads it from the engine: the engine streams the
-//! request's events into a channel; this side turns them into pieces of content and
-//! thinking, applies the stop strings, and ends with the finish reason and the figures.
-//! Dropping an [`Answer`] (the client went away) cancels its request, queued or running.
+//! request's events into a channel (its stop strings already applied there); this side turns
+//! them into pieces of content and thinking, and ends with the finish reason and the
+//! figures. Dropping an [`Answer`] (the client went away) drops its ticket, which cancels the
+//! request, queued or running, and frees its place at once.
 
 use kvlab_engine::events::{DoneReason, Event, GenStats};
-use kvlab_engine::worker::CancelToken;
+use kvlab_engine::generate::GenerateRequest;
+use kvlab_engine::worker::Ticket;
 use kvlab_engine::EngineHandle;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::Planned;
 use crate::error::ApiError;
-use crate::stop::StopMatcher;
 
 /// A piece of an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,38 +27,27 @@ pub enum Piece {
     },
 }
 
-/// Cancels the request when dropped.
-struct CancelOnDrop(CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 /// A running request.
 pub struct Answer {
     events: UnboundedReceiver<Event>,
-    stops: StopMatcher,
     stats: Option<GenStats>,
-    /// The end, held back while the stop matcher's last text goes out first.
-    pending_end: Option<DoneReason>,
     ended: bool,
-    cancel: CancelOnDrop,
+    /// Dropped with the answer: that cancels the request.
+    _ticket: Ticket<GenerateRequest>,
 }
 
 impl Answer {
-    /// Queues `planned` on the engine.
+    /// Submits `planned` to the engine: its prompt is tokenized and checked here, on the
+    /// calling thread (call from a blocking task), and it is refused at once when the queue
+    /// is full.
     pub fn start(engine: &EngineHandle, planned: &Planned) -> Result<Self, ApiError> {
         let (tx, events) = unbounded_channel();
-        let cancel = engine.stream(planned.request.clone(), move |ev| tx.send(ev).is_ok())?;
+        let ticket = engine.submit_with(planned.request.clone(), move |ev| tx.send(ev).is_ok())?;
         Ok(Self {
             events,
-            stops: StopMatcher::new(planned.stops.clone()),
             stats: None,
-            pending_end: None,
             ended: false,
-            cancel: CancelOnDrop(cancel),
+            _ticket: ticket,
         })
     }
 
@@ -67,37 +57,16 @@ impl Answer {
         if self.ended {
             return None;
         }
-        if let Some(reason) = self.pending_end.take() {
-            self.ended = true;
-            return Some(Ok(self.end(reason)));
-        }
         loop {
             let Some(event) = self.events.recv().await else {
                 self.ended = true;
                 return Some(Err(ApiError::from(kvlab_engine::JobError::stopped())));
             };
             match event {
-                Event::Token { text } => {
-                    let out = self.stops.push(&text);
-                    if self.stops.stopped() {
-                        // The rest is not wanted: stop the engine, keep reading for its figures.
-                        self.cancel.0.cancel();
-                    }
-                    if !out.is_empty() {
-                        return Some(Ok(Piece::Content(out)));
-                    }
-                }
-                Event::Thinking { text } if !self.stops.stopped() => {
-                    return Some(Ok(Piece::Reasoning(text)))
-                }
+                Event::Token { text } if !text.is_empty() => return Some(Ok(Piece::Content(text))),
+                Event::Thinking { text } => return Some(Ok(Piece::Reasoning(text))),
                 Event::Stats(s) => self.stats = Some(s),
                 Event::Done { reason, .. } => {
-                    let tail = self.stops.finish();
-                    if !tail.is_empty() {
-                        // The end comes on the next call.
-                        self.pending_end = Some(reason);
-                        return Some(Ok(Piece::Content(tail)));
-                    }
                     self.ended = true;
                     return Some(Ok(self.end(reason)));
                 }
@@ -113,10 +82,8 @@ impl Answer {
     }
 
     fn end(&mut self, reason: DoneReason) -> Piece {
-        // A stop string ends the answer (by cancelling it, or as the last token came): that
-        // is OpenAI's "stop" whatever the engine's own reason.
+        // The engine ends on a stop string as on a stop token: OpenAI's "stop".
         let finish_reason = match reason {
-            _ if self.stops.stopped() => "stop",
             DoneReason::Length => "length",
             DoneReason::Stop | DoneReason::Cancelled => "stop",
         };

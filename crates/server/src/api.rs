@@ -4,14 +4,18 @@
 //! for something we do not do (`n > 1`, penalties, logprobs) is refused, not ignored.
 
 use kvlab_engine::chat::{Message, Role};
-use kvlab_engine::events::GenStats;
+use kvlab_engine::events::{CacheOrigin, ConversationChoice, ConversationId, GenStats};
+use kvlab_engine::generate::stop::MAX_STOPS;
 use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::stop::MAX_STOPS;
+
+/// The namespace of the conversations clients of this server run in: no request reaches
+/// the app's own conversations, whatever it names.
+pub const CONVERSATION_PREFIX: &str = "api:";
 
 /// A message's content: a string, or OpenAI's list of parts (only text parts are read).
 #[derive(Debug, Clone, Deserialize)]
@@ -94,9 +98,14 @@ pub struct Common {
     pub presence_penalty: Option<f32>,
     #[serde(default)]
     pub logprobs: Option<bool>,
-    /// KV Lab: the cache this request runs with, as a SPEC (`f16`, `tq4`, `tq3.5@full`, …).
+    /// KV Lab: the cache this request runs with, as a SPEC (`f16`, `tq4`, `tq3.5@full`, …):
+    /// its own conversation's cache is re-encoded to it first.
     #[serde(default)]
     pub kv_cache: Option<String>,
+    /// KV Lab: the conversation this request continues (also the `X-Conversation` header);
+    /// without one, the one its prompt continues, else a new one.
+    #[serde(default)]
+    pub conversation: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -137,9 +146,11 @@ pub struct Planned {
 }
 
 impl Common {
-    /// Sampling, limits, stops and cache (the request's, else `default_kv`), checked;
-    /// `prompt` is what to continue.
-    pub fn plan(&self, prompt: Prompt, default_kv: Option<&str>) -> Result<Planned, ApiError> {
+    /// Sampling, limits, stops, cache and conversation (named in the body, else by
+    /// `header`, the `X-Conversation` header), checked; `prompt` is what to continue. A
+    /// request that names no cache runs with its conversation's (a new conversation gets the
+    /// server's default, `kvlab serve --kv`).
+    pub fn plan(&self, prompt: Prompt, header: Option<&str>) -> Result<Planned, ApiError> {
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid("n must be 1: one answer per request"));
         }
@@ -186,7 +197,7 @@ impl Common {
                 stops.len()
             )));
         }
-        let cache = match self.kv_cache.as_deref().or(default_kv) {
+        let cache = match self.kv_cache.as_deref() {
             None => None,
             Some(spec) => {
                 let selection = CacheSelection::Spec(spec.to_string());
@@ -197,6 +208,16 @@ impl Common {
                 Some(selection)
             }
         };
+        let conversation = match self.conversation.as_deref().or(header) {
+            Some(name) => ConversationChoice::Id {
+                id: ConversationId::new(format!("{CONVERSATION_PREFIX}{name}")).map_err(|e| {
+                    ApiError::invalid(format!("conversation: {e} (at most 124 of them here)"))
+                })?,
+            },
+            None => ConversationChoice::Continuing {
+                prefix: CONVERSATION_PREFIX.into(),
+            },
+        };
         Ok(Planned {
             request: GenerateRequest {
                 prompt,
@@ -204,6 +225,8 @@ impl Common {
                 max_tokens,
                 prefill_chunk: PREFILL_CHUNK,
                 cache,
+                stop: stops.clone(),
+                conversation: Some(conversation),
             },
             stops,
             stream: self.stream,
@@ -290,14 +313,27 @@ impl CompletionRequest {
     }
 }
 
+/// OpenAI's `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens found in this request's own conversation's cache.
+    pub cached_tokens: usize,
+}
+
 /// `usage`, with KV Lab's fields beside OpenAI's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
-    /// Prompt tokens found in the cache and not computed again.
+    pub prompt_tokens_details: PromptTokensDetails,
+    /// Prompt tokens found in the cache and not computed again (its own conversation's).
     pub reused_tokens: usize,
+    /// The conversation it ran in (`api:` and its name, or a number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// Where its cache came from: `held`, `demoted`, `restored`, or read again.
+    pub cache_origin: CacheOrigin,
     /// Bytes the KV cache holds after this request.
     pub kv_bytes: usize,
     /// Bytes the KV cache has reserved.
@@ -315,7 +351,16 @@ impl From<&GenStats> for Usage {
             prompt_tokens: s.prompt_tokens,
             completion_tokens: s.generated_tokens,
             total_tokens: s.prompt_tokens + s.generated_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: s.reused_tokens,
+            },
             reused_tokens: s.reused_tokens,
+            conversation: s.conversation.as_ref().map(|c| {
+                c.as_str()
+                    .trim_start_matches(CONVERSATION_PREFIX)
+                    .to_owned()
+            }),
+            cache_origin: s.cache_origin,
             kv_bytes: s.kv_bytes,
             kv_bytes_allocated: s.kv_bytes_allocated,
             kv_cache: s.cache_spec.clone(),

@@ -12,7 +12,6 @@ pub mod error;
 pub mod guard;
 pub mod metrics;
 mod routes;
-pub mod stop;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -47,8 +46,8 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Largest request body.
     pub max_body_bytes: usize,
-    /// The cache SPEC a request without `kv_cache` runs with (`kvlab serve --kv`); `None`:
-    /// the cache as it is (the app's server: whatever the user picked in the app).
+    /// The cache new conversations get (`kvlab serve --kv`), as shown by `/v1/models`;
+    /// `None`: the engine's default for new conversations (the app's: the user's choice).
     pub default_kv: Option<String>,
 }
 
@@ -105,12 +104,15 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A memory sample now, kept in the timeline.
+    /// A memory sample now (every conversation's bytes, no text).
+    pub fn sample_now(&self) -> MemorySample {
+        let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
+        self.engine.memory_sample(unix_ms(), &mut probe, None)
+    }
+
+    /// A memory sample now, kept in the timeline (the sampler's tick).
     pub fn sample(&self) -> MemorySample {
-        let s = {
-            let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
-            self.engine.memory_sample(unix_ms(), &mut probe)
-        };
+        let s = self.sample_now();
         let mut t = self.timeline.lock().unwrap_or_else(|p| p.into_inner());
         if t.len() == KV_SAMPLES_KEPT {
             t.pop_front();

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvlab_engine::config::AttentionKind;
-use kvlab_engine::worker::EngineStatus;
+use kvlab_engine::worker::{EngineStatus, PoolCounters};
 
 /// Counters since the server started.
 #[derive(Debug, Default)]
@@ -28,7 +28,7 @@ impl Counters {
 }
 
 /// The exposition text.
-pub fn render(c: &Counters, status: &EngineStatus) -> String {
+pub fn render(c: &Counters, status: &EngineStatus, pool: &PoolCounters) -> String {
     let mut out = String::new();
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let _ = writeln!(
@@ -82,7 +82,7 @@ pub fn render(c: &Counters, status: &EngineStatus) -> String {
     let _ = writeln!(out, "kvlab_busy {}", u8::from(status.busy));
     let _ = writeln!(
         out,
-        "# HELP kvlab_context_tokens Tokens in the conversation's cache."
+        "# HELP kvlab_context_tokens Tokens all conversations' caches hold in memory."
     );
     let _ = writeln!(out, "# TYPE kvlab_context_tokens gauge");
     let _ = writeln!(out, "kvlab_context_tokens {}", status.context_tokens);
@@ -111,5 +111,50 @@ pub fn render(c: &Counters, status: &EngineStatus) -> String {
     );
     let _ = writeln!(out, "# TYPE kvlab_weights_bytes gauge");
     let _ = writeln!(out, "kvlab_weights_bytes {}", status.weights_bytes);
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_turns_total Turns by where their cache came from (held in memory, held demoted, restored from disk, prefilled again, new)."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_turns_total counter");
+    for (origin, n) in [
+        ("held", pool.held),
+        ("demoted", pool.demoted_hits),
+        ("restored", pool.restored),
+        ("prefilled", pool.prefilled),
+        ("new", pool.new),
+    ] {
+        let _ = writeln!(out, "kvlab_turns_total{{origin=\"{origin}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_pool_actions_total What the pool did to idle conversations to make room."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_pool_actions_total counter");
+    for (action, n) in [
+        ("demote", pool.demotions),
+        ("spill", pool.spills),
+        ("drop", pool.drops),
+    ] {
+        let _ = writeln!(out, "kvlab_pool_actions_total{{action=\"{action}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_conversations Conversations the pool knows, by tier."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_conversations gauge");
+    for tier in ["held", "demoted", "on_disk", "dropped"] {
+        let n = status
+            .conversations
+            .iter()
+            .filter(|c| {
+                serde_json::to_value(c.tier)
+                    .ok()
+                    .as_ref()
+                    .and_then(|v| v.as_str())
+                    == Some(tier)
+            })
+            .count();
+        let _ = writeln!(out, "kvlab_conversations{{tier=\"{tier}\"}} {n}");
+    }
     out
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -72,10 +72,12 @@ pub async fn models(State(state): Shared) -> Json<Value> {
 }
 
 /// `GET /v1/kv`: the memory timeline (exact KV bytes by layer kind and precision, weights,
-/// resident memory), newest last, ending with a sample taken now.
+/// resident memory), newest last, and a sample taken now (not kept: a read changes
+/// nothing); the conversations (ids, tiers, tokens, bytes; no text) and what the pool did.
 pub async fn kv(State(state): Shared) -> Json<Value> {
-    let now = state.sample();
+    let now = state.sample_now();
     let status = state.engine.status();
+    let pool = state.engine.pool_counters();
     let samples: Vec<_> = state
         .timeline
         .lock()
@@ -84,29 +86,45 @@ pub async fn kv(State(state): Shared) -> Json<Value> {
         .cloned()
         .collect();
     Json(json!({
-        "now": now, "queued": status.queued, "busy": status.busy,
+        "now": now, "queued": status.queued, "busy": status.busy, "running": status.running,
         "kv_cache": status.policy.spec_string(), "samples": samples,
+        "conversations": status.conversations, "pool": pool,
     }))
 }
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): Shared) -> Response {
-    let text = crate::metrics::render(&state.counters, &state.engine.status());
+    let text = crate::metrics::render(
+        &state.counters,
+        &state.engine.status(),
+        &state.engine.pool_counters(),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The conversation a request names in its `X-Conversation` header.
+fn conversation_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get("x-conversation") {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.to_owned()))
+            .map_err(|_| ApiError::invalid("X-Conversation is not text")),
+    }
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(state): Shared,
+    headers: HeaderMap,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
     state.counters.chat_requests.fetch_add(1, Ordering::Relaxed);
     let answered = async {
         let Json(req) = body.map_err(rejected)?;
         let model = served_model(&state, req.common.model.as_deref())?;
-        let planned = req
-            .common
-            .plan(req.prompt()?, state.config.default_kv.as_deref())?;
+        let named = conversation_header(&headers)?;
+        let planned = req.common.plan(req.prompt()?, named.as_deref())?;
         respond(&state, Endpoint::Chat, model, planned).await
     }
     .await;
@@ -116,6 +134,7 @@ pub async fn chat(
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): Shared,
+    headers: HeaderMap,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
     state
@@ -125,9 +144,8 @@ pub async fn completions(
     let answered = async {
         let Json(req) = body.map_err(rejected)?;
         let model = served_model(&state, req.common.model.as_deref())?;
-        let planned = req
-            .common
-            .plan(req.prompt()?, state.config.default_kv.as_deref())?;
+        let named = conversation_header(&headers)?;
+        let planned = req.common.plan(req.prompt()?, named.as_deref())?;
         respond(&state, Endpoint::Completions, model, planned).await
     }
     .await;
@@ -260,7 +278,12 @@ async fn respond(
     planned: Planned,
 ) -> Result<Response, ApiError> {
     let head = Head::new(endpoint, model);
-    let mut answer = Answer::start(&state.engine, &planned)?;
+    // The prompt is tokenized as it is submitted: off the async workers.
+    let engine = state.engine.clone();
+    let submitted = planned.clone();
+    let mut answer = tokio::task::spawn_blocking(move || Answer::start(&engine, &submitted))
+        .await
+        .map_err(|e| ApiError::from(JobError::new(ErrorCode::Internal, e.to_string())))??;
     if !planned.stream {
         let collected = answer.collect().await?;
         if let Some(s) = &collected.stats {

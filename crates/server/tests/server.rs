@@ -25,13 +25,11 @@ struct Server {
 fn start(max_body_bytes: usize) -> Server {
     let engine = Engine::spawn().expect("engine");
     engine
-        .load_blocking(
-            LoadRequest {
-                policy: PrecisionPolicy::uniform(KvPrecision::F16),
-                ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
-            },
-            |_| {},
-        )
+        .submit(LoadRequest {
+            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
+        })
+        .and_then(|t| t.wait(|_| true))
         .expect("load the tiny model");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,9 +1,10 @@
-//! Commands of the chat domain: a turn streamed over a channel, the prompt as the model reads
-//! it, the side-by-side comparison, stop and reset, and the cache: its menu, its costs, and
-//! switching it (the marker goes back to the caller, which draws it on the timeline).
+//! Commands of the chat domain: a turn streamed over a channel (in the session's own
+//! conversation, which the request names), the prompt as the model reads it, the side-by-side
+//! comparison, stop, and the cache: its menu, its costs, switching a conversation's and
+//! choosing new chats' (the marker goes back to the caller, which draws it on the timeline).
 
 use kvlab_engine::compare::CompareEvent;
-use kvlab_engine::events::Event;
+use kvlab_engine::events::{ConversationId, Event};
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview};
 use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
 use kvlab_engine::memory::{ContextCost, SwitchEvent};
@@ -44,26 +45,32 @@ pub async fn compare(
     blocking(move || engine.compare(request, move |ev| on_event.send(ev).is_ok())).await
 }
 
+/// Stops the side-by-side comparison before its next step.
 #[tauri::command]
-pub fn stop_generation(state: State<'_, AppState>) {
-    state.engine.cancel();
+pub fn stop_compare(state: State<'_, AppState>) {
+    state.engine.handle().cancel_compares();
 }
 
+/// Stops session `conversation`'s generation before its next token.
 #[tauri::command]
-pub async fn reset_conversation(state: State<'_, AppState>) -> Res<()> {
-    // The cache will hold no saved session's conversation until one is saved or opened.
-    if let Ok(mut owner) = state.cache_owner.lock() {
-        *owner = None;
-    }
-    let engine = state.engine.clone();
-    blocking(move || engine.reset()).await
+pub fn stop_generation(state: State<'_, AppState>, conversation: ConversationId) {
+    state.engine.cancel(Some(&conversation));
 }
 
-/// Re-encodes the conversation's cache; returns the timeline marker.
+/// Re-encodes session `conversation`'s cache (or sets the cache of its first turn); returns
+/// the timeline marker. The cache is also what new chats get from now on.
 #[tauri::command]
-pub async fn switch_cache(state: State<'_, AppState>, cache: CacheSelection) -> Res<SwitchEvent> {
+pub async fn switch_cache(
+    state: State<'_, AppState>,
+    conversation: ConversationId,
+    cache: CacheSelection,
+) -> Res<SwitchEvent> {
     let engine = state.engine.clone();
-    blocking(move || engine.switch_cache(&cache)).await
+    blocking(move || {
+        engine.set_default_cache(&cache)?;
+        engine.switch_cache(&conversation, &cache)
+    })
+    .await
 }
 
 /// The cache menu: presets and formats, each with its canonical SPEC.

@@ -16,10 +16,14 @@ use crate::state::AppState;
 #[tauri::command]
 pub fn document_fits(
     state: State<'_, AppState>,
+    conversation: Option<kvlab_engine::events::ConversationId>,
     documents: Vec<usize>,
     reserve: usize,
 ) -> Res<Vec<DocumentFit>> {
-    state.engine.handle().document_fits(&documents, reserve)
+    state
+        .engine
+        .handle()
+        .document_fits(conversation.as_ref(), &documents, reserve)
 }
 
 /// A document with its token count (what the prompt will cost).

@@ -62,6 +62,11 @@ impl SessionCaches {
         Self { dir }
     }
 
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where session `id`'s cache lives.
     pub fn path(&self, id: &str) -> Result<PathBuf, CommandError> {
         check_id(id)?;

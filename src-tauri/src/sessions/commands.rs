@@ -1,6 +1,7 @@
 //! Commands of the sessions domain: list, load, save, rename and delete saved conversations,
-//! export one to a file the user picks, and save, restore or drop a session's KV cache (also
-//! saved on quit, for the session the engine's cache holds).
+//! export one to a file the user picks, and save, restore or drop a session's KV cache. Each
+//! session is its own conversation in the engine's pool (its id the session's); on quit every
+//! conversation's cache goes to its own file.
 
 use std::sync::atomic::Ordering;
 
@@ -10,6 +11,8 @@ use tauri_plugin_dialog::DialogExt;
 
 use super::caches::{CacheTransfer, SavedCache};
 use super::{SessionList, SessionSummary};
+use kvlab_engine::events::ConversationId;
+
 use crate::blocking::{blocking, Res};
 use crate::error::{CommandError, ErrorCode};
 use crate::state::AppState;
@@ -27,16 +30,13 @@ pub fn load_session(state: State<'_, AppState>, id: String) -> Res<Value> {
 
 #[tauri::command]
 pub fn save_session(state: State<'_, AppState>, session: Value) -> Res<SessionSummary> {
-    let summary = state.sessions.save(&session)?;
-    // The session saved is the one on screen, whose conversation the engine holds.
-    set_owner(&state, Some(summary.id.clone()));
-    Ok(summary)
+    state.sessions.save(&session)
 }
 
-fn set_owner(state: &AppState, id: Option<String>) {
-    if let Ok(mut owner) = state.cache_owner.lock() {
-        *owner = id;
-    }
+/// Session `id` as the engine's conversation.
+fn conversation(id: &str) -> Res<ConversationId> {
+    ConversationId::new(id)
+        .map_err(|e| CommandError::new(ErrorCode::BadSession, format!("session `{id}`: {e}")))
 }
 
 /// Saves the engine's cache as session `id`'s, then keeps all saved caches within
@@ -50,6 +50,9 @@ pub async fn save_session_cache(
 ) -> Res<Option<CacheTransfer>> {
     if let Some(b) = budget_bytes {
         state.cache_budget.store(b, Ordering::Relaxed);
+        let mut pool = state.engine.handle().pool_settings();
+        pool.disk_budget = b;
+        state.engine.handle().set_pool_settings(pool);
     }
     let budget = state.cache_budget.load(Ordering::Relaxed);
     let engine = state.engine.clone();
@@ -64,11 +67,18 @@ fn save_cache(
     budget: u64,
 ) -> Res<Option<CacheTransfer>> {
     let path = caches.path(id)?;
-    if engine.handle().status().context_tokens == 0 {
+    let conversation = conversation(id)?;
+    let holds = engine
+        .handle()
+        .status()
+        .conversations
+        .iter()
+        .any(|c| c.id == conversation && c.bytes > 0 && c.tokens > 0);
+    if !holds {
         return Ok(None);
     }
     caches.ensure_dir()?;
-    let info = engine.handle().save_cache(&path)?;
+    let info = engine.handle().save_cache(&conversation, Some(path))?;
     let secs = info.secs;
     Ok(Some(CacheTransfer {
         id: id.to_owned(),
@@ -87,15 +97,22 @@ pub async fn restore_session_cache(
     state: State<'_, AppState>,
     id: String,
 ) -> Res<Option<CacheTransfer>> {
-    set_owner(&state, Some(id.clone()));
     let engine = state.engine.clone();
     let caches = state.sessions.caches().clone();
     blocking(move || {
         let path = caches.path(&id)?;
-        if !path.exists() {
+        let conversation = conversation(&id)?;
+        // Held already (the pool kept it since it was last used): nothing to read.
+        let held = engine
+            .handle()
+            .status()
+            .conversations
+            .into_iter()
+            .find(|c| c.id == conversation && c.bytes > 0);
+        if held.is_some() || !path.exists() {
             return Ok(None);
         }
-        let info = engine.handle().restore_cache(&path)?;
+        let info = engine.handle().restore_cache(&conversation, Some(path))?;
         Ok(Some(CacheTransfer {
             id,
             secs: info.secs,
@@ -106,37 +123,42 @@ pub async fn restore_session_cache(
     .await
 }
 
-/// Drops session `id`'s saved cache (the session itself stays).
+/// Drops session `id`'s saved cache (the session itself stays, and so does a cache the
+/// engine holds in memory for it).
 #[tauri::command]
 pub fn drop_session_cache(state: State<'_, AppState>, id: String) -> Res<()> {
     state.sessions.caches().remove(&id)
 }
 
-/// On quit: saves the cache of the session the engine holds, so reopening it reads nothing
-/// again. A generation still running is stopped first; a failure is logged, never in the
-/// way of quitting.
+/// On quit: every conversation the engine holds goes to its own cache file (each session's
+/// `ID.kvc`, never another's), so reopening one reads nothing again. Generations still
+/// running are stopped first; a failure is logged, never in the way of quitting. Runs once.
 pub fn save_cache_on_quit<R: Runtime>(app: &AppHandle<R>) {
     let Some(state) = app.try_state::<AppState>() else {
         return;
     };
-    // Taken, not read: quitting raises more than one of the events that call this.
-    let Some(id) = state.cache_owner.lock().ok().and_then(|mut o| o.take()) else {
+    // Quitting raises more than one of the events that call this.
+    if state.quitting.swap(true, Ordering::AcqRel) {
         return;
-    };
-    state.engine.cancel();
-    let budget = state.cache_budget.load(Ordering::Relaxed);
-    match save_cache(&state.engine, state.sessions.caches(), &id, budget) {
-        Ok(Some(t)) => tracing::info!(
-            session = %id,
-            tokens = t.cache.tokens,
-            bytes = t.cache.bytes,
-            "saved the conversation's cache on quit"
-        ),
-        Ok(None) => {}
-        Err(e) => {
-            tracing::warn!(session = %id, code = %e.code, "cache not saved on quit: {}", e.message)
-        }
     }
+    state.engine.cancel(None);
+    match state.engine.handle().save_all() {
+        Ok(saved) => {
+            for (id, r) in saved {
+                match r {
+                    Ok(bytes) => {
+                        tracing::info!(conversation = %id, bytes, "saved its cache on quit")
+                    }
+                    Err(e) => {
+                        tracing::warn!(conversation = %id, code = %e.code, "cache not saved on quit: {}", e.message)
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!("caches not saved on quit: {e}"),
+    }
+    let budget = state.cache_budget.load(Ordering::Relaxed);
+    state.sessions.caches().enforce_budget(budget, "");
 }
 
 #[tauri::command]

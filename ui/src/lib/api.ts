@@ -62,13 +62,17 @@ export const loadModel = (
   context: number,
 ) => invoke<ModelCard>("load_model", { path, cache, weights, context });
 export const pickModel = (folder: boolean) => invoke<string | null>("pick_model", { folder });
-export const stopGeneration = () => invoke<void>("stop_generation");
-export const resetConversation = () => invoke<void>("reset_conversation");
-export const switchCache = (cache: CacheSelection) => invoke<SwitchEvent>("switch_cache", { cache });
+/** Stops conversation `conversation`'s generation (a session's id). */
+export const stopGeneration = (conversation: string) => invoke<void>("stop_generation", { conversation });
+/** Stops the side-by-side comparison. */
+export const stopCompare = () => invoke<void>("stop_compare");
+/** Re-encodes a conversation's cache (and makes it new chats' cache). */
+export const switchCache = (conversation: string, cache: CacheSelection) =>
+  invoke<SwitchEvent>("switch_cache", { conversation, cache });
 export const cacheOptions = () => invoke<CacheOptions>("cache_options");
 export const contextCosts = (tokens: number) => invoke<ContextCost[]>("context_costs", { tokens });
-export const documentFits = (documents: number[], reserve: number) =>
-  invoke<DocumentFit[]>("document_fits", { documents, reserve });
+export const documentFits = (conversation: string | null, documents: number[], reserve: number) =>
+  invoke<DocumentFit[]>("document_fits", { conversation, documents, reserve });
 export const inspectDocumentPath = (path: string) => invoke<InspectedDocument>("inspect_document_path", { path });
 /** `size` is the file's real size: a file over the limit comes with no bytes and is refused by it. */
 export const inspectDocumentBytes = (name: string, bytes: number[], size: number) =>
@@ -115,6 +119,11 @@ export function compare(request: CompareRequest, onEvent: (e: CompareEvent) => v
 
 export function onMemorySample(cb: (s: MemorySample) => void): Promise<UnlistenFn> {
   return listen<MemorySample>(APP_EVENTS.memorySample, (event) => cb(event.payload));
+}
+
+/** The engine pool's markers: a conversation demoted, spilled, restored or dropped. */
+export function onMemoryMarker(cb: (m: SwitchEvent) => void): Promise<UnlistenFn> {
+  return listen<SwitchEvent>(APP_EVENTS.memoryMarker, (event) => cb(event.payload));
 }
 
 export function onEngineStatus(cb: (s: Activity) => void): Promise<UnlistenFn> {

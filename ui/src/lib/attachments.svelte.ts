@@ -14,6 +14,8 @@ export interface AttachmentContext {
   reserve: number;
   /** The largest file the engine accepts (the web view sends only a larger file's size). */
   maxBytes: number | undefined;
+  /** The conversation the documents join (a session's id). */
+  conversation?: string;
 }
 
 export class AttachmentStore {
@@ -66,13 +68,14 @@ export class AttachmentStore {
 
   /** Asks the engine what each attachment costs on top of the conversation and those before it. */
   async refreshFits(): Promise<void> {
-    const { loaded, reserve } = this.context();
+    const { loaded, reserve, conversation } = this.context();
     if (!loaded || !this.attachments.length) {
       this.fits = [];
       return;
     }
     try {
       this.fits = await api.documentFits(
+        conversation ?? null,
         this.attachments.map((d) => d.tokens),
         reserve,
       );

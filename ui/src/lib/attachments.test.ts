@@ -7,7 +7,7 @@ vi.mock("./api", async (importOriginal) => {
   const real = await importOriginal<typeof import("./api")>();
   return {
     ...real,
-    documentFits: vi.fn(async (tokens: number[], reserve: number): Promise<DocumentFit[]> => {
+    documentFits: vi.fn(async (_conversation: string | null, tokens: number[], reserve: number): Promise<DocumentFit[]> => {
       engine.fitCalls.push([tokens, reserve]);
       if (engine.refuseFits) throw { code: "no_model", message: "no model is loaded" };
       let before = 0;

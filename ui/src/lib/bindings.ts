@@ -73,6 +73,8 @@ compare: Array<LabeledSpec>,
  */
 measured_on: string, };
 
+export type CacheOrigin = "new" | "held" | "demoted" | "restored" | "dropped" | "reread";
+
 export type CachePreset = { 
 /**
  * A short stable name (`f16`, `k4v3+qw`): its SPEC on all layers without the scope.
@@ -216,6 +218,52 @@ spec: string,
  * The bytes.
  */
 bytes: number, };
+
+export type ConversationChoice = { "by": "id", 
+/**
+ * Its name.
+ */
+id: ConversationId, } | { "by": "continuing", 
+/**
+ * The namespace (`api:`).
+ */
+prefix: string, };
+
+export type ConversationId = string;
+
+export type ConversationInfo = { 
+/**
+ * Its name.
+ */
+id: ConversationId, 
+/**
+ * Where its cache is.
+ */
+tier: Tier, 
+/**
+ * Tokens its cache holds (or held, on disk).
+ */
+tokens: number, 
+/**
+ * Its cache's policy, as its canonical SPEC.
+ */
+spec: string, 
+/**
+ * KV bytes it holds in memory.
+ */
+bytes: number, 
+/**
+ * Bytes of its cache file (0 when none).
+ */
+disk_bytes: number, 
+/**
+ * A request is running in it (it is never demoted or spilled then).
+ */
+busy: boolean, 
+/**
+ * When it last ran, in milliseconds since the Unix epoch.
+ */
+last_used_ms: number, };
 
 export type DefaultModel = { path: string, name: string, };
 
@@ -385,7 +433,15 @@ kv_bytes_allocated: number,
 /**
  * The cache it ran with at its end, as its canonical SPEC.
  */
-cache_spec: string, };
+cache_spec: string, 
+/**
+ * The conversation it ran in.
+ */
+conversation?: ConversationId, 
+/**
+ * Where its cache came from: held, demoted, restored from disk, or read again.
+ */
+cache_origin: CacheOrigin, };
 
 export type GenerateRequest = { 
 /**
@@ -406,9 +462,19 @@ max_tokens: number,
 prefill_chunk?: number, 
 /**
  * The cache this request runs with: the conversation's cache is re-encoded to it first
- * (a switch, checked against memory) when it holds another. `None`: as it is.
+ * (a switch, checked against memory) when it holds another. `None`: as it is (a new
+ * conversation gets the engine's default for new ones).
  */
-cache?: CacheSelection, };
+cache?: CacheSelection, 
+/**
+ * Strings that end the answer where its text shows one (it is never sent): at most
+ * [`stop::MAX_STOPS`] of at most [`stop::MAX_STOP_BYTES`] bytes.
+ */
+stop?: Array<string>, 
+/**
+ * The conversation it runs in (`None`: the default one).
+ */
+conversation?: ConversationChoice, };
 
 export type GgufQuant = { 
 /**
@@ -578,6 +644,8 @@ export type LayerScope = "full" | "sliding" | "all";
 
 export type LoadPhase = "resolving" | "downloading" | "weights" | "tokenizer";
 
+export type MarkerKind = "switch" | "demote" | "spill" | "restore" | "drop" | "reread";
+
 export type MemoryEstimate = { 
 /**
  * The model's card.
@@ -678,7 +746,12 @@ rss_bytes: number,
  * The cache's policy at that moment, as its canonical SPEC (so a figure and its label
  * always come from the same instant).
  */
-cache_spec: string, };
+cache_spec: string, 
+/**
+ * Every conversation's cache: its tier and bytes, in memory and on disk (the timeline's
+ * stack by conversation and tier).
+ */
+conversations: Array<ConversationInfo>, };
 
 export type Message = { role: Role, content: string, thinking?: string | null, };
 
@@ -938,6 +1011,14 @@ tokens_scored: number, };
 
 export type SwitchEvent = { 
 /**
+ * What happened (a switch by its owner unless the pool acted).
+ */
+kind: MarkerKind, 
+/**
+ * The conversation whose cache it was.
+ */
+conversation?: ConversationId, 
+/**
  * When it happened, in milliseconds since the Unix epoch.
  */
 t_ms: number, 
@@ -994,6 +1075,8 @@ path: string, } | { "kind": "builtin",
  */
 family: Family, } | { "kind": "custom" };
 
+export type Tier = "held" | "demoted" | "on_disk" | "dropped";
+
 export type TokenCost = { 
 /**
  * The preset's label (`TQ 3.5`).
@@ -1032,7 +1115,7 @@ export type WeightFormat = "gguf" | "safetensors";
 export type WeightsChoice = "q4_k" | "q8_0" | "f16" | "bf16" | "f32";
 
 /** The app's event names. */
-export const APP_EVENTS = {"engineStatus":"engine-status","memorySample":"memory-sample"} as const;
+export const APP_EVENTS = {"engineStatus":"engine-status","memoryMarker":"memory-marker","memorySample":"memory-sample"} as const;
 
 /** How a safetensors checkpoint's weights may be held, in menu order. */
 export const WEIGHTS_CHOICES: Array<WeightsChoice> = ["q4_k","q8_0","f16","bf16","f32"];

@@ -15,6 +15,7 @@ const stats: GenStats = {
   kv_bytes: 4096,
   kv_bytes_allocated: 8192,
   cache_spec: "f16",
+  cache_origin: "new",
 };
 
 describe("applyEvent", () => {

@@ -57,6 +57,7 @@ describe("statsParts", () => {
       kv_bytes: 3 * 1024 * 1024,
       kv_bytes_allocated: 4 * 1024 * 1024,
       cache_spec: "f16",
+      cache_origin: "new",
     });
     expect(parts.map((p) => `${p.label} ${p.value}`)).toEqual([
       "prompt 20 (0 cached)",

@@ -49,12 +49,22 @@ export function formatCount(n: number): string {
   return String(Math.round(n));
 }
 
+/** Where an answer's cache came from, when that is news (held as left, or new, is not). */
+const ORIGIN_TEXT: Partial<Record<GenStats["cache_origin"], string>> = {
+  demoted: "demoted cache (the pool re-encoded it while idle)",
+  restored: "cache restored from disk",
+  dropped: "history read again (its cache had been dropped)",
+  reread: "history read again (its rows had been coded lossily)",
+};
+
 /** The facts under an answer, in display order. */
 export function statsParts(s: GenStats): { label: string; value: string }[] {
+  const origin = ORIGIN_TEXT[s.cache_origin];
   return [
     // How much of the prompt the cache already held: a restored or continued conversation
     // reads only what is new.
     { label: "prompt", value: `${s.prompt_tokens} (${s.reused_tokens} cached)` },
+    ...(origin ? [{ label: "from", value: origin }] : []),
     { label: "first token", value: formatMs(s.time_to_first_token_s * 1000) },
     { label: "prefill", value: formatRate(s.prefill_tok_per_s) },
     { label: "decode", value: formatRate(s.decode_tok_per_s) },

@@ -34,14 +34,15 @@ vi.mock("./api", async (importOriginal) => {
         kv_bytes: 1,
         kv_bytes_allocated: 1,
         cache_spec: "x",
+        cache_origin: "new",
       });
       onEvent({ type: "done", reason: "length", token_ids: [] });
     }),
-    switchCache: vi.fn(async (cache: CacheSelection): Promise<SwitchEvent> => {
+    switchCache: vi.fn(async (_conversation: string, cache: CacheSelection): Promise<SwitchEvent> => {
       const spec = typeof cache === "string" ? cache : JSON.stringify(cache);
       engine.switches.push({ spec, afterTokens: engine.streamed, streaming: engine.streamed < engine.tokens });
       const bytes = (used: number) => ({ used, allocated: used });
-      return { t_ms: Date.now(), from: "f16", to: spec, tokens: engine.streamed, kv_before: bytes(1000), kv_after: bytes(250), rss_before: 0, rss_after: 0, duration_ms: 1 };
+      return { kind: "switch", t_ms: Date.now(), from: "f16", to: spec, tokens: engine.streamed, kv_before: bytes(1000), kv_after: bytes(250), rss_before: 0, rss_after: 0, duration_ms: 1 };
     }),
     saveSession: vi.fn(async () => ({ id: "s", title: "t", updated_ms: 0 })),
     listSessions: vi.fn(async () => ({ sessions: [], unreadable: [] })),

@@ -7,9 +7,11 @@ import type {
   CacheOptions,
   CacheSelection,
   ContextCost,
+  ConversationInfo,
   MemoryEstimate,
   MemorySample,
   ModelCard,
+  SwitchEvent,
 } from "./api";
 import { AttachmentStore } from "./attachments.svelte";
 import { frameBatch } from "./frameBatch";
@@ -17,7 +19,7 @@ import { cacheTransferText } from "./format";
 import { applyEvent, conversationTitle, newId, pendingAnswer, toWire, userMessage, type ChatMessage } from "./chat";
 import type { Starter } from "./starters";
 import { SessionListStore } from "./sessionList.svelte";
-import { MemoryTimeline, type XAxis } from "./timeline";
+import { MemoryTimeline, markerOf, sampleValues, type XAxis } from "./timeline";
 
 export interface Settings {
   temperature: number;
@@ -90,6 +92,7 @@ export class AppStore {
     loaded: !!this.card,
     reserve: this.settings.max_tokens,
     maxBytes: this.info?.max_document_bytes,
+    conversation: this.sessionId,
   }));
 
   timeline = new MemoryTimeline();
@@ -105,7 +108,7 @@ export class AppStore {
     currentId: () => this.sessionId,
     renamed: (title) => (this.sessionTitle = title),
     // Its cache went with it: nothing to save.
-    deleted: () => this.reset(false),
+    deleted: () => this.reset(),
   });
 
   /** What the last save or restore of the conversation's KV cache did (the status line). */
@@ -142,15 +145,30 @@ export class AppStore {
     if (path) await this.load(path);
   }
 
+  /** Every conversation the engine holds, as the last sample listed them. */
+  conversations: ConversationInfo[] = $state([]);
+
+  /** This session's conversation in the engine, if it holds one. */
+  get conversation(): ConversationInfo | undefined {
+    return this.conversations.find((c) => c.id === this.sessionId);
+  }
+
   onSample(s: MemorySample): void {
-    this.lastSample = s;
-    const values: Record<string, number> = { process: s.rss_bytes };
-    if (s.weights_bytes) values.weights = s.weights_bytes;
-    if (s.kv.parts.length) {
-      values["kv total"] = s.kv.total_used;
-      for (const p of s.kv.parts) values[`kv ${p.kind} ${p.precision}`] = p.bytes.used;
-    }
-    this.timeline.push({ tMs: s.t_ms, tokens: s.tokens_in_context, values });
+    // The engine samples all conversations; the figures that name one are this session's.
+    const mine = s.conversations.find((c) => c.id === this.sessionId);
+    this.conversations = s.conversations;
+    this.lastSample = {
+      ...s,
+      tokens_in_context: mine?.tokens ?? 0,
+      cache_spec: mine?.spec ?? this.cacheSpec,
+    };
+    this.timeline.push({ tMs: s.t_ms, tokens: mine?.tokens ?? 0, values: sampleValues(s, this.sessionId) });
+    this.timelineVersion += 1;
+  }
+
+  /** A pool marker (a demotion, spill, restore or drop) on the timeline. */
+  onMarker(m: SwitchEvent): void {
+    this.timeline.mark(markerOf(m));
     this.timelineVersion += 1;
   }
 
@@ -172,8 +190,8 @@ export class AppStore {
 
   async load(path: string): Promise<void> {
     this.loadError = "";
-    // A load drops the conversation's cache: keep it for when this model comes back.
-    if (this.card) await this.saveCache();
+    // A load sends every conversation's cache to its file first (the engine does it), so
+    // each comes back when this model does.
     this.modelPath = path;
     await this.estimateFor(path);
     try {
@@ -202,6 +220,7 @@ export class AppStore {
 
   private request(upTo: number): api.GenerateRequest {
     return {
+      conversation: { by: "id", id: this.sessionId },
       prompt: { type: "conversation", messages: toWire(this.system, this.messages, upTo), thinking: this.settings.thinking },
       sampling: { ...api.CHAT_DEFAULTS.sampling, temperature: this.settings.temperature, top_p: this.settings.top_p, seed: Date.now() % 1_000_000 },
       max_tokens: this.settings.max_tokens,
@@ -278,7 +297,7 @@ export class AppStore {
   }
 
   async stop(): Promise<void> {
-    if (this.generating) await api.stopGeneration();
+    if (this.generating) await api.stopGeneration(this.sessionId);
   }
 
   async regenerate(): Promise<void> {
@@ -288,11 +307,10 @@ export class AppStore {
     await this.run(last);
   }
 
-  /** A new chat; the one left is saved with its cache first (unless it was deleted). */
-  async reset(saveCache = true): Promise<void> {
+  /** A new chat. The one left keeps its cache in the engine's pool (which may demote or
+   * spill it when memory is short, and saves it on quit). */
+  async reset(): Promise<void> {
     if (this.generating) await this.stop();
-    if (saveCache) await this.saveCache();
-    await api.resetConversation().catch(() => {});
     this.cacheNotice = "";
     this.messages = [];
     this.docs.clear();
@@ -307,17 +325,10 @@ export class AppStore {
   async switchCache(cache: CacheSelection): Promise<void> {
     this.switchError = "";
     try {
-      const r = await api.switchCache(cache);
+      const r = await api.switchCache(this.sessionId, cache);
       this.cacheSpec = r.to;
       if (!this.card) return;
-      this.timeline.mark({
-        tMs: r.t_ms,
-        tokens: r.tokens,
-        from: r.from,
-        to: r.to,
-        beforeBytes: r.kv_before.used,
-        afterBytes: r.kv_after.used,
-      });
+      this.timeline.mark(markerOf(r));
       this.timelineVersion += 1;
       await this.save();
     } catch (e) {
@@ -399,9 +410,7 @@ export class AppStore {
     if (this.generating) return null;
     try {
       const s = (await api.loadSession(id)) as SavedSession;
-      // The conversation left (or this one, reopened) keeps its cache.
-      if (reset) await this.saveCache();
-      if (reset) await api.resetConversation().catch(() => {});
+      // The conversation left keeps its cache in the engine's pool.
       this.cacheNotice = "";
       this.sessionId = s.id;
       this.sessionTitle = s.title;

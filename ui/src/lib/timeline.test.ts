@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { MemoryTimeline } from "./timeline";
+import { MemoryTimeline, markerLabel, sampleValues } from "./timeline";
 
 const s = (tMs: number, tokens: number, values: Record<string, number>) => ({ tMs, tokens, values });
 
@@ -69,5 +69,43 @@ describe("MemoryTimeline", () => {
     const x = cols[0] as number[];
     for (let i = 1; i < x.length; i++) expect(x[i]).toBeGreaterThan(x[i - 1]);
     expect(t.latest()?.tMs).toBe((n - 1) * 500);
+  });
+});
+
+describe("conversations and the pool's markers", () => {
+  const conv = (id: string, tier: "held" | "demoted" | "on_disk" | "dropped", bytes: number, disk = 0) => ({
+    id,
+    tier,
+    tokens: 10,
+    spec: "f16",
+    bytes,
+    disk_bytes: disk,
+    busy: false,
+    last_used_ms: 0,
+  });
+  const sample = (conversations: ReturnType<typeof conv>[]) =>
+    ({
+      t_ms: 1,
+      tokens_in_context: 0,
+      kv: { by_kind: {}, by_precision: {}, parts: [], layers: [], total_used: 0, total_allocated: 0 },
+      weights_bytes: 5,
+      rss_bytes: 9,
+      cache_spec: "f16",
+      conversations,
+    }) as unknown as import("./bindings").MemorySample;
+
+  it("splits KV by this chat, the others held, the demoted and what is on disk", () => {
+    const v = sampleValues(sample([conv("s-1", "held", 100), conv("s-2", "held", 40), conv("s-3", "demoted", 7, 3), conv("s-4", "on_disk", 0, 20)]), "s-1");
+    expect([v["kv this chat"], v["kv other chats"], v["kv demoted"], v["kv on disk"]]).toEqual([100, 40, 7, 23]);
+    // One conversation alone adds no series: the chart stays as it was.
+    expect(Object.keys(sampleValues(sample([conv("s-1", "held", 100)]), "s-1"))).toEqual(["process", "weights"]);
+  });
+
+  it("labels each marker with what the pool did to whom", () => {
+    const m = (kind: "switch" | "demote" | "spill" | "restore" | "drop") =>
+      markerLabel({ tMs: 0, tokens: 1, from: "f16", to: kind === "spill" ? "disk" : "k4v3+qw@all", beforeBytes: 2048, afterBytes: 512, kind, conversation: "s-2" });
+    expect(m("switch")).toBe("→k4v3+qw@all  2.00 KiB→512 B");
+    expect(m("demote")).toBe("demoted s-2 →k4v3+qw@all  2.00 KiB→512 B");
+    expect(m("spill")).toBe("spilled s-2 to disk  2.00 KiB→512 B");
   });
 });

@@ -3,6 +3,9 @@
 // half is thinned two-to-one keeping each series' larger value, so an hour of 500 ms samples
 // stays smooth to draw, peaks never vanish, and the recent past keeps full resolution.
 
+import type { MarkerKind, MemorySample, SwitchEvent } from "./bindings";
+import { formatBytes } from "./format";
+
 export interface TimelineSample {
   /** Milliseconds since the Unix epoch. */
   tMs: number;
@@ -19,6 +22,65 @@ export interface SwitchMarker {
   to: string;
   beforeBytes: number;
   afterBytes: number;
+  /** What happened: the owner's switch, or the pool's demotion, spill, restore or drop. */
+  kind?: MarkerKind;
+  /** Whose cache it was. */
+  conversation?: string;
+}
+
+/** A marker as the engine sent it (a switch's reply, or the pool's marker event). */
+export function markerOf(e: SwitchEvent): SwitchMarker {
+  return {
+    tMs: e.t_ms,
+    tokens: e.tokens,
+    from: e.from,
+    to: e.to,
+    beforeBytes: e.kv_before.used,
+    afterBytes: e.kv_after.used,
+    kind: e.kind,
+    conversation: e.conversation,
+  };
+}
+
+/** How a marker reads on the chart: the pool's say what they did to which conversation. */
+export function markerLabel(m: SwitchMarker): string {
+  const bytes = `${formatBytes(m.beforeBytes)}→${formatBytes(m.afterBytes)}`;
+  const who = m.conversation ? ` ${m.conversation}` : "";
+  switch (m.kind) {
+    case "demote":
+      return `demoted${who} →${m.to}  ${bytes}`;
+    case "spill":
+      return `spilled${who} to disk  ${bytes}`;
+    case "restore":
+      return `restored${who}  ${bytes}`;
+    case "drop":
+      return `dropped${who}  ${bytes}`;
+    default:
+      return `→${m.to}  ${bytes}`;
+  }
+}
+
+/**
+ * A sample's series: the process, the weights, every conversation's KV together and by layer
+ * kind and precision, then KV by conversation and tier: this chat's, the other chats held in
+ * memory as they were, those demoted by the pool, and what waits on disk.
+ */
+export function sampleValues(s: MemorySample, focus: string): Record<string, number> {
+  const values: Record<string, number> = { process: s.rss_bytes };
+  if (s.weights_bytes) values.weights = s.weights_bytes;
+  if (s.kv.parts.length) {
+    values["kv total"] = s.kv.total_used;
+    for (const p of s.kv.parts) values[`kv ${p.kind} ${p.precision}`] = p.bytes.used;
+  }
+  const others = s.conversations.filter((c) => c.id !== focus);
+  if (others.length) {
+    const sum = (cs: typeof others) => cs.reduce((n, c) => n + c.bytes, 0);
+    values["kv this chat"] = s.conversations.find((c) => c.id === focus)?.bytes ?? 0;
+    values["kv other chats"] = sum(others.filter((c) => c.tier === "held"));
+    values["kv demoted"] = sum(others.filter((c) => c.tier === "demoted"));
+    values["kv on disk"] = s.conversations.reduce((n, c) => n + c.disk_bytes, 0);
+  }
+  return values;
 }
 
 export type XAxis = "time" | "tokens";
@@ -100,7 +162,9 @@ export class MemoryTimeline {
     const head = ["t_ms", "tokens", ...this.keys].join(",");
     const rows = this.samples.map((s) => [s.tMs, s.tokens, ...this.keys.map((k) => s.values[k] ?? "")].join(","));
     const marks = this.markerList.map(
-      (m) => `# switch,${m.tMs},${m.tokens},${csvText(m.from)},${csvText(m.to)},${m.beforeBytes},${m.afterBytes}`,
+      (m) =>
+        `# ${m.kind ?? "switch"},${m.tMs},${m.tokens},${csvText(m.from)},${csvText(m.to)},${m.beforeBytes},${m.afterBytes}` +
+        (m.conversation ? `,${csvText(m.conversation)}` : ""),
     );
     return [head, ...rows, ...marks].join("\n") + "\n";
   }

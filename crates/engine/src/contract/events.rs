@@ -112,6 +112,13 @@ pub struct GenStats {
     pub kv_bytes_allocated: usize,
     /// The cache it ran with at its end, as its canonical SPEC.
     pub cache_spec: String,
+    /// The conversation it ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub conversation: Option<super::ConversationId>,
+    /// Where its cache came from: held, demoted, restored from disk, or read again.
+    #[serde(default)]
+    pub cache_origin: super::CacheOrigin,
 }
 
 /// What the engine is doing, for a status bar (sent on every change, so low rate).
@@ -240,10 +247,14 @@ mod tests {
             kv_bytes: 1024,
             kv_bytes_allocated: 2048,
             cache_spec: "tq3.5@all".into(),
+            conversation: Some(super::super::ConversationId::new("s-1").unwrap()),
+            cache_origin: super::super::CacheOrigin::Restored,
         };
         let v = to_value(Event::Stats(stats.clone())).unwrap();
         assert_eq!(v["type"], "stats");
         assert_eq!(v["prefill_tokens"], 6);
+        assert_eq!(v["conversation"], "s-1");
+        assert_eq!(v["cache_origin"], "restored");
         assert_eq!(
             serde_json::from_value::<Event>(v).unwrap(),
             Event::Stats(stats)

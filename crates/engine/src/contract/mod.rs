@@ -1,10 +1,13 @@
 //! The engine's contract with its front ends, its ground floor: the error codes
-//! ([`ErrorCode`]), the events a job streams ([`Event`]) and the engine's activity. Their serde
+//! ([`ErrorCode`]), the events a job streams ([`Event`]), the engine's activity, and how
+//! conversations are named and seen ([`ConversationId`], [`Tier`], [`ConversationInfo`]). Their serde
 //! shapes are pinned by tests and mirrored into the UI's generated TypeScript types. Reached
 //! as `kvlab_engine::events` too.
 
 mod code;
+mod conversation;
 mod events;
 
 pub use code::ErrorCode;
+pub use conversation::*;
 pub use events::*;

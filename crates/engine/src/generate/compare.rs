@@ -1,19 +1,21 @@
 //! Side-by-side generation: one prompt through two cache policies of the same model as two
 //! [`Sequence`]s in lockstep (each round advances both streams by one token, so both stream
 //! at once), then the test policy's fidelity against the reference, and any swept caches',
-//! teacher-forced on the reference's tokens in lockstep
-//! ([`crate::fidelity::compare_many_from`]). All caches are fresh: a chat session is untouched.
+//! teacher-forced on the reference's tokens in lockstep ([`crate::fidelity::Lockstep`]). All
+//! caches are fresh: no conversation is touched. A [`CompareRun`] advances one step at a time
+//! (a prefill chunk, a round of both panes, a scoring chunk) under the engine thread.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::Range;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::events::{ErrorCode, Event};
-use crate::fidelity::compare_many_from;
-use crate::generate::{grown_context, render_checked_prompt, GenerateError, Prompt, Sequence};
-use crate::kv::{CacheSpec, PrecisionPolicy};
+use crate::fidelity::{FidelityReport, Lockstep};
+use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
+use crate::kv::{CacheSpec, KvCache, PrecisionPolicy};
+use crate::memory::estimate_kv_bytes;
 use crate::model::{Logits, Model};
 use crate::sampling::SamplingParams;
 use crate::sweep::{self, SweepPoint};
@@ -112,157 +114,270 @@ pub enum CompareEvent {
     },
 }
 
-/// Receives a comparison's events and gets a say between rounds.
-pub trait CompareHooks {
-    /// An event for the caller.
-    fn emit(&mut self, event: CompareEvent);
-    /// Called before each round: the place to apply control jobs or set the cancel flag.
-    fn between_steps(&mut self) {}
-    /// Called once before anything runs: both panes' caches will hold up to `tokens` tokens
-    /// under `policies`. An error refuses the comparison (the engine thread refuses what
-    /// would not fit in memory).
-    fn admit(
-        &mut self,
-        _model: &Model,
-        _tokens: usize,
-        _policies: &[PrecisionPolicy; 2],
-    ) -> Result<(), GenerateError> {
-        Ok(())
-    }
-    /// Bytes of KV cache the scoring may hold at once (the panes' caches are freed by then):
-    /// the caches scored together in lockstep are grouped to fit.
-    fn kv_room(&mut self) -> u64 {
-        u64::MAX
-    }
+/// What one step of a comparison did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompareStep {
+    /// More steps to come.
+    Working,
+    /// It ended (not yet reported: the caller sends `finished` once its state is current);
+    /// fidelity is absent when cancelled or nothing was generated.
+    Finished(Option<CompareFidelity>),
 }
 
-impl<F: FnMut(CompareEvent)> CompareHooks for F {
-    fn emit(&mut self, event: CompareEvent) {
-        self(event)
-    }
+/// One pane: its index, its sequence and its cache (dropped once the pane is done).
+struct Pane {
+    index: usize,
+    seq: Option<Sequence>,
+    cache: Option<KvCache>,
 }
 
-/// Runs `req`: streams both panes (`pane` events ending in `stats` and `done` each), then
-/// scores the test cache on the reference's tokens. Returns the fidelity it reported.
-/// Does not emit `finished`: the caller does, so it can publish its state first.
-pub fn run(
-    model: &Model,
-    tokenizer: &GemmaTokenizer,
-    req: &CompareRequest,
-    cancel: &AtomicBool,
-    hooks: &mut dyn CompareHooks,
-) -> Result<Option<CompareFidelity>, GenerateError> {
-    let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
-    let max_context = model.config().max_position_embeddings;
-    hooks.admit(
-        model,
-        grown_context(&prompt, req.max_tokens, max_context),
-        &req.policies,
-    )?;
-    let mut panes = Vec::with_capacity(2);
-    for (i, policy) in req.policies.iter().enumerate() {
-        let started = Instant::now();
-        let mut cache = model.new_cache(policy)?;
-        let mut seq = Sequence::new(
-            tokenizer,
-            prompt.clone(),
-            0,
-            req.sampling,
-            req.max_tokens,
-            max_context,
-            started,
-        )?;
-        while let Some(chunk) = seq.next_prefill(req.prefill_chunk) {
-            hooks.between_steps();
-            if cancel.load(Ordering::Relaxed) {
-                seq.cancel();
-                break;
-            }
-            let (t, n) = (Instant::now(), chunk.len());
-            let logits = model.forward(chunk, &mut cache, Logits::Last)?;
-            seq.prefilled(n, logits, t.elapsed().as_secs_f64());
+/// A comparison in progress (see the module doc).
+pub struct CompareRun {
+    req: CompareRequest,
+    panes: Vec<Pane>,
+    kv_bytes: [u64; 2],
+    /// The reference's tokens, once both panes are done.
+    reference: Vec<u32>,
+    /// The tested cache, then every swept one.
+    tests: Vec<PrecisionPolicy>,
+    /// Groups of `tests` scored together, and the one being scored.
+    batches: Vec<Range<usize>>,
+    batch: usize,
+    scoring: Option<Lockstep>,
+    tested: Option<FidelityReport>,
+}
+
+impl CompareRun {
+    /// KV bytes the two panes' caches hold at most, for `prompt` growing by `req.max_tokens`.
+    pub fn needed_bytes(
+        model: &Model,
+        prompt: &[u32],
+        req: &CompareRequest,
+    ) -> Result<u64, GenerateError> {
+        let max_context = model.config().max_position_embeddings;
+        let tokens = grown_context(prompt, req.max_tokens, max_context);
+        let mut needed = 0u64;
+        for policy in &req.policies {
+            needed = needed.saturating_add(estimate_kv_bytes(model.config(), policy, tokens, 0)?);
         }
-        panes.push((i, seq, cache));
+        Ok(needed)
     }
 
-    // Lockstep: each round advances both streams by one token, so both stream at once.
-    while panes.iter().any(|(_, seq, _)| !seq.is_done()) {
-        hooks.between_steps();
-        let cancelled = cancel.load(Ordering::Relaxed);
-        for (i, seq, cache) in &mut panes {
-            let pane = *i;
-            let mut emit = |event| hooks.emit(CompareEvent::Pane { pane, event });
-            if let Some(id) = seq.sample(tokenizer, cancelled, cache.seq_len(), &mut emit)? {
-                seq.fed(model.forward(&[id], cache, Logits::Last)?);
-            }
+    /// Starts `req` over the prompt `prompt` (ids), arrived at `started`: both panes' fresh
+    /// caches and sequences.
+    pub fn start(
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        req: CompareRequest,
+        prompt: Vec<u32>,
+        started: Instant,
+    ) -> Result<Self, GenerateError> {
+        let max_context = model.config().max_position_embeddings;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
         }
-    }
-
-    let reference = panes[0].1.all_ids();
-    let mut kv_bytes = [0u64; 2];
-    for ((pane, seq, cache), policy) in panes.into_iter().zip(&req.policies) {
-        let memory = cache.memory();
-        kv_bytes[pane] = memory.total.0 as u64;
-        let mut emit = |event| hooks.emit(CompareEvent::Pane { pane, event });
-        seq.finish(tokenizer, cache.seq_len(), &memory, policy, &mut emit)?;
-        // The pane's cache is no longer needed; free it before scoring builds two more.
-        drop(cache);
-    }
-    if cancel.load(Ordering::Relaxed) || reference.len() < 2 {
-        return Ok(None);
-    }
-    // The tested pane's cache and every swept one are scored in lockstep against one run of
-    // the reference per group of caches that fits in memory.
-    let mut tests = vec![req.policies[1].clone()];
-    tests.extend(req.sweep.iter().map(CacheSpec::to_policy));
-    let reference_policy = &req.policies[0];
-    let room = hooks.kv_room();
-    let batches = sweep::lockstep_batches(model, reference_policy, &tests, reference.len(), room)?;
-    let total = batches.len() * reference.len();
-    let mut tested = None;
-    for (b, range) in batches.into_iter().enumerate() {
-        let mut on_chunk = |done: usize, _: usize| {
-            hooks.emit(CompareEvent::Scoring {
-                done: b * reference.len() + done,
-                total,
+        if prompt.len() > max_context {
+            return Err(GenerateError::ContextOverflow {
+                prompt: prompt.len(),
+                max: max_context,
             });
-            hooks.between_steps();
-            !cancel.load(Ordering::Relaxed)
-        };
-        let reports = compare_many_from(
-            model,
-            &reference,
-            reference_policy,
-            &tests[range.clone()],
-            FIDELITY_CHUNK,
-            0,
-            &mut on_chunk,
-        )?;
-        if cancel.load(Ordering::Relaxed) {
-            return Ok(None);
         }
-        for (i, report) in range.zip(reports) {
-            let Some(s) = i.checked_sub(1) else {
-                tested = Some(report);
+        if req.max_tokens == 0 {
+            return Err(GenerateError::NoTokens);
+        }
+        let mut panes = Vec::with_capacity(2);
+        for (index, policy) in req.policies.iter().enumerate() {
+            let seq = Sequence::new(
+                tokenizer,
+                prompt.clone(),
+                0,
+                req.sampling,
+                req.max_tokens,
+                max_context,
+                started,
+            )?;
+            panes.push(Pane {
+                index,
+                seq: Some(seq),
+                cache: Some(model.new_cache(policy)?),
+            });
+        }
+        Ok(Self {
+            req,
+            panes,
+            kv_bytes: [0; 2],
+            reference: Vec::new(),
+            tests: Vec::new(),
+            batches: Vec::new(),
+            batch: 0,
+            scoring: None,
+            tested: None,
+        })
+    }
+
+    /// Runs the next step: a pane's prefill chunk, a round of both panes, or a chunk of
+    /// the scoring. `kv_room` is the KV memory the scoring may hold (asked when it starts).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        cancelled: bool,
+        kv_room: &mut dyn FnMut() -> u64,
+        emit: &mut dyn FnMut(CompareEvent),
+    ) -> Result<CompareStep, GenerateError> {
+        if self.panes.iter().any(|p| p.seq.is_some()) {
+            return self.step_panes(model, tokenizer, cancelled, kv_room, emit);
+        }
+        self.step_scoring(model, cancelled, emit)
+    }
+
+    fn step_panes(
+        &mut self,
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        cancelled: bool,
+        kv_room: &mut dyn FnMut() -> u64,
+        emit: &mut dyn FnMut(CompareEvent),
+    ) -> Result<CompareStep, GenerateError> {
+        let chunk = self.req.prefill_chunk.max(1);
+        // Prefill: one chunk of the first pane that has some left.
+        for pane in &mut self.panes {
+            let (Some(seq), Some(cache)) = (pane.seq.as_mut(), pane.cache.as_mut()) else {
                 continue;
             };
-            let bits = sweep::bits_per_coordinate(model, &tests[i], reference.len())?;
-            let point = sweep::point(req.sweep[s].to_string(), bits, &report);
-            hooks.emit(CompareEvent::SweepPoint { point });
+            if let Some(part) = seq.next_prefill(chunk) {
+                if cancelled {
+                    seq.cancel();
+                    continue;
+                }
+                let (t, n) = (Instant::now(), part.len());
+                let part = part.to_vec();
+                let logits = model.forward(&part, cache, Logits::Last)?;
+                seq.prefilled(n, logits, t.elapsed().as_secs_f64());
+                return Ok(CompareStep::Working);
+            }
         }
+        // Lockstep: each round advances both streams by one token, so both stream at once.
+        let mut running = false;
+        for pane in &mut self.panes {
+            let (Some(seq), Some(cache)) = (pane.seq.as_mut(), pane.cache.as_mut()) else {
+                continue;
+            };
+            let index = pane.index;
+            let mut pane_emit = |event| emit(CompareEvent::Pane { pane: index, event });
+            if let Some(id) = seq.sample(tokenizer, cancelled, cache.seq_len(), &mut pane_emit)? {
+                seq.fed(model.forward(&[id], cache, Logits::Last)?);
+                running = true;
+            } else if !seq.is_done() {
+                running = true;
+            }
+        }
+        if running {
+            return Ok(CompareStep::Working);
+        }
+        // Both panes are done: their figures, then their caches go before scoring builds more.
+        for pane in &mut self.panes {
+            let (Some(seq), Some(cache)) = (pane.seq.take(), pane.cache.take()) else {
+                continue;
+            };
+            if pane.index == 0 {
+                self.reference = seq.all_ids();
+            }
+            let memory = cache.memory();
+            self.kv_bytes[pane.index] = memory.total.0 as u64;
+            let index = pane.index;
+            let mut pane_emit = |event| emit(CompareEvent::Pane { pane: index, event });
+            seq.finish(
+                tokenizer,
+                cache.seq_len(),
+                &memory,
+                &self.req.policies[index],
+                &mut pane_emit,
+            )?;
+        }
+        if cancelled || self.reference.len() < 2 {
+            return Ok(CompareStep::Finished(None));
+        }
+        // The tested pane's cache and every swept one are scored in lockstep against one
+        // run of the reference per group of caches that fits in memory.
+        self.tests = vec![self.req.policies[1].clone()];
+        self.tests
+            .extend(self.req.sweep.iter().map(CacheSpec::to_policy));
+        self.batches = sweep::lockstep_batches(
+            model,
+            &self.req.policies[0],
+            &self.tests,
+            self.reference.len(),
+            kv_room(),
+        )?;
+        Ok(CompareStep::Working)
     }
-    let Some(report) = tested else {
-        return Ok(None);
-    };
-    Ok(Some(CompareFidelity {
-        mean_kld: report.mean_kld,
-        max_kld: report.max_kld,
-        top1_agreement: report.top1_agreement,
-        tokens_scored: report.tokens_scored,
-        ppl: report.ppl,
-        ppl_reference: report.ppl_reference,
-        kv_bytes,
-    }))
+
+    fn step_scoring(
+        &mut self,
+        model: &Model,
+        cancelled: bool,
+        emit: &mut dyn FnMut(CompareEvent),
+    ) -> Result<CompareStep, GenerateError> {
+        if cancelled {
+            return Ok(CompareStep::Finished(None));
+        }
+        let Some(range) = self.batches.get(self.batch).cloned() else {
+            return Ok(CompareStep::Finished(self.fidelity()));
+        };
+        let run = match self.scoring.as_mut() {
+            Some(run) => run,
+            None => self.scoring.insert(Lockstep::new(
+                model,
+                self.reference.clone(),
+                &self.req.policies[0],
+                &self.tests[range.clone()],
+                FIDELITY_CHUNK,
+                0,
+            )?),
+        };
+        run.step(model)?;
+        let len = self.reference.len();
+        emit(CompareEvent::Scoring {
+            done: self.batch * len + run.tokens_run(),
+            total: self.batches.len() * len,
+        });
+        if !run.done() {
+            return Ok(CompareStep::Working);
+        }
+        let reports = self
+            .scoring
+            .take()
+            .map(Lockstep::reports)
+            .unwrap_or_default();
+        for (i, report) in range.zip(reports) {
+            let Some(s) = i.checked_sub(1) else {
+                self.tested = Some(report);
+                continue;
+            };
+            let bits = sweep::bits_per_coordinate(model, &self.tests[i], len)?;
+            let point = sweep::point(self.req.sweep[s].to_string(), bits, &report);
+            emit(CompareEvent::SweepPoint { point });
+        }
+        self.batch += 1;
+        if self.batch < self.batches.len() {
+            return Ok(CompareStep::Working);
+        }
+        Ok(CompareStep::Finished(self.fidelity()))
+    }
+
+    fn fidelity(&self) -> Option<CompareFidelity> {
+        let report = self.tested.as_ref()?;
+        Some(CompareFidelity {
+            mean_kld: report.mean_kld,
+            max_kld: report.max_kld,
+            top1_agreement: report.top1_agreement,
+            tokens_scored: report.tokens_scored,
+            ppl: report.ppl,
+            ppl_reference: report.ppl_reference,
+            kv_bytes: self.kv_bytes,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,9 @@ pub enum GenerateError {
     /// Nothing to run.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// Stop strings the engine will not watch for.
+    #[error("{0}")]
+    BadStop(String),
     /// A request for no tokens at all.
     #[error("max_tokens must be at least 1")]
     NoTokens,
@@ -85,11 +88,14 @@ impl GenerateError {
             GenerateError::ContextOverflow { .. } | GenerateError::PromptTooLong { .. } => {
                 ErrorCode::ContextOverflow
             }
-            GenerateError::OutOfMemory(_) => ErrorCode::OutOfMemory,
+            GenerateError::OutOfMemory(_) | GenerateError::Engine(EngineError::OutOfMemory(_)) => {
+                ErrorCode::OutOfMemory
+            }
             GenerateError::NonFiniteLogits { .. } => ErrorCode::NonFiniteLogits,
             GenerateError::Chat(ChatError::BadTemplate { .. }) => ErrorCode::BadChatTemplate,
             GenerateError::EmptyPrompt
             | GenerateError::NoTokens
+            | GenerateError::BadStop(_)
             | GenerateError::Chat(_)
             | GenerateError::Sampling(_)
             | GenerateError::Engine(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,

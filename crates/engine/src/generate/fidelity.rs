@@ -105,34 +105,89 @@ pub fn compare_many_from(
     score_from: usize,
     on_chunk: &mut dyn FnMut(usize, usize) -> bool,
 ) -> Result<Vec<FidelityReport>> {
-    if ids.len() < 2 {
-        return Err(EngineError::invalid(
-            "fidelity needs at least 2 tokens (one to condition on, one to score)",
-        ));
+    let mut run = Lockstep::new(model, ids.to_vec(), reference, tests, chunk, score_from)?;
+    while !run.done() {
+        run.step(model)?;
+        if !on_chunk(run.tokens_run(), ids.len()) {
+            break;
+        }
     }
-    let mut c_ref = model.new_cache(reference)?;
-    let mut c_tests = tests
-        .iter()
-        .map(|t| (t != reference).then(|| model.new_cache(t)).transpose())
-        .collect::<Result<Vec<Option<KvCache>>>>()?;
-    let chunk = chunk.max(1);
-    let mut positions = vec![Vec::with_capacity(ids.len() - 1); tests.len()];
-    let mut at = 0;
-    while at < ids.len() {
-        let n = chunk.min(ids.len() - at);
+    Ok(run.reports())
+}
+
+/// [`compare_many_from`] a chunk at a time, for a caller that has other work between chunks
+/// (the engine thread answers other requests between them).
+pub struct Lockstep {
+    ids: Vec<u32>,
+    c_ref: KvCache,
+    c_tests: Vec<Option<KvCache>>,
+    chunk: usize,
+    score_from: usize,
+    positions: Vec<Vec<PositionFidelity>>,
+    at: usize,
+}
+
+impl Lockstep {
+    /// The caches of a run over `ids`: the reference, and one per test unlike it.
+    pub fn new(
+        model: &Model,
+        ids: Vec<u32>,
+        reference: &PrecisionPolicy,
+        tests: &[PrecisionPolicy],
+        chunk: usize,
+        score_from: usize,
+    ) -> Result<Self> {
+        if ids.len() < 2 {
+            return Err(EngineError::invalid(
+                "fidelity needs at least 2 tokens (one to condition on, one to score)",
+            ));
+        }
+        let c_ref = model.new_cache(reference)?;
+        let c_tests = tests
+            .iter()
+            .map(|t| (t != reference).then(|| model.new_cache(t)).transpose())
+            .collect::<Result<Vec<Option<KvCache>>>>()?;
+        Ok(Self {
+            positions: vec![Vec::with_capacity(ids.len() - 1); tests.len()],
+            ids,
+            c_ref,
+            c_tests,
+            chunk: chunk.max(1),
+            score_from,
+            at: 0,
+        })
+    }
+
+    /// Whether every token has run.
+    pub fn done(&self) -> bool {
+        self.at >= self.ids.len()
+    }
+
+    /// Tokens run so far.
+    pub fn tokens_run(&self) -> usize {
+        self.at
+    }
+
+    /// Runs the next chunk through every cache and scores its rows.
+    pub fn step(&mut self, model: &Model) -> Result<()> {
+        if self.done() {
+            return Ok(());
+        }
+        let (ids, at) = (&self.ids, self.at);
+        let n = self.chunk.min(ids.len() - at);
         let part = &ids[at..at + n];
         // Rows scored in this chunk: every one but a last token's, which predicts nothing.
         let scored = n.min(ids.len() - 1 - at);
-        if at + n <= score_from || scored == 0 {
-            model.forward(part, &mut c_ref, Logits::Last)?;
-            for cache in c_tests.iter_mut().flatten() {
+        if at + n <= self.score_from || scored == 0 {
+            model.forward(part, &mut self.c_ref, Logits::Last)?;
+            for cache in self.c_tests.iter_mut().flatten() {
                 model.forward(part, cache, Logits::Last)?;
             }
         } else {
             let targets = &ids[at + 1..at + 1 + scored];
-            let l_ref = scored_rows(model.forward(part, &mut c_ref, Logits::All)?, scored)?;
+            let l_ref = scored_rows(model.forward(part, &mut self.c_ref, Logits::All)?, scored)?;
             let rows = ReferenceRows::new(&l_ref, l_ref.len() / scored, targets, at);
-            for (cache, out) in c_tests.iter_mut().zip(&mut positions) {
+            for (cache, out) in self.c_tests.iter_mut().zip(&mut self.positions) {
                 out.extend(match cache {
                     Some(cache) => {
                         let logits = model.forward(part, cache, Logits::All)?;
@@ -142,18 +197,21 @@ pub fn compare_many_from(
                 });
             }
         }
-        at += n;
-        if !on_chunk(at, ids.len()) {
-            break;
-        }
+        self.at += n;
+        Ok(())
     }
-    Ok(positions
-        .into_iter()
-        .map(|p| {
-            let p = p.into_iter().filter(|p| p.pos >= score_from).collect();
-            FidelityReport::from_positions(p)
-        })
-        .collect())
+
+    /// The reports of the positions scored so far, in the tests' order.
+    pub fn reports(self) -> Vec<FidelityReport> {
+        let score_from = self.score_from;
+        self.positions
+            .into_iter()
+            .map(|p| {
+                let p = p.into_iter().filter(|p| p.pos >= score_from).collect();
+                FidelityReport::from_positions(p)
+            })
+            .collect()
+    }
 }
 
 /// The first `rows` rows of a `[t, vocab]` logits block, as row-major f32.

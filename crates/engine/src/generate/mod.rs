@@ -1,7 +1,9 @@
 //! Text generation on a loaded model: render the conversation to ids, reuse the cached
 //! prefix, prefill the rest in chunks, then sample token by token through the detokenizer
-//! and the thinking/answer splitter, emitting events. Stops on the family's stop ids,
-//! `max_tokens`, a full context, or a cancel flag checked before every token.
+//! and the thinking/answer splitter, emitting events. A turn ([`Turn`]) advances one step at
+//! a time (a prefill chunk or a token) under whoever schedules it, the engine thread; it
+//! stops on the family's stop ids, the request's stop strings, `max_tokens`, a full context,
+//! or a cancel.
 
 pub mod compare;
 pub mod detok;
@@ -12,25 +14,25 @@ pub mod sampling;
 pub mod score;
 mod sequence;
 pub(crate) mod session;
+pub mod stop;
 pub mod stream;
 pub mod sweep;
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+mod turn;
 
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 pub use error::GenerateError;
 pub use sequence::{Outcome, Sequence};
+pub use turn::{Step, Turn};
 
 use crate::chat::{ChatOptions, Message};
+use crate::contract::ConversationChoice;
 use crate::events::Event;
-use crate::model::{Logits, Model};
+use crate::model::Model;
 use crate::sampling::SamplingParams;
 use crate::stream::Delta;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
-use session::Session;
 
 /// Default prefill chunk: bounds activation memory on long prompts.
 pub const PREFILL_CHUNK: usize = 512;
@@ -134,10 +136,20 @@ pub struct GenerateRequest {
     #[ts(as = "Option<usize>", optional)]
     pub prefill_chunk: usize,
     /// The cache this request runs with: the conversation's cache is re-encoded to it first
-    /// (a switch, checked against memory) when it holds another. `None`: as it is.
+    /// (a switch, checked against memory) when it holds another. `None`: as it is (a new
+    /// conversation gets the engine's default for new ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub cache: Option<crate::kv::CacheSelection>,
+    /// Strings that end the answer where its text shows one (it is never sent): at most
+    /// [`stop::MAX_STOPS`] of at most [`stop::MAX_STOP_BYTES`] bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[ts(as = "Option<Vec<String>>", optional)]
+    pub stop: Vec<String>,
+    /// The conversation it runs in (`None`: the default one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub conversation: Option<ConversationChoice>,
 }
 
 impl GenerateRequest {
@@ -149,33 +161,33 @@ impl GenerateRequest {
             max_tokens: default_max_tokens(),
             prefill_chunk: PREFILL_CHUNK,
             cache: None,
+            stop: Vec::new(),
+            conversation: None,
         }
     }
-}
 
-/// Receives a generation's events and gets a say between steps.
-pub trait Hooks {
-    /// An event for the caller.
-    fn emit(&mut self, event: Event);
-    /// Called before every token and between prefill chunks, with the cache at a token
-    /// boundary: the place to apply control jobs (cache switches) or set the cancel flag.
-    fn between_steps(&mut self, _session: &mut Session) {}
-    /// Called once before anything runs, with the context the request may grow the session
-    /// to (`tokens`): an error refuses the request, leaving the session untouched (the
-    /// engine thread refuses what would not fit in memory).
-    fn admit(
-        &mut self,
-        _model: &Model,
-        _session: &Session,
-        _tokens: usize,
-    ) -> Result<(), GenerateError> {
+    /// Refuses what no model could run: no tokens asked for, too many or too long stop
+    /// strings.
+    pub fn check(&self) -> Result<(), GenerateError> {
+        if self.max_tokens == 0 {
+            return Err(GenerateError::NoTokens);
+        }
+        if self.stop.len() > stop::MAX_STOPS {
+            return Err(GenerateError::BadStop(format!(
+                "at most {} stop strings, got {}",
+                stop::MAX_STOPS,
+                self.stop.len()
+            )));
+        }
+        if let Some(s) = self.stop.iter().find(|s| s.len() > stop::MAX_STOP_BYTES) {
+            return Err(GenerateError::BadStop(format!(
+                "a stop string is at most {} bytes, got one of {}",
+                stop::MAX_STOP_BYTES,
+                s.len()
+            )));
+        }
+        self.sampling.validate()?;
         Ok(())
-    }
-}
-
-impl<F: FnMut(Event)> Hooks for F {
-    fn emit(&mut self, event: Event) {
-        self(event)
     }
 }
 
@@ -340,76 +352,6 @@ pub(crate) fn per_second(tokens: usize, secs: f64) -> f64 {
     } else {
         tokens as f64 / secs
     }
-}
-
-/// Runs one request on `session`. The cache keeps the prompt and the generated tokens for
-/// the next turn. Errors leave the session consistent (its history always matches its
-/// cache); a prompt that does not fit leaves it untouched.
-pub fn generate(
-    model: &Model,
-    tokenizer: &GemmaTokenizer,
-    session: &mut Session,
-    req: &GenerateRequest,
-    cancel: &AtomicBool,
-    hooks: &mut dyn Hooks,
-) -> Result<Outcome, GenerateError> {
-    let started = Instant::now();
-    if req.max_tokens == 0 {
-        return Err(GenerateError::NoTokens);
-    }
-    let prompt = render_checked_prompt(model, tokenizer, &req.prompt)?;
-    let max_context = model.config().max_position_embeddings;
-    hooks.admit(
-        model,
-        session,
-        grown_context(&prompt, req.max_tokens, max_context),
-    )?;
-    let prepared = session.prepare(&prompt)?;
-    let mut seq = Sequence::new(
-        tokenizer,
-        prompt,
-        prepared.reused,
-        req.sampling,
-        req.max_tokens,
-        max_context,
-        started,
-    )?;
-    // Prefill everything after the reused prefix; the last chunk's logits start decoding.
-    while let Some(chunk) = seq.next_prefill(req.prefill_chunk) {
-        hooks.between_steps(session);
-        if cancel.load(Ordering::Relaxed) {
-            seq.cancel();
-            break;
-        }
-        let (t, n) = (Instant::now(), chunk.len());
-        let logits = session.forward(model, chunk, Logits::Last)?;
-        seq.prefilled(n, logits, t.elapsed().as_secs_f64());
-    }
-    loop {
-        hooks.between_steps(session);
-        let cancelled = cancel.load(Ordering::Relaxed);
-        let sampled = seq.sample(tokenizer, cancelled, session.len(), &mut |e| hooks.emit(e));
-        if let Err(GenerateError::NonFiniteLogits { .. }) = &sampled {
-            // The cached keys and values came from the same broken computation: keep none of
-            // them (the conversation itself lives with the caller).
-            session.reset()?;
-        }
-        let Some(id) = sampled? else {
-            break;
-        };
-        seq.fed(session.forward(model, &[id], Logits::Last)?);
-    }
-    // The last sampled token was not run: a saved cache keeps it for a continuation.
-    let all = seq.all_ids();
-    session.set_pending(all.get(session.len()..).unwrap_or(&[]));
-    let memory = session.memory();
-    seq.finish(
-        tokenizer,
-        session.len(),
-        &memory,
-        &session.policy().clone(),
-        &mut |e| hooks.emit(e),
-    )
 }
 
 /// A splitter delta as its event.

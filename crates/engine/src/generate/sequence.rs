@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
+use super::stop::StopMatcher;
 use super::{delta_event, per_second, GenerateError};
+use crate::contract::{CacheOrigin, ConversationId};
 use crate::events::{DoneReason, Event, GenStats};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::sampling::{Sampler, SamplingParams};
@@ -38,6 +40,11 @@ pub struct Sequence {
     sampler: Sampler,
     splitter: StreamSplitter,
     stops: Vec<u32>,
+    /// The request's stop strings, over the answer's text.
+    stop_strings: StopMatcher,
+    /// The conversation it runs in and where its cache came from (for its stats).
+    conversation: Option<ConversationId>,
+    origin: CacheOrigin,
     max_tokens: usize,
     max_context: usize,
     ids: Vec<u32>,
@@ -69,6 +76,9 @@ impl Sequence {
             sampler: Sampler::new(sampling)?,
             splitter: StreamSplitter::new(),
             stops: tokenizer.stop_ids().to_vec(),
+            stop_strings: StopMatcher::default(),
+            conversation: None,
+            origin: CacheOrigin::New,
             max_tokens,
             max_context,
             ids: Vec::new(),
@@ -78,6 +88,21 @@ impl Sequence {
             prefill_secs: 0.0,
             first_token: None,
         })
+    }
+
+    /// This sequence ending where its answer's text shows one of `stops` (the text before it
+    /// is the answer's end; the stop string is never sent).
+    pub fn with_stop_strings(mut self, stops: Vec<String>) -> Self {
+        self.stop_strings = StopMatcher::new(stops);
+        self
+    }
+
+    /// This sequence running in `conversation`, whose cache came from `origin` (its stats
+    /// say so).
+    pub fn in_conversation(mut self, conversation: ConversationId, origin: CacheOrigin) -> Self {
+        self.conversation = Some(conversation);
+        self.origin = origin;
+        self
     }
 
     /// The next prompt chunk (at most `chunk` tokens) to run, or `None` once the prompt is in
@@ -150,14 +175,28 @@ impl Sequence {
         self.ids.push(id);
         let step = self.splitter.push(tokenizer, id)?;
         for d in step.deltas {
-            emit(delta_event(d));
+            self.emit_delta(d, emit);
         }
-        if step.stop || self.stops.contains(&id) {
+        if step.stop || self.stops.contains(&id) || self.stop_strings.stopped() {
             self.done = Some(DoneReason::Stop);
         } else if self.ids.len() >= self.max_tokens || context_len >= self.max_context {
             self.done = Some(DoneReason::Length);
         }
         Ok(if self.done.is_some() { None } else { Some(id) })
+    }
+
+    /// Emits a splitter delta, answer text through the stop strings (nothing after a stop).
+    fn emit_delta(&mut self, d: super::stream::Delta, emit: &mut dyn FnMut(Event)) {
+        match d {
+            super::stream::Delta::Answer(text) => {
+                let out = self.stop_strings.push(&text);
+                if !out.is_empty() {
+                    emit(Event::Token { text: out });
+                }
+            }
+            thinking if !self.stop_strings.stopped() => emit(delta_event(thinking)),
+            _ => {}
+        }
     }
 
     /// Records the logits of the token [`Sequence::sample`] returned, once it ran.
@@ -176,9 +215,19 @@ impl Sequence {
         emit: &mut dyn FnMut(Event),
     ) -> Result<Outcome, GenerateError> {
         for d in self.splitter.finish(tokenizer)? {
-            emit(delta_event(d));
+            self.emit_delta(d, emit);
         }
-        let reason = self.done.unwrap_or(DoneReason::Cancelled);
+        let tail = self.stop_strings.finish();
+        if !tail.is_empty() {
+            emit(Event::Token { text: tail });
+        }
+        // A stop string that showed only in the text held back to the end still ends the
+        // answer as a stop.
+        let reason = match self.done {
+            _ if self.stop_strings.stopped() => DoneReason::Stop,
+            Some(r) => r,
+            None => DoneReason::Cancelled,
+        };
         let prefill_tokens = self.prefilled - self.reused;
         let decode_secs = self.first_token.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let stats = GenStats {
@@ -196,6 +245,8 @@ impl Sequence {
             kv_bytes: memory.total.0,
             kv_bytes_allocated: memory.total.1,
             cache_spec: policy.spec_string(),
+            conversation: self.conversation.clone(),
+            cache_origin: self.origin,
         };
         emit(Event::Stats(stats.clone()));
         emit(Event::Done {

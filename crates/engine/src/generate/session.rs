@@ -1,6 +1,8 @@
 //! One conversation's state on a loaded model: the KV cache plus the exact token ids it holds,
 //! so a new prompt only prefills what the cache does not already have (longest common
-//! prefix; rewind when possible, otherwise reset and start over).
+//! prefix; rewind when possible, otherwise reset and start over). It also remembers whether
+//! its rows were ever held as codes since it was last empty: such rows, decoded back into a
+//! dense cache, are never handed to a turn as exact ones (that turn reads its history again).
 
 use crate::error::Result;
 use crate::kv::{ConvertPlan, KvCache, KvMemoryReport, PrecisionPolicy};
@@ -24,6 +26,8 @@ pub struct Session {
     /// cache keeps them, so a continuation runs them first.
     pending: Vec<u32>,
     policy: PrecisionPolicy,
+    /// Some row was held as codes (a TurboQuant policy) since the cache was last empty.
+    coded: bool,
 }
 
 /// What [`Session::prepare`] did to line the cache up with a prompt.
@@ -31,8 +35,11 @@ pub struct Session {
 pub struct Prepared {
     /// Prompt tokens already in the cache.
     pub reused: usize,
-    /// Whether the cache had to be cleared (rewind impossible).
+    /// Whether the cache had to be cleared (rewind impossible, or rows decoded from codes).
     pub reset: bool,
+    /// Whether it was cleared because its rows had been held as codes and its policy is now
+    /// dense: the history is read again rather than reused from decoded rows.
+    pub reread_coded: bool,
 }
 
 impl Session {
@@ -45,7 +52,13 @@ impl Session {
             history: Vec::new(),
             pending: Vec::new(),
             policy: policy.clone(),
+            coded: false,
         })
+    }
+
+    /// Whether some row was held as codes since the cache was last empty.
+    pub fn coded(&self) -> bool {
+        self.coded
     }
 
     /// Lets sliding layers keep `margin` tokens beyond their window, so a turn can be
@@ -89,6 +102,7 @@ impl Session {
     pub fn reset(&mut self) -> Result<()> {
         self.history.clear();
         self.pending.clear();
+        self.coded = false;
         self.cache.reset()
     }
 
@@ -160,6 +174,7 @@ impl Session {
         let (cache, header) =
             crate::kv::persist::read_into(path, identity, &policy.spec_string(), fresh)?;
         self.cache = cache;
+        self.coded = !policy.is_dense() && !header.tokens.is_empty();
         self.policy = policy;
         self.history = header.tokens.clone();
         self.pending = header.pending.clone();
@@ -170,6 +185,15 @@ impl Session {
     /// least one prompt token is always left to run, so the caller gets fresh logits.
     pub fn prepare(&mut self, prompt: &[u32]) -> Result<Prepared> {
         self.pending.clear();
+        if self.coded && self.policy.is_dense() {
+            // Decoded rows are not the rows a dense cache would hold: read them again.
+            self.reset()?;
+            return Ok(Prepared {
+                reused: 0,
+                reset: true,
+                reread_coded: true,
+            });
+        }
         let common = self
             .history
             .iter()
@@ -182,6 +206,7 @@ impl Session {
             return Ok(Prepared {
                 reused: target,
                 reset: false,
+                reread_coded: false,
             });
         }
         if self.cache.can_rewind(target) {
@@ -190,12 +215,14 @@ impl Session {
             return Ok(Prepared {
                 reused: target,
                 reset: false,
+                reread_coded: false,
             });
         }
         self.reset()?;
         Ok(Prepared {
             reused: 0,
             reset: true,
+            reread_coded: false,
         })
     }
 
@@ -209,6 +236,7 @@ impl Session {
         let out = model.forward(ids, &mut self.cache, which)?;
         self.history.extend_from_slice(ids);
         self.pending.clear();
+        self.coded |= !self.policy.is_dense();
         Ok(out)
     }
 
@@ -222,6 +250,7 @@ impl Session {
     pub fn switch(&mut self, plan: &ConvertPlan, probe: &mut RssProbe) -> Result<SwitchEvent> {
         let marker = switch_precision(&mut self.cache, &self.policy, plan, probe)?;
         self.policy = plan.policy.clone();
+        self.coded |= !self.policy.is_dense() && !self.history.is_empty();
         Ok(marker)
     }
 }

@@ -86,6 +86,14 @@ impl PrecisionPolicy {
         }
     }
 
+    /// Whether every layer is stored in dense floats (f32, f16, bf16): rows come back as
+    /// they went in, never decoded from codes.
+    pub fn is_dense(&self) -> bool {
+        self.sliding.is_dense()
+            && self.full.is_dense()
+            && self.overrides.values().all(|p| p.is_dense())
+    }
+
     /// The precision of `layer` of attention `kind`.
     pub fn for_layer(&self, layer: usize, kind: AttentionKind) -> KvPrecision {
         self.overrides.get(&layer).copied().unwrap_or(match kind {

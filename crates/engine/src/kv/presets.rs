@@ -361,6 +361,14 @@ pub fn cache_options() -> CacheOptions {
     }
 }
 
+/// The suggested TurboQuant cache as a policy (what idle conversations are demoted to unless
+/// the pool is told otherwise); FP16 if no preset qualifies.
+pub fn suggested_policy() -> PrecisionPolicy {
+    CacheSpec::parse(&cache_options().suggested_spec)
+        .map(|s| s.to_policy())
+        .unwrap_or_default()
+}
+
 /// The canonical SPEC of any SPEC string (`TQ3.5@ALL` → `tq3.5@all`, `tq4@full` → `tq4`).
 pub fn canonical(spec: &str) -> Result<String> {
     Ok(CacheSpec::parse(spec)?.to_string())

@@ -129,6 +129,45 @@ impl KvBytes {
     pub fn of(cache: &KvCache) -> Self {
         Self::from_report(&cache.memory())
     }
+
+    /// Adds `other`'s bytes (another conversation's cache) to these: the same layer in the
+    /// same precision adds up, as do kinds, precisions and parts.
+    pub fn merge(&mut self, other: &KvBytes) {
+        let add = |a: &mut ByteCount, b: &ByteCount| {
+            a.used += b.used;
+            a.allocated += b.allocated;
+        };
+        add(&mut self.by_kind.sliding, &other.by_kind.sliding);
+        add(&mut self.by_kind.full, &other.by_kind.full);
+        for (name, b) in &other.by_precision {
+            add(self.by_precision.entry(name.clone()).or_default(), b);
+        }
+        for p in &other.parts {
+            match self
+                .parts
+                .iter_mut()
+                .find(|q| q.kind == p.kind && q.precision == p.precision)
+            {
+                Some(q) => add(&mut q.bytes, &p.bytes),
+                None => self.parts.push(p.clone()),
+            }
+        }
+        for l in &other.layers {
+            match self
+                .layers
+                .iter_mut()
+                .find(|m| m.layer == l.layer && m.precision == l.precision)
+            {
+                Some(m) => {
+                    m.tokens += l.tokens;
+                    add(&mut m.bytes, &l.bytes);
+                }
+                None => self.layers.push(l.clone()),
+            }
+        }
+        self.total_used += other.total_used;
+        self.total_allocated += other.total_allocated;
+    }
 }
 
 /// Bytes for a message: `512 B`, `3.4 KiB`, `1.25 GiB` (binary units, three significant

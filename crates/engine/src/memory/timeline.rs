@@ -1,6 +1,7 @@
-//! The memory timeline: one serde [`MemorySample`] per tick (exact KV bytes, weights,
-//! process memory) and a [`SwitchEvent`] marker for each precision switch, made by the one
-//! function that switches a cache ([`switch_precision`]).
+//! The memory timeline: one serde [`MemorySample`] per tick (exact KV bytes, in all and per
+//! conversation and tier, weights, process memory) and a [`SwitchEvent`] marker for each
+//! change of a cache's precision or tier (a switch, a demotion, a spill, a restore, a drop),
+//! switches made by the one function that switches a cache ([`switch_precision`]).
 
 use std::time::Instant;
 
@@ -8,12 +9,20 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use super::{release_free_memory, ByteCount, KvBytes, RssProbe};
+use crate::contract::{ConversationId, ConversationInfo, MarkerKind};
 use crate::error::Result;
 use crate::kv::{ConvertPlan, KvCache, KvMemoryReport, PrecisionPolicy};
 
-/// A precision switch, as a marker on the memory timeline.
+/// A change of a cache's precision or tier, as a marker on the memory timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct SwitchEvent {
+    /// What happened (a switch by its owner unless the pool acted).
+    #[serde(default)]
+    pub kind: MarkerKind,
+    /// The conversation whose cache it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub conversation: Option<ConversationId>,
     /// When it happened, in milliseconds since the Unix epoch.
     pub t_ms: u64,
     /// The policy before, as its canonical SPEC ([`PrecisionPolicy::spec_string`]).
@@ -35,6 +44,13 @@ pub struct SwitchEvent {
 }
 
 impl SwitchEvent {
+    /// This marker as `kind`, on `conversation`'s cache.
+    pub fn of(mut self, kind: MarkerKind, conversation: &ConversationId) -> Self {
+        self.kind = kind;
+        self.conversation = Some(conversation.clone());
+        self
+    }
+
     /// The marker of a switch from policy `from` (whose cache was `before`) to `to` (now
     /// `after`), `tokens` converted in `duration_ms`, with the resident set `(before, after)`.
     pub fn between(
@@ -49,6 +65,8 @@ impl SwitchEvent {
             allocated: r.total.1 as u64,
         };
         SwitchEvent {
+            kind: MarkerKind::Switch,
+            conversation: None,
             t_ms: unix_ms(),
             from: from.spec_string(),
             to: to.spec_string(),
@@ -86,6 +104,10 @@ pub struct MemorySample {
     /// The cache's policy at that moment, as its canonical SPEC (so a figure and its label
     /// always come from the same instant).
     pub cache_spec: String,
+    /// Every conversation's cache: its tier and bytes, in memory and on disk (the timeline's
+    /// stack by conversation and tier).
+    #[serde(default)]
+    pub conversations: Vec<ConversationInfo>,
 }
 
 impl MemorySample {
@@ -104,6 +126,7 @@ impl MemorySample {
             weights_bytes: weights_bytes as u64,
             rss_bytes: probe.rss_bytes(),
             cache_spec: policy.spec_string(),
+            conversations: Vec::new(),
         }
     }
 }

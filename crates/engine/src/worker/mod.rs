@@ -1,46 +1,49 @@
-//! The engine thread: one dedicated std thread owns the model, its tokenizer and its KV cache;
-//! jobs come in over a std channel, and each job carries its own event sink (mistral.rs
-//! style), so the app can forward to an IPC channel and the CLI to stdout. Status is readable
-//! at any time without waiting for a running generation.
+//! The engine thread and the way in. One dedicated std thread owns the model and the pool of
+//! conversations ([`crate::conversations`]); it steps sequences as llama.cpp steps sequence
+//! ids: it picks the next running request (round robin, up to [`MAX_RUNNING`] at once, one
+//! per conversation), runs one step of it (a prefill chunk, a token, a scoring chunk), sends
+//! that request's events to its own sink, and answers control jobs (cancel, switch, save,
+//! restore, status) between steps. Requests never own the loop, and nothing calls back into
+//! it.
 //!
-//! Between two generated tokens the thread looks at its queue: `Cancel` and `SwitchCache`
-//! take effect there (control jobs never wait); generations and comparisons wait in a FIFO
-//! queue of at most [`MAX_QUEUED`] (`queue_full` past it); loads, resets and unloads, which
-//! would change what the running job stands on, answer `busy`.
+//! There is one way to submit a request: [`EngineHandle::submit`] (a [`Ticket`] whose events
+//! arrive on a channel) or [`EngineHandle::submit_with`] (events to a callback, for async
+//! front ends). A chat request's prompt is rendered and tokenized right there, on the
+//! caller's thread, and checked against the context before it is queued; at most
+//! [`MAX_QUEUED`] requests wait (`queue_full` past it, refused the moment they arrive), and a
+//! request whose ticket is dropped (its client left) frees its place at once, queued or
+//! running.
 //!
-//! [`EngineHandle::stream`] is the one way a front end runs a request: events go to its
-//! callback until the request ends, and a callback that returns false (its client is gone)
-//! cancels that request, running or still queued, and no other.
-//!
-//! Besides generation the thread runs side-by-side comparisons of two cache policies
-//! ([`crate::compare`]). Nothing that only reads waits for it: the loaded tokenizer and
-//! configuration are shared, so token counts ([`EngineHandle::count_tokens`]), context and
-//! document costs ([`EngineHandle::context_costs`], [`EngineHandle::document_fits`]) and memory
-//! timeline points ([`EngineHandle::memory_sample`]) are answered on the caller's thread. The
-//! engine's [`Activity`] goes to a listener on every change (a status bar).
+//! Reading never waits for the thread: the loaded tokenizer and configuration are shared,
+//! so token counts, context and document costs, status and memory samples are answered on
+//! the caller's thread. The engine's [`Activity`] goes to a listener on every change.
 
 mod error;
 mod run;
+mod submit;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
 pub use error::{JobError, LoadError};
+pub use submit::{Request, Submission, Ticket};
 
 pub use crate::budget::MemoryBudget;
+pub use crate::conversations::PoolSettings;
 
 use crate::card::MemoryEstimate;
 use crate::card::ModelCard;
-use crate::compare::{CompareEvent, CompareRequest};
+use crate::compare::CompareEvent;
 use crate::config::ModelConfig;
+use crate::contract::{ConversationId, ConversationInfo};
 use crate::events::{Activity, ErrorCode, Event};
 use crate::generate::session::REWIND_MARGIN;
-use crate::generate::{self, GenerateRequest, Prompt, PromptPreview};
+use crate::generate::{self, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, PrecisionPolicy};
 use crate::memory::{
     context_costs, document_fits, ContextCost, DocumentFit, KvBytes, MemorySample, RssProbe,
@@ -56,7 +59,7 @@ pub type EventSink = Box<dyn FnMut(Event) + Send + 'static>;
 /// Where a comparison's events go (on the engine thread, like [`EventSink`]).
 pub type CompareSink = Box<dyn FnMut(CompareEvent) + Send + 'static>;
 
-/// A shared flag that stops a running job before its next token (or download chunk).
+/// A shared flag that stops a running job before its next step (or download chunk).
 #[derive(Debug, Clone, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
 
@@ -91,7 +94,7 @@ pub struct LoadRequest {
     pub tokenizer: Option<PathBuf>,
     /// Device and dtype.
     pub options: LoadOptions,
-    /// KV storage precision per layer.
+    /// The KV cache new conversations get.
     pub policy: PrecisionPolicy,
     /// Tokens the caller means to hold (clipped to the model's context): the load is refused,
     /// before any weight is read, when the weights and the KV cache of this context do not
@@ -116,77 +119,77 @@ impl LoadRequest {
     }
 }
 
-/// Requests that may wait behind the running one; one more is refused as `queue_full`.
+/// Requests that may wait to start; one more is refused as `queue_full`.
 pub const MAX_QUEUED: usize = 16;
 
-/// A request to the engine thread.
-pub enum Job {
-    /// Load a model (replacing the current one only once the new one is ready).
-    Load {
-        /// What to load.
-        request: LoadRequest,
-        /// Receives `loading`, then `loaded` or `error`.
-        sink: EventSink,
-        /// Stops a download.
-        cancel: CancelToken,
-    },
-    /// Generate a reply.
-    Generate {
-        /// The request.
-        request: GenerateRequest,
-        /// Receives `token`/`thinking` deltas, `stats`, then `done`; or one `error`.
-        sink: EventSink,
-        /// Checked before every token.
-        cancel: CancelToken,
-    },
-    /// Run one prompt through two cache policies side by side, then score their fidelity.
-    Compare {
-        /// The request.
-        request: CompareRequest,
-        /// Receives `pane` events, then `finished`; or one `error`.
-        sink: CompareSink,
-        /// Checked before every round.
-        cancel: CancelToken,
-    },
-    /// Stop the running generation (also reachable directly through [`EngineHandle::cancel`]).
-    Cancel,
-    /// Forget the conversation held in the cache.
-    Reset {
-        /// The outcome.
+/// Requests that run at once (each in its own conversation), stepped in turn.
+pub const MAX_RUNNING: usize = 4;
+
+/// A control job: answered between two steps of the running requests.
+pub(crate) enum Control {
+    /// Stop the requests of a conversation (all of them: `None`).
+    Cancel(Option<ConversationId>),
+    /// Stop the comparisons.
+    CancelCompares,
+    /// Forget a conversation: its cache, and its file when `file`.
+    Forget {
+        conversation: ConversationId,
+        file: bool,
         reply: Sender<Result<(), JobError>>,
     },
-    /// Re-encode the cache in another precision (between two tokens when generating),
-    /// answered with the timeline marker: policies, bytes and resident memory before and
-    /// after, and the conversion's wall time.
+    /// Re-encode a conversation's cache in another precision (between two tokens when it
+    /// is generating), answered with the timeline marker.
     SwitchCache {
-        /// The new precisions.
+        conversation: ConversationId,
         policy: PrecisionPolicy,
-        /// The switch marker.
         reply: Sender<Result<SwitchEvent, JobError>>,
     },
-    /// Save the conversation's cache to a file, in the precision it holds.
+    /// Write a conversation's cache to a file, in the precision it holds (its own spill file
+    /// when `path` is `None`).
     SaveCache {
-        /// Where (written atomically).
-        path: PathBuf,
-        /// What was written.
+        conversation: ConversationId,
+        path: Option<PathBuf>,
         reply: Sender<Result<CacheFileInfo, JobError>>,
     },
-    /// Replace the conversation's cache with a saved one (all checks first; on any error the
-    /// conversation is as it was, and a corrupt file is set aside).
+    /// Replace a conversation's cache with a saved one (its own spill file when `path` is
+    /// `None`; all checks first; on any error the conversation is as it was, and a corrupt
+    /// file is set aside).
     RestoreCache {
-        /// The file.
-        path: PathBuf,
-        /// What was restored.
+        conversation: ConversationId,
+        path: Option<PathBuf>,
         reply: Sender<Result<CacheFileInfo, JobError>>,
+    },
+    /// Write every conversation in memory to its spill file (a quit).
+    SaveAll { reply: Sender<Vec<SavedCache>> },
+    /// The cache new conversations get.
+    SetDefaultPolicy {
+        policy: PrecisionPolicy,
+        reply: Sender<Result<SwitchEvent, JobError>>,
     },
     /// Drop the model.
-    Unload {
-        /// The outcome.
-        reply: Sender<Result<(), JobError>>,
-    },
+    Unload { reply: Sender<Result<(), JobError>> },
     /// Stop the thread.
     Shutdown,
 }
+
+/// A request to the engine thread.
+pub(crate) enum Job {
+    /// Load a model (replacing the current one only once the new one is ready).
+    Load {
+        request: LoadRequest,
+        sink: EventSink,
+        cancel: CancelToken,
+    },
+    /// A chat turn, its prompt already tokenized on the caller's thread.
+    Generate(submit::Queued<submit::GenerateJob>),
+    /// A side-by-side comparison.
+    Compare(submit::Queued<submit::CompareJob>),
+    /// Answered between steps.
+    Control(Control),
+}
+
+/// A conversation's cache written to its own file (its bytes), or why not.
+pub type SavedCache = (ConversationId, Result<u64, JobError>);
 
 /// A saved cache file, as written or restored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -212,44 +215,80 @@ pub struct CacheFileInfo {
 pub struct EngineStatus {
     /// The loaded model's card.
     pub model: Option<ModelCard>,
-    /// A job is running (load or generate).
+    /// A request is running.
     pub busy: bool,
-    /// Tokens in the cache.
+    /// Tokens all conversations hold in memory.
     pub context_tokens: usize,
-    /// The cache precisions (of the loaded model, or for the next load).
+    /// The cache new conversations get.
     pub policy: PrecisionPolicy,
     /// Bytes of the loaded model's weights as held (0 without a model).
     #[serde(default)]
     pub weights_bytes: u64,
-    /// The cache's bytes: per layer, kind and precision, used and allocated (the one shape
-    /// KV bytes take outside the cache).
+    /// All conversations' caches in memory: per layer kind and precision, used and allocated.
     #[serde(default)]
     pub kv: KvBytes,
     /// What the engine is doing, for a status bar.
     pub activity: Activity,
-    /// Requests waiting behind the running one.
+    /// Requests waiting to start.
     #[serde(default)]
     pub queued: usize,
+    /// Requests running.
+    #[serde(default)]
+    pub running: usize,
+    /// Every conversation: tier, tokens, bytes (no text).
+    #[serde(default)]
+    pub conversations: Vec<ConversationInfo>,
+    /// The KV limit the pool keeps to now, and the bytes its files take on disk.
+    #[serde(default)]
+    pub kv_limit: u64,
+}
+
+/// What the pool did since the engine started, for `/metrics` and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCounters {
+    /// Turns whose cache was held in memory as its owner left it.
+    pub held: u64,
+    /// Turns whose cache was held demoted.
+    pub demoted_hits: u64,
+    /// Turns whose cache came back from disk.
+    pub restored: u64,
+    /// Turns that read their history again (a dropped cache, or rows decoded from codes).
+    pub prefilled: u64,
+    /// Conversations' first turns.
+    pub new: u64,
+    /// Demotions, spills and drops the pool made.
+    pub demotions: u64,
+    pub spills: u64,
+    pub drops: u64,
 }
 
 /// Called with the engine's activity whenever it changes (on the engine thread: keep it
 /// quick).
 pub type ActivityListener = Box<dyn Fn(&Activity) + Send + Sync + 'static>;
 
+/// Markers kept for front ends that read them later ([`EngineHandle::markers_since`]).
+const MARKERS_KEPT: usize = 256;
+
 pub(crate) struct Shared {
     status: Mutex<EngineStatus>,
-    /// Cancel token of the running job.
-    active: Mutex<Option<CancelToken>>,
-    /// The loaded model's tokenizer, for callers that count tokens without the thread.
+    /// The loaded model's tokenizer, for callers that render and count without the thread.
     tokenizer: Mutex<Option<Arc<GemmaTokenizer>>>,
     /// The loaded model's configuration, for cost queries without the thread.
     config: Mutex<Option<Arc<ModelConfig>>>,
     /// Told of every activity change.
     listener: Mutex<Option<ActivityListener>>,
-    /// Tokens the next loaded session keeps beyond the sliding windows.
+    /// Tokens sessions keep beyond their sliding windows.
     rewind_margin: AtomicUsize,
     /// What loads and growing contexts must fit in.
     budget: Mutex<MemoryBudget>,
+    /// The pool's settings.
+    pool: Mutex<PoolSettings>,
+    /// Requests submitted and not yet started (the queue bound applies to these).
+    waiting: AtomicUsize,
+    /// The pool's markers (demotions, spills, restores, drops), newest last, numbered.
+    markers: Mutex<(u64, std::collections::VecDeque<SwitchEvent>)>,
+    /// What the pool did.
+    counters: Mutex<PoolCounters>,
 }
 
 /// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
@@ -274,13 +313,19 @@ impl Engine {
                 kv: KvBytes::default(),
                 activity: Activity::NoModel,
                 queued: 0,
+                running: 0,
+                conversations: Vec::new(),
+                kv_limit: 0,
             }),
-            active: Mutex::new(None),
             tokenizer: Mutex::new(None),
             config: Mutex::new(None),
             listener: Mutex::new(None),
             rewind_margin: AtomicUsize::new(REWIND_MARGIN),
             budget: Mutex::new(MemoryBudget::default()),
+            pool: Mutex::new(PoolSettings::default()),
+            waiting: AtomicUsize::new(0),
+            markers: Mutex::new((0, std::collections::VecDeque::new())),
+            counters: Mutex::new(PoolCounters::default()),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -304,178 +349,18 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Sends a raw job.
-    pub fn send(&self, job: Job) -> Result<(), JobError> {
+    fn send(&self, job: Job) -> Result<(), JobError> {
         self.tx.send(job).map_err(|_| JobError::stopped())
     }
 
-    /// Starts loading; events go to `sink`. Returns the token that cancels a download.
-    pub fn load(&self, request: LoadRequest, sink: EventSink) -> Result<CancelToken, JobError> {
-        let cancel = CancelToken::new();
-        self.send(Job::Load {
-            request,
-            sink,
-            cancel: cancel.clone(),
-        })?;
-        Ok(cancel)
-    }
-
-    /// Loads and waits; `on_event` sees the `loading` events on the calling thread.
-    pub fn load_blocking(
+    /// Sends a control job and waits for its reply.
+    fn control<T>(
         &self,
-        request: LoadRequest,
-        mut on_event: impl FnMut(&Event),
-    ) -> Result<ModelCard, JobError> {
-        let (tx, rx) = mpsc::channel();
-        self.load(request, channel_sink(tx))?;
-        for ev in rx {
-            on_event(&ev);
-            match ev {
-                Event::Loaded { card } => return Ok(card),
-                Event::Error { code, message } => return Err(JobError::new(code, message)),
-                _ => {}
-            }
-        }
-        Err(JobError::stopped())
-    }
-
-    /// Starts a generation; events go to `sink`. Returns its cancel token.
-    pub fn generate(
-        &self,
-        request: GenerateRequest,
-        sink: EventSink,
-    ) -> Result<CancelToken, JobError> {
-        let cancel = CancelToken::new();
-        self.send(Job::Generate {
-            request,
-            sink,
-            cancel: cancel.clone(),
-        })?;
-        Ok(cancel)
-    }
-
-    /// Runs a generation, queued behind any running one: `on_event` gets its events on the
-    /// engine thread (keep it quick: forward them) until `done` or `error`; returning false
-    /// (the caller's client is gone) cancels this request and no other. Returns its cancel
-    /// token (a stop button's).
-    pub fn stream(
-        &self,
-        request: GenerateRequest,
-        mut on_event: impl FnMut(Event) -> bool + Send + 'static,
-    ) -> Result<CancelToken, JobError> {
-        let cancel = CancelToken::new();
-        let own = cancel.clone();
-        self.send(Job::Generate {
-            request,
-            sink: Box::new(move |ev| {
-                if !on_event(ev) {
-                    own.cancel();
-                }
-            }),
-            cancel: cancel.clone(),
-        })?;
-        Ok(cancel)
-    }
-
-    /// [`EngineHandle::stream`], waiting on the calling thread until the request ends: `Ok`
-    /// after `done`, the job's error after `error`. `on_event` sees every event first.
-    pub fn stream_blocking(
-        &self,
-        request: GenerateRequest,
-        on_event: impl FnMut(Event) -> bool + Send + 'static,
-    ) -> Result<(), JobError> {
-        let (tx, rx) = mpsc::channel();
-        let mut on_event = on_event;
-        self.stream(request, move |ev| {
-            let end = match &ev {
-                Event::Done { .. } => Some(Ok(())),
-                Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
-                _ => None,
-            };
-            let keep = on_event(ev);
-            if let Some(end) = end {
-                let _ = tx.send(end);
-            }
-            keep
-        })?;
-        rx.recv().unwrap_or_else(|_| Err(JobError::stopped()))
-    }
-
-    /// Starts a generation whose events arrive on the returned receiver (ends after `done`
-    /// or `error`); dropping the receiver cancels it ([`EngineHandle::stream`]).
-    pub fn generate_channel(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<(Receiver<Event>, CancelToken), JobError> {
-        let (tx, rx) = mpsc::channel();
-        let cancel = self.stream(request, move |ev| tx.send(ev).is_ok())?;
-        Ok((rx, cancel))
-    }
-
-    /// Starts a side-by-side comparison; events go to `sink`. Returns its cancel token.
-    pub fn compare(
-        &self,
-        request: CompareRequest,
-        sink: CompareSink,
-    ) -> Result<CancelToken, JobError> {
-        let cancel = CancelToken::new();
-        self.send(Job::Compare {
-            request,
-            sink,
-            cancel: cancel.clone(),
-        })?;
-        Ok(cancel)
-    }
-
-    /// Runs a comparison, queued like a generation, waiting on the calling thread until it
-    /// ends: `Ok` after `finished`, its error after `error`. `on_event` (on the engine
-    /// thread) sees every event first; returning false cancels this comparison.
-    pub fn compare_blocking(
-        &self,
-        request: CompareRequest,
-        mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
-    ) -> Result<(), JobError> {
-        let (tx, rx) = mpsc::channel();
-        let cancel = CancelToken::new();
-        let own = cancel.clone();
-        self.send(Job::Compare {
-            request,
-            sink: Box::new(move |ev| {
-                let end = match &ev {
-                    CompareEvent::Finished { .. } => Some(Ok(())),
-                    CompareEvent::Error { code, message } => {
-                        Some(Err(JobError::new(*code, message)))
-                    }
-                    CompareEvent::Pane { .. }
-                    | CompareEvent::SweepPoint { .. }
-                    | CompareEvent::Scoring { .. } => None,
-                };
-                if !on_event(ev) {
-                    own.cancel();
-                }
-                if let Some(end) = end {
-                    let _ = tx.send(end);
-                }
-            }),
-            cancel,
-        })?;
-        rx.recv().unwrap_or_else(|_| Err(JobError::stopped()))
-    }
-
-    /// Starts a comparison whose events arrive on the returned receiver (ends after
-    /// `finished` or `error`).
-    pub fn compare_channel(
-        &self,
-        request: CompareRequest,
-    ) -> Result<(Receiver<CompareEvent>, CancelToken), JobError> {
-        let (tx, rx) = mpsc::channel();
-        let cancel = self.compare(
-            request,
-            Box::new(move |ev| {
-                let _ = tx.send(ev);
-            }),
-        )?;
-        Ok((rx, cancel))
+        make: impl FnOnce(Sender<Result<T, JobError>>) -> Control,
+    ) -> Result<T, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::Control(make(reply)))?;
+        rx.recv().map_err(|_| JobError::stopped())?
     }
 
     /// The loaded model's tokenizer (shared; encoding with it never waits for the engine).
@@ -501,7 +386,7 @@ impl EngineHandle {
     }
 
     /// Tokens sessions keep beyond their sliding windows so a turn can be rewound (and an
-    /// answer regenerated) without prefilling again; applies from the next load.
+    /// answer regenerated) without prefilling again; applies to caches made from now on.
     pub fn set_rewind_margin(&self, tokens: usize) {
         self.shared.rewind_margin.store(tokens, Ordering::Relaxed);
     }
@@ -517,44 +402,94 @@ impl EngineHandle {
         *lock(&self.shared.budget)
     }
 
+    /// Sets the pool's KV and disk budgets, spill directory and demotion preset; they apply
+    /// from the next request.
+    pub fn set_pool_settings(&self, settings: PoolSettings) {
+        *lock(&self.shared.pool) = settings;
+    }
+
+    /// The pool's settings now.
+    pub fn pool_settings(&self) -> PoolSettings {
+        lock(&self.shared.pool).clone()
+    }
+
     /// A memory timeline point from the status snapshot (never waits for a generation):
-    /// the conversation's exact KV bytes, the weights, and the process's resident set.
-    pub fn memory_sample(&self, t_ms: u64, probe: &mut RssProbe) -> MemorySample {
+    /// every conversation's exact KV bytes, the weights and the process's resident set;
+    /// the token count and cache label are `focus`'s (the conversation on screen).
+    pub fn memory_sample(
+        &self,
+        t_ms: u64,
+        probe: &mut RssProbe,
+        focus: Option<&ConversationId>,
+    ) -> MemorySample {
         let s = self.status();
+        let focused = focus.and_then(|id| s.conversations.iter().find(|c| &c.id == id));
         MemorySample {
             t_ms,
-            tokens_in_context: s.context_tokens,
+            tokens_in_context: focused.map_or(0, |c| c.tokens),
             kv: s.kv,
             weights_bytes: s.weights_bytes,
             rss_bytes: probe.rss_bytes(),
-            cache_spec: s.policy.spec_string(),
+            cache_spec: focused.map_or_else(|| s.policy.spec_string(), |c| c.spec.clone()),
+            conversations: s.conversations,
         }
     }
 
-    /// Cancels the running job, if any (takes effect before its next token).
-    pub fn cancel(&self) {
-        if let Some(t) = lock(&self.shared.active).as_ref() {
-            t.cancel();
-        }
-        // The queue copy matters only if the job has not started yet; a stopped engine has
-        // nothing to cancel.
-        let _ = self.tx.send(Job::Cancel);
+    /// The pool's markers (demotions, spills, restores, drops) after number `seen`, and the
+    /// number of the last one (pass it next time).
+    pub fn markers_since(&self, seen: u64) -> (Vec<SwitchEvent>, u64) {
+        let markers = lock(&self.shared.markers);
+        let (last, ring) = (&markers.0, &markers.1);
+        let first = last - ring.len() as u64;
+        let skip = seen.saturating_sub(first) as usize;
+        (ring.iter().skip(skip).cloned().collect(), *last)
     }
 
-    /// Forgets the conversation in the cache.
-    pub fn reset(&self) -> Result<(), JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::Reset { reply })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+    /// What the pool did since the engine started.
+    pub fn pool_counters(&self) -> PoolCounters {
+        *lock(&self.shared.counters)
     }
 
-    /// Re-encodes the cache in `policy` (applied between two tokens if generating) and
-    /// returns the switch marker (policies, bytes before and after, conversion time) for a
-    /// memory timeline. Without a model, sets the policy for the next load.
-    pub fn switch_cache(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::SwitchCache { policy, reply })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+    /// Cancels the requests of `conversation` (all requests: `None`), running or queued;
+    /// each ends before its next step.
+    pub fn cancel(&self, conversation: Option<&ConversationId>) {
+        // A stopped engine has nothing to cancel.
+        let _ = self.send(Job::Control(Control::Cancel(conversation.cloned())));
+    }
+
+    /// Cancels every comparison, running or queued.
+    pub fn cancel_compares(&self) {
+        let _ = self.send(Job::Control(Control::CancelCompares));
+    }
+
+    /// Forgets `conversation`'s cache (it reads its history again on its next turn); with
+    /// `file`, its cache file too. Busy when a request runs in it.
+    pub fn forget(&self, conversation: &ConversationId, file: bool) -> Result<(), JobError> {
+        self.control(|reply| Control::Forget {
+            conversation: conversation.clone(),
+            file,
+            reply,
+        })
+    }
+
+    /// Re-encodes `conversation`'s cache in `policy` (applied between two tokens if it is
+    /// generating; for a conversation not in memory, the policy of its next turn) and returns
+    /// the switch marker for a memory timeline.
+    pub fn switch_cache(
+        &self,
+        conversation: &ConversationId,
+        policy: PrecisionPolicy,
+    ) -> Result<SwitchEvent, JobError> {
+        self.control(|reply| Control::SwitchCache {
+            conversation: conversation.clone(),
+            policy,
+            reply,
+        })
+    }
+
+    /// Sets the cache new conversations get (and, with no model loaded, the next load's).
+    pub fn set_default_policy(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
+        self.control(|reply| Control::SetDefaultPolicy { policy, reply })
     }
 
     /// Calls `listener` with the engine's activity now and on every change.
@@ -580,16 +515,24 @@ impl EngineHandle {
         Ok(context_costs(&config, tokens, self.rewind_margin()))
     }
 
-    /// What each of `documents` (token counts, in attachment order) adds to the current
-    /// conversation under every preset, and whether it still fits with `reserve` tokens
-    /// left for the answer (never waits for a generation).
+    /// What each of `documents` (token counts, in attachment order) adds to `conversation`
+    /// under every preset, and whether it still fits with `reserve` tokens left for the
+    /// answer (never waits for a generation).
     pub fn document_fits(
         &self,
+        conversation: Option<&ConversationId>,
         documents: &[usize],
         reserve: usize,
     ) -> Result<Vec<DocumentFit>, JobError> {
         let config = self.loaded_config()?;
-        let context = self.status().context_tokens;
+        let context = conversation
+            .and_then(|id| {
+                self.status()
+                    .conversations
+                    .into_iter()
+                    .find(|c| &c.id == id)
+            })
+            .map_or(0, |c| c.tokens);
         Ok(document_fits(
             &config,
             context,
@@ -619,33 +562,47 @@ impl EngineHandle {
         )?)
     }
 
-    /// Saves the conversation's cache to `path` (blocks until written).
-    pub fn save_cache(&self, path: impl Into<PathBuf>) -> Result<CacheFileInfo, JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::SaveCache {
-            path: path.into(),
+    /// Saves `conversation`'s cache to `path` (its own spill file when `None`), in the
+    /// precision it holds; blocks until written.
+    pub fn save_cache(
+        &self,
+        conversation: &ConversationId,
+        path: Option<PathBuf>,
+    ) -> Result<CacheFileInfo, JobError> {
+        self.control(|reply| Control::SaveCache {
+            conversation: conversation.clone(),
+            path,
             reply,
-        })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+        })
     }
 
-    /// Restores the conversation's cache from `path` (blocks until done). Errors are
-    /// `cache_mismatch` (another model, policy or format version) and `cache_corrupt` (the
-    /// file was set aside as `<name>.corrupt`); either way the conversation is as it was.
-    pub fn restore_cache(&self, path: impl Into<PathBuf>) -> Result<CacheFileInfo, JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::RestoreCache {
-            path: path.into(),
+    /// Restores `conversation`'s cache from `path` (its own spill file when `None`), in the
+    /// precision it was saved in; blocks until done. Errors are `cache_mismatch` (another
+    /// model or format version) and `cache_corrupt` (the file was set aside as
+    /// `<name>.corrupt`); either way the conversation is as it was.
+    pub fn restore_cache(
+        &self,
+        conversation: &ConversationId,
+        path: Option<PathBuf>,
+    ) -> Result<CacheFileInfo, JobError> {
+        self.control(|reply| Control::RestoreCache {
+            conversation: conversation.clone(),
+            path,
             reply,
-        })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+        })
+    }
+
+    /// Writes every conversation in memory to its own spill file (a quit): each its own
+    /// cache, never another's. Returns what was written, or why not.
+    pub fn save_all(&self) -> Result<Vec<SavedCache>, JobError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Job::Control(Control::SaveAll { reply }))?;
+        rx.recv().map_err(|_| JobError::stopped())
     }
 
     /// Drops the model.
     pub fn unload(&self) -> Result<(), JobError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::Unload { reply })?;
-        rx.recv().map_err(|_| JobError::stopped())?
+        self.control(|reply| Control::Unload { reply })
     }
 
     /// The engine's state now (never waits for a generation).
@@ -653,22 +610,12 @@ impl EngineHandle {
         lock(&self.shared.status).clone()
     }
 
-    /// Stops the running job and the thread, and waits for it to end.
+    /// Stops every request and the thread, and waits for it to end.
     pub fn shutdown(&self) {
-        if let Some(t) = lock(&self.shared.active).as_ref() {
-            t.cancel();
-        }
-        let _ = self.tx.send(Job::Shutdown);
+        let _ = self.send(Job::Control(Control::Shutdown));
         if let Some(t) = lock(&self.thread).take() {
             // A panic on the engine thread has already been reported by the panic hook.
             let _ = t.join();
         }
     }
-}
-
-/// A sink that forwards events into a std channel (dropped receivers are ignored).
-pub fn channel_sink(tx: Sender<Event>) -> EventSink {
-    Box::new(move |ev| {
-        let _ = tx.send(ev);
-    })
 }

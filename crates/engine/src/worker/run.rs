@@ -1,23 +1,29 @@
-//! The engine thread's loop: takes jobs in order, owns the loaded model, and keeps the shared
-//! status snapshot current.
+//! The engine thread's loop: takes jobs as they come, starts queued requests while fewer than
+//! [`MAX_RUNNING`] run (one per conversation), steps the running ones in turn, answers
+//! control jobs between steps, and keeps the shared status snapshot current.
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Instant;
 
 use super::error::{JobError, LoadError};
+use super::submit::{CompareJob, GenerateJob, Queued};
 use super::{
-    lock, CacheFileInfo, CancelToken, CompareSink, EventSink, Job, LoadRequest, Shared, MAX_QUEUED,
+    lock, CacheFileInfo, CancelToken, CompareSink, Control, EventSink, Job, LoadRequest, Shared,
+    MARKERS_KEPT, MAX_RUNNING,
 };
 use crate::budget::{switch_fit, MemoryBudget, Plan};
-use crate::card::inspect;
-use crate::card::ModelCard;
-use crate::compare::{self, CompareEvent, CompareHooks, CompareRequest};
+use crate::card::{inspect, ModelCard};
+use crate::compare::{CompareEvent, CompareRun, CompareStep};
+use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, MarkerKind};
+use crate::conversations::{Need, Pool, PoolSettings, Shortfall, SpillDir};
 use crate::events::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
 use crate::generate::session::Session;
-use crate::generate::{self, GenerateError, GenerateRequest, Hooks};
-use crate::kv::{KvMemoryReport, PrecisionPolicy};
+use crate::generate::{Step, Turn};
+use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
 use crate::source::ModelSource;
@@ -25,23 +31,52 @@ use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {
     model: Model,
-    /// The weights' file or folder, and their identity once a cache file needed it.
-    weights: std::path::PathBuf,
-    identity: Option<String>,
+    /// The weights' file or folder.
+    weights: PathBuf,
     tokenizer: Arc<GemmaTokenizer>,
-    session: Session,
     card: ModelCard,
     config: Arc<crate::config::ModelConfig>,
+}
+
+/// A request in progress.
+enum Task {
+    /// A chat turn in a conversation.
+    Turn {
+        id: ConversationId,
+        turn: Box<Turn>,
+        sink: EventSink,
+        cancel: CancelToken,
+    },
+    /// A comparison (fresh caches, no conversation), holding `reserved` bytes of the KV
+    /// budget while it runs.
+    Compare {
+        run: Box<CompareRun>,
+        sink: CompareSink,
+        cancel: CancelToken,
+        reserved: u64,
+    },
+}
+
+impl Task {
+    fn cancel(&self) -> &CancelToken {
+        match self {
+            Task::Turn { cancel, .. } | Task::Compare { cancel, .. } => cancel,
+        }
+    }
 }
 
 pub(super) struct Worker {
     rx: Receiver<Job>,
     shared: Arc<Shared>,
     loaded: Option<Loaded>,
-    /// The policy for the next load when no model is loaded.
+    pool: Pool,
+    /// The cache new conversations get (and the next load's).
     policy: PrecisionPolicy,
-    /// Jobs that arrived during a generation and run after it.
-    deferred: VecDeque<Job>,
+    /// Running requests, stepped in turn from `next`.
+    tasks: Vec<Task>,
+    next: usize,
+    /// Requests waiting to start, in arrival order.
+    waiting: VecDeque<Job>,
     /// Resident-set readings for switch markers.
     probe: RssProbe,
     /// Why the last load failed, while nothing is loaded.
@@ -56,6 +91,14 @@ fn loading(phase: LoadPhase) -> Event {
     }
 }
 
+/// The `done` of a request that never ran.
+fn never_ran() -> Event {
+    Event::Done {
+        reason: DoneReason::Cancelled,
+        token_ids: Vec::new(),
+    }
+}
+
 impl Worker {
     pub(super) fn new(rx: Receiver<Job>, shared: Arc<Shared>) -> Self {
         let policy = lock(&shared.status).policy.clone();
@@ -63,8 +106,11 @@ impl Worker {
             rx,
             shared,
             loaded: None,
+            pool: Pool::default(),
             policy,
-            deferred: VecDeque::new(),
+            tasks: Vec::new(),
+            next: 0,
+            waiting: VecDeque::new(),
             probe: RssProbe::new(),
             failure: None,
         }
@@ -72,33 +118,44 @@ impl Worker {
 
     pub(super) fn run(mut self) {
         loop {
-            let job = match self.deferred.pop_front() {
-                Some(j) => {
-                    lock(&self.shared.status).queued = queued_requests(&self.deferred);
-                    j
-                }
-                None => match self.rx.recv() {
-                    Ok(j) => j,
+            if self.tasks.is_empty() && self.waiting.is_empty() {
+                match self.rx.recv() {
+                    Ok(job) => {
+                        if !self.take(job) {
+                            return self.stop();
+                        }
+                    }
                     // Every handle is gone.
-                    Err(_) => return,
-                },
-            };
-            if !self.handle(job) {
-                return;
+                    Err(_) => return self.stop(),
+                }
             }
+            while let Ok(job) = self.rx.try_recv() {
+                if !self.take(job) {
+                    return self.stop();
+                }
+            }
+            self.start_waiting();
+            if !self.tasks.is_empty() {
+                self.step_next();
+            }
+            self.publish();
         }
     }
 
-    /// Runs one job; false means stop the thread.
-    fn handle(&mut self, job: Job) -> bool {
+    /// Takes one job as it arrives; false means stop the thread.
+    fn take(&mut self, job: Job) -> bool {
         match job {
             Job::Load {
                 request,
                 mut sink,
                 cancel,
             } => {
+                if !self.tasks.is_empty() || !self.waiting.is_empty() {
+                    sink(JobError::busy("load a model").to_event());
+                    return true;
+                }
                 let source = source_label(&request.source);
-                self.begin(&cancel, Activity::Loading { source });
+                self.tell_activity(Activity::Loading { source });
                 let result = self.load(request, &mut sink, &cancel);
                 self.failure = match (&result, &self.loaded) {
                     (Err(e), None) => Some(e.to_string()),
@@ -106,147 +163,888 @@ impl Worker {
                 };
                 // Status first, then the final event: a caller reacting to it sees the
                 // engine idle and up to date.
-                self.end();
+                self.publish();
                 match result {
                     Ok(card) => sink(Event::Loaded { card }),
                     Err(e) => sink(JobError::from(e).to_event()),
                 }
             }
-            Job::Generate {
-                request,
-                mut sink,
-                cancel,
-            } => {
-                // Cancelled while it waited in the queue (its client left): it never runs.
-                if cancel.is_cancelled() {
-                    sink(Event::Done {
-                        reason: DoneReason::Cancelled,
-                        token_ids: Vec::new(),
-                    });
-                    return true;
-                }
-                self.begin(&cancel, self.generating());
-                let last = match self.generate(&request, &mut sink, &cancel) {
-                    Ok(done) => done,
-                    Err(e) => Some(e.to_event()),
-                };
-                self.end();
-                if let Some(ev) = last {
-                    sink(ev);
-                }
+            job @ (Job::Generate(_) | Job::Compare(_)) => {
+                // Started at once when it can: jobs that arrive after it (a switch) then
+                // apply after its cache was lined up with its prompt, in arrival order.
+                self.waiting.push_back(job);
+                self.start_waiting();
             }
-            Job::Compare {
-                request,
-                mut sink,
-                cancel,
-            } => {
-                if cancel.is_cancelled() {
-                    let e = JobError::new(ErrorCode::Cancelled, "cancelled before it started");
-                    sink(CompareEvent::Error {
-                        code: e.code,
-                        message: e.message,
-                    });
-                    return true;
-                }
-                self.begin(&cancel, self.generating());
-                let last = match self.compare(&request, &mut sink, &cancel) {
-                    Ok(fidelity) => CompareEvent::Finished { fidelity },
-                    Err(e) => CompareEvent::Error {
-                        code: e.code,
-                        message: e.message,
-                    },
-                };
-                self.end();
-                sink(last);
-            }
-            // Nothing runs: nothing to cancel.
-            Job::Cancel => {}
-            Job::Reset { reply } => {
-                let r = match self.loaded.as_mut() {
-                    Some(l) => l.session.reset().map_err(JobError::from),
-                    None => Ok(()),
-                };
-                // Status first: a caller acting on the reply sees it current.
+            Job::Control(Control::Shutdown) => return false,
+            Job::Control(control) => {
+                self.control(control);
                 self.publish();
-                let _ = reply.send(r);
             }
-            Job::SwitchCache { policy, reply } => {
-                let r = match self.loaded.as_mut() {
-                    Some(l) => checked_switch(
-                        &mut l.session,
-                        &policy,
-                        &self.shared.budget,
-                        &mut self.probe,
-                    ),
-                    None => {
-                        let empty = empty_report();
-                        let marker = SwitchEvent::between(
-                            (&self.policy, &empty),
-                            (&policy, &empty),
-                            0,
-                            (0, 0),
-                            0.0,
-                        );
-                        self.policy = policy;
-                        Ok(marker)
+        }
+        true
+    }
+
+    /// Ends every request (running or waiting) as cancelled, saying so to each.
+    fn stop(&mut self) {
+        for task in std::mem::take(&mut self.tasks) {
+            match task {
+                Task::Turn { id, mut sink, .. } => {
+                    self.pool.set_busy(&id, false);
+                    sink(never_ran());
+                }
+                Task::Compare { mut sink, .. } => sink(CompareEvent::Error {
+                    code: ErrorCode::Cancelled,
+                    message: "the engine stopped".into(),
+                }),
+            }
+        }
+        for job in std::mem::take(&mut self.waiting) {
+            match job {
+                Job::Generate(mut q) => {
+                    q.slot.start();
+                    (q.job.sink)(never_ran());
+                }
+                Job::Compare(mut q) => {
+                    q.slot.start();
+                    (q.job.sink)(CompareEvent::Error {
+                        code: ErrorCode::Cancelled,
+                        message: "the engine stopped".into(),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Starts waiting requests, in arrival order, while fewer than [`MAX_RUNNING`] run;
+    /// a request whose conversation is busy waits for it, and later ones may pass it.
+    fn start_waiting(&mut self) {
+        let mut kept = VecDeque::new();
+        while let Some(job) = self.waiting.pop_front() {
+            match job {
+                Job::Generate(q) => {
+                    if q.cancel.is_cancelled() {
+                        if q.slot.start() {
+                            let mut sink = q.job.sink;
+                            sink(never_ran());
+                        }
+                        continue;
+                    }
+                    let blocked = self.tasks.len() >= MAX_RUNNING
+                        || named(&q.job.request.conversation)
+                            .is_some_and(|id| self.pool.is_busy(&id));
+                    if blocked {
+                        kept.push_back(Job::Generate(q));
+                        continue;
+                    }
+                    if !q.slot.start() {
+                        continue;
+                    }
+                    self.start_turn(q);
+                }
+                Job::Compare(q) => {
+                    if q.cancel.is_cancelled() {
+                        if q.slot.start() {
+                            let mut sink = q.job.sink;
+                            sink(CompareEvent::Error {
+                                code: ErrorCode::Cancelled,
+                                message: "cancelled before it started".into(),
+                            });
+                        }
+                        continue;
+                    }
+                    if self.tasks.len() >= MAX_RUNNING {
+                        kept.push_back(Job::Compare(q));
+                        continue;
+                    }
+                    if !q.slot.start() {
+                        continue;
+                    }
+                    self.start_compare(q);
+                }
+                other => kept.push_back(other),
+            }
+        }
+        self.waiting = kept;
+    }
+
+    /// The pool's settings and spill directory now.
+    fn settings(&self) -> (PoolSettings, Option<SpillDir>) {
+        let settings = lock(&self.shared.pool).clone();
+        let spill = settings.spill_dir.clone().map(SpillDir::new);
+        (settings, spill)
+    }
+
+    fn rewind_margin(&self) -> usize {
+        self.shared.rewind_margin.load(Ordering::Relaxed)
+    }
+
+    /// KV bytes all conversations may hold now: the pool's budget, and never more than what
+    /// they hold plus what the machine has available beyond the margin; less what running
+    /// comparisons hold.
+    fn kv_limit(&self) -> u64 {
+        let budget = *lock(&self.shared.budget);
+        let held = self.pool.held_bytes();
+        let system = held.saturating_add(budget.available().saturating_sub(budget.margin()));
+        let set = lock(&self.shared.pool).kv_budget.unwrap_or(u64::MAX);
+        system.min(set).saturating_sub(self.compares_reserved())
+    }
+
+    /// KV bytes the running comparisons were admitted for.
+    fn compares_reserved(&self) -> u64 {
+        self.tasks
+            .iter()
+            .map(|t| match t {
+                Task::Compare { reserved, .. } => *reserved,
+                Task::Turn { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// The model's identity in cache files, computed once (a digest of samples of its
+    /// weights).
+    fn identity(&mut self) -> Result<String, JobError> {
+        if let Some(id) = self.pool.identity() {
+            return Ok(id.to_owned());
+        }
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let id = crate::kv::persist::weights_identity(&loaded.weights)?;
+        self.pool.set_identity(id.clone());
+        Ok(id)
+    }
+
+    /// The one admission: makes room for `need` under the KV limit (demoting, spilling or
+    /// dropping idle conversations as the plan says), or refuses it with `out_of_memory`,
+    /// naming what it needs, what is held, and (for `purpose`) what would fit.
+    fn admit(&mut self, need: Need, purpose: Purpose) -> Result<(), JobError> {
+        let (settings, spill) = self.settings();
+        if settings.spill_dir.is_some() {
+            // Spills write cache files, which name the model.
+            let _ = self.identity();
+        }
+        let limit = self.kv_limit();
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let actions = match self.pool.plan(&need, limit, &settings, &loaded.model)? {
+            Ok(actions) => actions,
+            Err(short) => return Err(self.refusal(&need, purpose, short)),
+        };
+        if actions.is_empty() {
+            return Ok(());
+        }
+        let markers = self
+            .pool
+            .apply(&actions, &settings, spill.as_ref(), &mut self.probe);
+        self.mark(markers);
+        Ok(())
+    }
+
+    /// The `out_of_memory` of a need the pool cannot meet: the figures, and for a growing
+    /// conversation the TurboQuant cache or the shorter context that would fit, for a switch
+    /// its peak.
+    fn refusal(&self, need: &Need, purpose: Purpose, short: Shortfall) -> JobError {
+        let room = MemoryBudget::fixed(short.room, 0);
+        let owner_bytes = need.owner.as_ref().map_or(0, |id| self.pool.bytes_of(id));
+        let fit = match (&purpose, &self.loaded) {
+            (Purpose::Grow { policy, context }, Some(loaded)) => Plan {
+                config: &loaded.config,
+                weights_bytes: 0,
+                held_kv_bytes: owner_bytes,
+                context: *context,
+                policy,
+                rewind_margin: self.rewind_margin(),
+            }
+            .fit(&room)
+            .ok(),
+            (Purpose::Switch(plan), _) => Some(switch_fit(plan, &room)),
+            _ => None,
+        };
+        let mut message = match fit {
+            Some(fit) => fit.message(&need.what),
+            None => format!(
+                "not enough memory to {}: it needs {} more KV cache and at most {} can be made",
+                need.what,
+                format_bytes(need.extra),
+                format_bytes(short.room),
+            ),
+        };
+        message.push_str(&format!(
+            " ({} conversation(s) hold {} of a KV limit of {}; none left to demote or spill)",
+            short.conversations,
+            format_bytes(short.held),
+            format_bytes(short.limit),
+        ));
+        JobError::new(ErrorCode::OutOfMemory, message)
+    }
+
+    /// Keeps the pool's markers for front ends, and counts them.
+    fn mark(&self, markers: Vec<SwitchEvent>) {
+        if markers.is_empty() {
+            return;
+        }
+        let mut counters = lock(&self.shared.counters);
+        for m in &markers {
+            match m.kind {
+                MarkerKind::Demote => counters.demotions += 1,
+                MarkerKind::Spill => counters.spills += 1,
+                MarkerKind::Drop => counters.drops += 1,
+                _ => {}
+            }
+        }
+        drop(counters);
+        let mut ring = lock(&self.shared.markers);
+        for m in markers {
+            ring.0 += 1;
+            ring.1.push_back(m);
+            if ring.1.len() > MARKERS_KEPT {
+                ring.1.pop_front();
+            }
+        }
+    }
+
+    /// The conversation a request runs in.
+    fn conversation(
+        &mut self,
+        choice: &Option<ConversationChoice>,
+        prompt: &[u32],
+    ) -> Result<ConversationId, JobError> {
+        Ok(match choice {
+            None => ConversationId::default_id(),
+            Some(ConversationChoice::Id { id }) => id.clone(),
+            Some(ConversationChoice::Continuing { prefix }) => {
+                match self.pool.continuing(prefix, prompt) {
+                    Some(id) => id,
+                    None => self.pool.unnamed(prefix)?,
+                }
+            }
+        })
+    }
+
+    fn start_turn(&mut self, q: Queued<GenerateJob>) {
+        let Queued {
+            job,
+            cancel,
+            arrived,
+            ..
+        } = q;
+        let GenerateJob {
+            request,
+            prompt,
+            tokenizer,
+            mut sink,
+        } = job;
+        match self.prepare_turn(&request, prompt, &tokenizer, arrived) {
+            Ok((id, turn)) => {
+                self.pool.set_busy(&id, true);
+                self.tasks.push(Task::Turn {
+                    id,
+                    turn: Box::new(turn),
+                    sink,
+                    cancel,
+                });
+            }
+            Err(e) => sink(e.to_event()),
+        }
+    }
+
+    /// Everything before a turn's first step: its conversation, in memory with room to grow
+    /// (the pool making room), in the cache the request names, lined up with the prompt.
+    fn prepare_turn(
+        &mut self,
+        request: &crate::generate::GenerateRequest,
+        prompt: Vec<u32>,
+        tokenizer: &Arc<GemmaTokenizer>,
+        arrived: Instant,
+    ) -> Result<(ConversationId, Turn), JobError> {
+        let prompt = self.rendered(&request.prompt, prompt, tokenizer)?;
+        let config = Arc::clone(&self.loaded.as_ref().ok_or_else(JobError::no_model)?.config);
+        let max_context = config.max_position_embeddings;
+        let wanted = match &request.cache {
+            Some(cache) => Some(cache.policy()?),
+            None => None,
+        };
+        let id = self.conversation(&request.conversation, &prompt)?;
+        let (_, spill) = self.settings();
+        let policy = wanted.clone().unwrap_or_else(|| self.policy.clone());
+        self.pool.ensure(&id, &policy, spill.as_ref());
+        if !self.pool.contains(&id) {
+            return Err(JobError::new(
+                ErrorCode::Internal,
+                "the conversation is gone",
+            ));
+        }
+        // Room for the whole turn, before anything is read back or allocated.
+        let held_policy = self
+            .pool
+            .policy(&id)
+            .cloned()
+            .unwrap_or_else(|| policy.clone());
+        let run_policy = wanted.clone().unwrap_or(held_policy);
+        let grown = Turn::grown_context(&prompt, request, max_context);
+        let need: u64 = estimate_kv_bytes(&config, &run_policy, grown, self.rewind_margin())?;
+        self.admit(
+            Need {
+                owner: Some(id.clone()),
+                extra: need.saturating_sub(self.pool.bytes_of(&id)),
+                what: "grow the conversation's context".into(),
+            },
+            Purpose::Grow {
+                policy: run_policy,
+                context: grown,
+            },
+        )?;
+        // Its room is kept for it while it runs: others are admitted against it.
+        self.pool.reserve(&id, need);
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let (origin, restored) =
+            self.pool
+                .acquire(&id, &loaded.model, spill.as_ref(), self.rewind_margin())?;
+        if let Some(m) = restored {
+            self.mark(vec![m]);
+        }
+        if let Some(policy) = &wanted {
+            if self.pool.policy(&id) != Some(policy) {
+                self.switch_in_pool(&id, policy)?;
+            }
+        }
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let session = self
+            .pool
+            .session_mut(&id)
+            .ok_or_else(|| JobError::new(ErrorCode::Internal, "the conversation left memory"))?;
+        let turn = Turn::start(
+            &loaded.model,
+            &loaded.tokenizer,
+            session,
+            request,
+            prompt,
+            arrived,
+            (id.clone(), origin),
+        )?;
+        self.count(turn.origin());
+        Ok((id, turn))
+    }
+
+    /// The prompt's ids for the loaded model: as the caller rendered them, unless the model
+    /// changed since (then rendered again here).
+    fn rendered(
+        &self,
+        prompt: &crate::generate::Prompt,
+        ids: Vec<u32>,
+        tokenizer: &Arc<GemmaTokenizer>,
+    ) -> Result<Vec<u32>, JobError> {
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
+            return Ok(ids);
+        }
+        let p = prompt.clone().for_model(loaded.card.has_chat_template);
+        Ok(crate::generate::render_within_context(
+            &loaded.tokenizer,
+            &p,
+            loaded.config.max_position_embeddings,
+        )?)
+    }
+
+    /// Counts a turn by where its cache came from.
+    fn count(&self, origin: CacheOrigin) {
+        let mut c = lock(&self.shared.counters);
+        match origin {
+            CacheOrigin::New => c.new += 1,
+            CacheOrigin::Held => c.held += 1,
+            CacheOrigin::Demoted => c.demoted_hits += 1,
+            CacheOrigin::Restored => c.restored += 1,
+            CacheOrigin::Dropped | CacheOrigin::Reread => c.prefilled += 1,
+        }
+    }
+
+    fn start_compare(&mut self, q: Queued<CompareJob>) {
+        let Queued {
+            job,
+            cancel,
+            arrived,
+            ..
+        } = q;
+        let CompareJob {
+            request,
+            prompt,
+            tokenizer,
+            mut sink,
+        } = job;
+        match self.prepare_compare(request, prompt, &tokenizer, arrived) {
+            Ok((run, reserved)) => self.tasks.push(Task::Compare {
+                run: Box::new(run),
+                sink,
+                cancel,
+                reserved,
+            }),
+            Err(e) => sink(CompareEvent::Error {
+                code: e.code,
+                message: e.message,
+            }),
+        }
+    }
+
+    fn prepare_compare(
+        &mut self,
+        request: crate::compare::CompareRequest,
+        prompt: Vec<u32>,
+        tokenizer: &Arc<GemmaTokenizer>,
+        arrived: Instant,
+    ) -> Result<(CompareRun, u64), JobError> {
+        let prompt = self.rendered(&request.prompt, prompt, tokenizer)?;
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
+        let tokens = prompt.len() + request.max_tokens;
+        self.admit(
+            Need {
+                owner: None,
+                extra: needed,
+                what: format!("compare two caches of {tokens} tokens"),
+            },
+            Purpose::Other,
+        )?;
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let run = CompareRun::start(&loaded.model, &loaded.tokenizer, request, prompt, arrived)?;
+        Ok((run, needed))
+    }
+
+    /// Runs one step of the next running request, and finishes it when it ends.
+    fn step_next(&mut self) {
+        if self.next >= self.tasks.len() {
+            self.next = 0;
+        }
+        let i = self.next;
+        self.next += 1;
+        // A comparison's scoring may use its own reservation and what no one else holds.
+        let free = self.kv_limit().saturating_sub(self.pool.committed_bytes());
+        let Some(loaded) = self.loaded.as_ref() else {
+            return;
+        };
+        let ended = match &mut self.tasks[i] {
+            Task::Turn {
+                id,
+                turn,
+                sink,
+                cancel,
+            } => {
+                let Some(session) = self.pool.session_mut(id) else {
+                    // Never: a busy conversation is never spilled or dropped.
+                    sink(
+                        JobError::new(ErrorCode::Internal, "the conversation left memory")
+                            .to_event(),
+                    );
+                    self.pool.set_busy(&id.clone(), false);
+                    self.tasks.remove(i);
+                    return;
+                };
+                let mut done = None;
+                let mut emit = |ev: Event| match ev {
+                    Event::Done { .. } => done = Some(ev),
+                    other => sink(other),
+                };
+                match turn.step(
+                    &loaded.model,
+                    &loaded.tokenizer,
+                    session,
+                    cancel.is_cancelled(),
+                    &mut emit,
+                ) {
+                    Ok(Step::Prefilled(_) | Step::Token) => None,
+                    Ok(Step::Finished(_)) => Some(Ended::Turn(done)),
+                    Err(e) => Some(Ended::Turn(Some(JobError::from(e).to_event()))),
+                }
+            }
+            Task::Compare {
+                run,
+                sink,
+                cancel,
+                reserved,
+            } => {
+                let room = free.saturating_add(*reserved);
+                let mut room = || room;
+                match run.step(
+                    &loaded.model,
+                    &loaded.tokenizer,
+                    cancel.is_cancelled(),
+                    &mut room,
+                    &mut |ev| sink(ev),
+                ) {
+                    Ok(CompareStep::Working) => None,
+                    Ok(CompareStep::Finished(fidelity)) => {
+                        Some(Ended::Compare(CompareEvent::Finished { fidelity }))
+                    }
+                    Err(e) => {
+                        let e = JobError::from(e);
+                        Some(Ended::Compare(CompareEvent::Error {
+                            code: e.code,
+                            message: e.message,
+                        }))
+                    }
+                }
+            }
+        };
+        let Some(ended) = ended else {
+            return;
+        };
+        let task = self.tasks.remove(i);
+        if let Task::Turn { id, .. } = &task {
+            self.pool.set_busy(id, false);
+        }
+        // Status first: a caller acting on the last event sees it current.
+        self.publish();
+        match (task, ended) {
+            (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) => sink(ev),
+            (Task::Compare { mut sink, .. }, Ended::Compare(ev)) => sink(ev),
+            _ => {}
+        }
+        let (_, spill) = self.settings();
+        self.pool.trim(spill.as_ref());
+    }
+
+    fn control(&mut self, control: Control) {
+        match control {
+            Control::Cancel(conversation) => {
+                for task in &self.tasks {
+                    let theirs = match (task, &conversation) {
+                        (_, None) => true,
+                        (Task::Turn { id, .. }, Some(c)) => id == c,
+                        (Task::Compare { .. }, Some(_)) => false,
+                    };
+                    if theirs {
+                        task.cancel().cancel();
+                    }
+                }
+                for job in &self.waiting {
+                    if let Job::Generate(q) = job {
+                        let theirs = conversation.is_none()
+                            || named(&q.job.request.conversation) == conversation;
+                        if theirs {
+                            q.cancel.cancel();
+                        }
+                    } else if let (Job::Compare(q), None) = (job, &conversation) {
+                        q.cancel.cancel();
+                    }
+                }
+            }
+            Control::CancelCompares => {
+                for task in &self.tasks {
+                    if let Task::Compare { cancel, .. } = task {
+                        cancel.cancel();
+                    }
+                }
+                for job in &self.waiting {
+                    if let Job::Compare(q) = job {
+                        q.cancel.cancel();
+                    }
+                }
+            }
+            Control::Forget {
+                conversation,
+                file,
+                reply,
+            } => {
+                let r = if self.pool.is_busy(&conversation) {
+                    Err(JobError::busy("forget a conversation"))
+                } else {
+                    let (_, spill) = self.settings();
+                    if file {
+                        self.pool.forget(&conversation, spill.as_ref());
+                        Ok(())
+                    } else {
+                        self.pool.reset(&conversation).map_err(JobError::from)
                     }
                 };
                 // Status first: a caller acting on the reply sees it current.
                 self.publish();
                 let _ = reply.send(r);
             }
-            Job::SaveCache { path, reply } => {
-                let r = self.save_cache(&path);
-                let _ = reply.send(r);
-            }
-            Job::RestoreCache { path, reply } => {
-                let r = self.restore_cache(&path);
+            Control::SwitchCache {
+                conversation,
+                policy,
+                reply,
+            } => {
+                let r = self.switch(&conversation, &policy);
                 // Status first: a caller acting on the reply sees it current.
                 self.publish();
                 let _ = reply.send(r);
             }
-            Job::Unload { reply } => {
-                if let Some(l) = self.loaded.take() {
-                    self.policy = l.session.policy().clone();
-                }
+            Control::SetDefaultPolicy { policy, reply } => {
+                let empty = empty_report();
+                let marker =
+                    SwitchEvent::between((&self.policy, &empty), (&policy, &empty), 0, (0, 0), 0.0);
+                self.policy = policy;
+                // Status first: a caller acting on the reply sees it current.
                 self.publish();
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(Ok(marker));
             }
-            Job::Shutdown => return false,
+            Control::SaveCache {
+                conversation,
+                path,
+                reply,
+            } => {
+                let r = self.save_cache(&conversation, path);
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Control::RestoreCache {
+                conversation,
+                path,
+                reply,
+            } => {
+                let r = self.restore_cache(&conversation, path);
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Control::SaveAll { reply } => {
+                let saved = self.save_all(false);
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(saved);
+            }
+            Control::Unload { reply } => {
+                let r = if !self.tasks.is_empty() {
+                    Err(JobError::busy("unload the model"))
+                } else {
+                    self.save_all(true);
+                    self.pool.clear();
+                    self.loaded = None;
+                    Ok(())
+                };
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Control::Shutdown => {}
         }
-        true
     }
 
-    fn begin(&mut self, cancel: &CancelToken, activity: Activity) {
-        *lock(&self.shared.active) = Some(cancel.clone());
+    /// Writes every conversation in memory to its spill file (each its own); with `free`,
+    /// their memory goes too.
+    fn save_all(&mut self, free: bool) -> Vec<super::SavedCache> {
+        let (_, spill) = self.settings();
+        let Some(spill) = spill else {
+            return Vec::new();
+        };
+        if self.loaded.is_none() || self.identity().is_err() {
+            return Vec::new();
+        }
+        self.pool
+            .save_all(&spill, free)
+            .into_iter()
+            .map(|(id, r)| (id, r.map_err(JobError::from)))
+            .collect()
+    }
+
+    /// A switch by its owner: `conversation` re-encoded in `policy` when in memory (room made
+    /// first), else the policy of its next turn; without a model, the next load's.
+    fn switch(
+        &mut self,
+        conversation: &ConversationId,
+        policy: &PrecisionPolicy,
+    ) -> Result<SwitchEvent, JobError> {
+        if self.loaded.is_none() {
+            let empty = empty_report();
+            let marker =
+                SwitchEvent::between((&self.policy, &empty), (policy, &empty), 0, (0, 0), 0.0);
+            self.policy = policy.clone();
+            return Ok(marker);
+        }
+        if self.pool.session(conversation).is_some() {
+            return self.switch_in_pool(conversation, policy);
+        }
+        let (_, spill) = self.settings();
+        self.pool.ensure(conversation, policy, spill.as_ref());
+        let from = self.pool.policy(conversation).cloned().unwrap_or_default();
+        self.pool.set_policy(conversation, policy);
+        let empty = empty_report();
+        Ok(
+            SwitchEvent::between((&from, &empty), (policy, &empty), 0, (0, 0), 0.0)
+                .of(MarkerKind::Switch, conversation),
+        )
+    }
+
+    /// Switches `conversation`, in memory, to `policy`: its conversion's peak admitted first.
+    fn switch_in_pool(
+        &mut self,
+        conversation: &ConversationId,
+        policy: &PrecisionPolicy,
+    ) -> Result<SwitchEvent, JobError> {
+        let session = self
+            .pool
+            .session(conversation)
+            .ok_or_else(|| JobError::new(ErrorCode::Internal, "no cache to switch"))?;
+        let plan = session.plan_switch(policy)?;
+        let spec = plan.policy.spec_string();
+        self.admit(
+            Need {
+                owner: Some(conversation.clone()),
+                extra: plan.peak_extra_bytes(),
+                what: format!("switch the KV cache to {spec}"),
+            },
+            Purpose::Switch(plan.clone()),
+        )?;
+        let session = self
+            .pool
+            .session_mut(conversation)
+            .ok_or_else(|| JobError::new(ErrorCode::Internal, "no cache to switch"))?;
+        let marker = session.switch(&plan, &mut self.probe)?;
+        self.pool.switched(conversation, policy);
+        Ok(marker.of(MarkerKind::Switch, conversation))
+    }
+
+    fn cache_path(
+        &self,
+        conversation: &ConversationId,
+        path: Option<PathBuf>,
+    ) -> Result<PathBuf, JobError> {
+        match path {
+            Some(p) => Ok(p),
+            None => {
+                let (_, spill) = self.settings();
+                spill.map(|d| d.path(conversation)).ok_or_else(|| {
+                    JobError::new(
+                        ErrorCode::InvalidRequest,
+                        "no folder for cache files is set",
+                    )
+                })
+            }
+        }
+    }
+
+    fn save_cache(
+        &mut self,
+        conversation: &ConversationId,
+        path: Option<PathBuf>,
+    ) -> Result<CacheFileInfo, JobError> {
+        let started = Instant::now();
+        let own_file = path.is_none();
+        let path = self.cache_path(conversation, path)?;
+        let identity = self.identity()?;
+        let session = self.pool.session(conversation).ok_or_else(|| {
+            JobError::new(
+                ErrorCode::InvalidRequest,
+                format!("conversation {conversation} holds no cache in memory"),
+            )
+        })?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                JobError::from(crate::error::EngineError::CacheIo {
+                    path: dir.to_path_buf(),
+                    source: e,
+                })
+            })?;
+        }
+        let bytes = session.save_cache(&path, &identity)?;
+        let info = CacheFileInfo {
+            path: path.clone(),
+            bytes,
+            tokens: session.len(),
+            token_ids: session.history().to_vec(),
+            pending: session.pending().to_vec(),
+            spec: session.policy().spec_string(),
+            secs: started.elapsed().as_secs_f64(),
+        };
+        if own_file {
+            self.pool.saved(conversation, bytes, info.tokens);
+            let (settings, spill) = self.settings();
+            if let Some(spill) = spill {
+                self.pool.enforce_disk_budget(&settings, &spill);
+            }
+        }
+        Ok(info)
+    }
+
+    fn restore_cache(
+        &mut self,
+        conversation: &ConversationId,
+        path: Option<PathBuf>,
+    ) -> Result<CacheFileInfo, JobError> {
+        if self.pool.is_busy(conversation) {
+            return Err(JobError::busy("restore a cache into a conversation"));
+        }
+        let started = Instant::now();
+        let path = self.cache_path(conversation, path)?;
+        let identity = self.identity()?;
+        let header = crate::kv::persist::peek(&path)?;
+        let policy = CacheSpec::parse(&header.spec)
+            .map(|s| s.to_policy())
+            .map_err(|e| JobError::new(ErrorCode::CacheCorrupt, e.to_string()))?;
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let needed = estimate_kv_bytes(
+            &loaded.config,
+            &policy,
+            header.seq_len,
+            self.rewind_margin(),
+        )?;
+        self.admit(
+            Need {
+                owner: Some(conversation.clone()),
+                extra: needed.saturating_sub(self.pool.bytes_of(conversation)),
+                what: format!("restore {} tokens of {conversation}", header.seq_len),
+            },
+            Purpose::Other,
+        )?;
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let mut session = Session::new(&loaded.model, &policy)?;
+        session.set_rewind_margin(self.rewind_margin());
+        match session.restore_cache_as_saved(&loaded.model, &path, &identity) {
+            Ok(header) => {
+                let secs = started.elapsed().as_secs_f64();
+                let report = session.memory();
+                let marker = SwitchEvent::between(
+                    (&policy, &empty_report()),
+                    (session.policy(), &report),
+                    header.seq_len,
+                    (0, 0),
+                    secs * 1e3,
+                );
+                let marker = SwitchEvent {
+                    from: "disk".into(),
+                    ..marker.of(MarkerKind::Restore, conversation)
+                };
+                self.pool.put(conversation, session);
+                self.mark(vec![marker]);
+                Ok(CacheFileInfo {
+                    bytes: std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+                    path,
+                    tokens: header.seq_len,
+                    token_ids: header.tokens,
+                    pending: header.pending,
+                    spec: header.spec,
+                    secs,
+                })
+            }
+            Err(e) => {
+                let mut err = JobError::from(e);
+                if err.code == ErrorCode::CacheCorrupt {
+                    // Set aside, never deleted: the user may want to look at it.
+                    if let Some(aside) = set_aside(&path) {
+                        err.message
+                            .push_str(&format!(" (set aside as {})", aside.display()));
+                    }
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn tell_activity(&self, activity: Activity) {
         let mut s = lock(&self.shared.status);
-        s.busy = true;
         let changed = s.activity != activity;
         s.activity = activity.clone();
+        s.busy = true;
         drop(s);
         if changed {
             self.tell(&activity);
         }
     }
 
-    fn end(&mut self) {
-        *lock(&self.shared.active) = None;
-        self.publish();
-    }
-
-    /// The activity of a generation on the loaded model.
-    fn generating(&self) -> Activity {
-        match &self.loaded {
-            Some(l) => Activity::Generating {
+    fn activity(&self) -> Activity {
+        match (&self.loaded, &self.failure) {
+            (Some(l), _) if !self.tasks.is_empty() => Activity::Generating {
                 model: l.card.name.clone(),
             },
-            None => Activity::NoModel,
-        }
-    }
-
-    /// The activity when no job runs.
-    fn idle(&self) -> Activity {
-        match (&self.loaded, &self.failure) {
             (Some(l), _) => Activity::Ready {
                 model: l.card.name.clone(),
             },
@@ -265,25 +1063,35 @@ impl Worker {
 
     /// Refreshes the status snapshot (and tells the listener if the activity changed).
     fn publish(&self) {
-        let activity = self.idle();
+        let activity = self.activity();
+        let conversations = self.pool.infos();
+        let mut kv = KvBytes::default();
+        let mut tokens = 0;
+        for c in &conversations {
+            if let Some(session) = self.pool.session(&c.id) {
+                kv.merge(&KvBytes::from_report(&session.memory()));
+                tokens += session.len();
+            }
+        }
+        let kv_limit = lock(&self.shared.pool).kv_budget.unwrap_or(0);
         let mut s = lock(&self.shared.status);
-        s.busy = false;
         let changed = s.activity != activity;
         s.activity = activity.clone();
+        s.busy = !self.tasks.is_empty();
+        s.running = self.tasks.len();
+        s.queued = self.shared.waiting.load(Ordering::Acquire);
+        s.conversations = conversations;
+        s.kv = kv;
+        s.context_tokens = tokens;
+        s.policy = self.policy.clone();
+        s.kv_limit = kv_limit;
         match &self.loaded {
             Some(l) => {
-                let memory = l.session.memory();
                 s.model = Some(l.card.clone());
-                s.context_tokens = l.session.len();
-                s.kv = KvBytes::from_report(&memory);
-                s.policy = l.session.policy().clone();
                 s.weights_bytes = l.model.weights_bytes() as u64;
             }
             None => {
                 s.model = None;
-                s.context_tokens = 0;
-                s.kv = KvBytes::default();
-                s.policy = self.policy.clone();
                 s.weights_bytes = 0;
             }
         }
@@ -322,16 +1130,16 @@ impl Worker {
         card.has_chat_template = Some(tokenizer.template().is_some());
         card.supports_thinking = tokenizer.supports_thinking();
         card.warnings.extend(warnings);
-        let mut session = Session::new(&model, &request.policy).map_err(LoadError::Cache)?;
-        session.set_rewind_margin(self.shared.rewind_margin.load(Ordering::Relaxed));
-        // Only now is the previous model dropped: a failed load loses nothing.
+        // Only now does the previous model go: a failed load loses nothing. Its
+        // conversations' caches go to their files first, each its own.
+        self.save_all(true);
+        self.pool.clear();
+        self.policy = request.policy.clone();
         self.loaded = Some(Loaded {
             weights: resolved.weights.clone(),
-            identity: None,
             config: Arc::new(model.config().clone()),
             model,
             tokenizer: Arc::new(tokenizer),
-            session,
             card: card.clone(),
         });
         Ok(card)
@@ -357,7 +1165,7 @@ impl Worker {
             held_kv_bytes: 0,
             context,
             policy: &request.policy,
-            rewind_margin: self.shared.rewind_margin.load(Ordering::Relaxed),
+            rewind_margin: self.rewind_margin(),
         }
         .fit(&lock(&self.shared.budget))
         .map_err(LoadError::Model)?;
@@ -370,177 +1178,42 @@ impl Worker {
         }
         Err(LoadError::OutOfMemory(message))
     }
+}
 
-    fn generate(
-        &mut self,
-        request: &GenerateRequest,
-        sink: &mut EventSink,
-        cancel: &CancelToken,
-    ) -> Result<Option<Event>, JobError> {
-        let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
-        // A request that names its cache gets it: the conversation's cache is re-encoded
-        // (checked against memory first), exactly as a switch from the app would.
-        if let Some(cache) = &request.cache {
-            let policy = cache.policy()?;
-            if &policy != loaded.session.policy() {
-                checked_switch(
-                    &mut loaded.session,
-                    &policy,
-                    &self.shared.budget,
-                    &mut self.probe,
-                )?;
-            }
-        }
-        // Base checkpoints without a chat template get a conversation as plain text.
-        let request = GenerateRequest {
-            prompt: request
-                .prompt
-                .clone()
-                .for_model(loaded.card.has_chat_template),
-            ..request.clone()
-        };
-        let mut hooks = GenHooks {
-            sink,
-            queue: Queue {
-                rx: &self.rx,
-                shared: &self.shared,
-                cancel,
-                deferred: &mut self.deferred,
-                probe: &mut self.probe,
-            },
-            done: None,
-        };
-        generate::generate(
-            &loaded.model,
-            &loaded.tokenizer,
-            &mut loaded.session,
-            &request,
-            cancel.flag(),
-            &mut hooks,
-        )?;
-        Ok(hooks.done)
-    }
+/// What an admission's memory is for (what a refusal offers instead).
+enum Purpose {
+    /// A conversation growing to `context` tokens in `policy`.
+    Grow {
+        policy: PrecisionPolicy,
+        context: usize,
+    },
+    /// A switch.
+    Switch(crate::kv::ConvertPlan),
+    /// Anything else.
+    Other,
+}
 
-    fn compare(
-        &mut self,
-        request: &CompareRequest,
-        sink: &mut CompareSink,
-        cancel: &CancelToken,
-    ) -> Result<Option<compare::CompareFidelity>, JobError> {
-        let Loaded {
-            model,
-            tokenizer,
-            session,
-            card,
-            ..
-        } = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
-        let request = CompareRequest {
-            prompt: request.prompt.clone().for_model(card.has_chat_template),
-            ..request.clone()
-        };
-        let mut hooks = CmpHooks {
-            sink,
-            session,
-            queue: Queue {
-                rx: &self.rx,
-                shared: &self.shared,
-                cancel,
-                deferred: &mut self.deferred,
-                probe: &mut self.probe,
-            },
-        };
-        Ok(compare::run(
-            model,
-            tokenizer,
-            &request,
-            cancel.flag(),
-            &mut hooks,
-        )?)
+/// How a request ended: the last event to send once the status is current.
+enum Ended {
+    Turn(Option<Event>),
+    Compare(CompareEvent),
+}
+
+/// The conversation a request names, if it names one.
+fn named(choice: &Option<ConversationChoice>) -> Option<ConversationId> {
+    match choice {
+        None => Some(ConversationId::default_id()),
+        Some(ConversationChoice::Id { id }) => Some(id.clone()),
+        Some(ConversationChoice::Continuing { .. }) => None,
     }
 }
 
-impl Loaded {
-    /// The weights' identity, computed once.
-    fn identity(&mut self) -> Result<String, JobError> {
-        if let Some(id) = &self.identity {
-            return Ok(id.clone());
-        }
-        let id = crate::kv::persist::weights_identity(&self.weights)?;
-        self.identity = Some(id.clone());
-        Ok(id)
-    }
-}
-
-impl Worker {
-    fn save_cache(&mut self, path: &std::path::Path) -> Result<CacheFileInfo, JobError> {
-        let started = std::time::Instant::now();
-        let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
-        let identity = loaded.identity()?;
-        let bytes = loaded.session.save_cache(path, &identity)?;
-        Ok(CacheFileInfo {
-            path: path.to_path_buf(),
-            bytes,
-            tokens: loaded.session.len(),
-            token_ids: loaded.session.history().to_vec(),
-            pending: loaded.session.pending().to_vec(),
-            spec: loaded.session.policy().spec_string(),
-            secs: started.elapsed().as_secs_f64(),
-        })
-    }
-
-    fn restore_cache(&mut self, path: &std::path::Path) -> Result<CacheFileInfo, JobError> {
-        let started = std::time::Instant::now();
-        let loaded = self.loaded.as_mut().ok_or_else(JobError::no_model)?;
-        let identity = loaded.identity()?;
-        match loaded
-            .session
-            .restore_cache_as_saved(&loaded.model, path, &identity)
-        {
-            Ok(header) => Ok(CacheFileInfo {
-                path: path.to_path_buf(),
-                bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-                tokens: header.seq_len,
-                token_ids: header.tokens,
-                pending: header.pending,
-                spec: header.spec,
-                secs: started.elapsed().as_secs_f64(),
-            }),
-            Err(e) => {
-                let mut err = JobError::from(e);
-                if err.code == ErrorCode::CacheCorrupt {
-                    // Set aside, never deleted: the user may want to look at it.
-                    let mut aside = path.as_os_str().to_os_string();
-                    aside.push(".corrupt");
-                    if std::fs::rename(path, &aside).is_ok() {
-                        err.message.push_str(&format!(
-                            " (set aside as {})",
-                            std::path::Path::new(&aside).display()
-                        ));
-                    }
-                }
-                Err(err)
-            }
-        }
-    }
-}
-
-/// Switches the session's cache to `policy` if the switch fits the memory budget (checked
-/// on the plan, before anything is converted) and returns the timeline marker.
-fn checked_switch(
-    session: &mut Session,
-    policy: &PrecisionPolicy,
-    budget: &Mutex<MemoryBudget>,
-    probe: &mut RssProbe,
-) -> Result<SwitchEvent, JobError> {
-    let plan = session.plan_switch(policy)?;
-    let fit = switch_fit(&plan, &lock(budget));
-    if !fit.fits {
-        return Err(JobError::new(
-            ErrorCode::OutOfMemory,
-            fit.message(&format!("switch the KV cache to {}", fit.spec)),
-        ));
-    }
-    Ok(session.switch(&plan, probe)?)
+/// Moves a corrupt file to `<name>.corrupt` beside it; returns where.
+fn set_aside(path: &Path) -> Option<PathBuf> {
+    let mut aside = path.as_os_str().to_os_string();
+    aside.push(".corrupt");
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside).ok().map(|_| aside)
 }
 
 /// What a status bar shows for a model being loaded.
@@ -560,181 +1233,5 @@ fn empty_report() -> KvMemoryReport {
         sliding: (0, 0),
         full: (0, 0),
         total: (0, 0),
-    }
-}
-
-/// Requests (generations and comparisons) waiting in `deferred`.
-fn queued_requests(deferred: &VecDeque<Job>) -> usize {
-    deferred
-        .iter()
-        .filter(|j| matches!(j, Job::Generate { .. } | Job::Compare { .. }))
-        .count()
-}
-
-/// The engine's queue as a running job sees it: between steps it applies cancels and cache
-/// switches, moves a shutdown to the front, queues requests in arrival order (up to
-/// [`MAX_QUEUED`]; past it they are refused as `queue_full`), and refuses the jobs that would
-/// change the model or the conversation under the running one (`busy`).
-struct Queue<'a> {
-    rx: &'a Receiver<Job>,
-    shared: &'a Shared,
-    cancel: &'a CancelToken,
-    deferred: &'a mut VecDeque<Job>,
-    probe: &'a mut RssProbe,
-}
-
-impl Queue<'_> {
-    /// Queues a request behind the running one, or refuses it when the queue is full.
-    fn enqueue(&mut self, job: Job) {
-        let queued = queued_requests(self.deferred);
-        if queued < MAX_QUEUED {
-            self.deferred.push_back(job);
-            lock(&self.shared.status).queued = queued + 1;
-            return;
-        }
-        let e = JobError::queue_full();
-        match job {
-            Job::Generate { mut sink, .. } => sink(e.to_event()),
-            Job::Compare { mut sink, .. } => sink(CompareEvent::Error {
-                code: e.code,
-                message: e.message,
-            }),
-            _ => {}
-        }
-    }
-
-    fn between_steps(&mut self, session: &mut Session) {
-        {
-            // Live context figures for status queries during a long generation.
-            let memory = session.memory();
-            let mut st = lock(&self.shared.status);
-            st.context_tokens = session.len();
-            st.kv = KvBytes::from_report(&memory);
-            st.policy = session.policy().clone();
-        }
-        while let Ok(job) = self.rx.try_recv() {
-            match job {
-                Job::Cancel => self.cancel.cancel(),
-                Job::SwitchCache { policy, reply } => {
-                    let _ = reply.send(checked_switch(
-                        session,
-                        &policy,
-                        &self.shared.budget,
-                        self.probe,
-                    ));
-                }
-                Job::Shutdown => {
-                    self.cancel.cancel();
-                    self.deferred.push_front(Job::Shutdown);
-                }
-                Job::Load { mut sink, .. } => sink(JobError::busy("load a model").to_event()),
-                job @ (Job::Generate { .. } | Job::Compare { .. }) => self.enqueue(job),
-                Job::Reset { reply } => {
-                    let _ = reply.send(Err(JobError::busy("reset")));
-                }
-                Job::Unload { reply } => {
-                    let _ = reply.send(Err(JobError::busy("unload")));
-                }
-                Job::SaveCache { reply, .. } => {
-                    let _ = reply.send(Err(JobError::busy("save the cache")));
-                }
-                Job::RestoreCache { reply, .. } => {
-                    let _ = reply.send(Err(JobError::busy("restore a cache")));
-                }
-            }
-        }
-    }
-}
-
-/// A generation's view of the engine: forwards events to the job's sink (all but `done`)
-/// and drains the queue between tokens.
-struct GenHooks<'a> {
-    sink: &'a mut EventSink,
-    queue: Queue<'a>,
-    /// The `done` event, held back until the status snapshot is current.
-    done: Option<Event>,
-}
-
-impl Hooks for GenHooks<'_> {
-    fn emit(&mut self, event: Event) {
-        match event {
-            Event::Done { .. } => self.done = Some(event),
-            other => (self.sink)(other),
-        }
-    }
-
-    fn between_steps(&mut self, session: &mut Session) {
-        self.queue.between_steps(session);
-    }
-
-    fn admit(
-        &mut self,
-        model: &Model,
-        session: &Session,
-        tokens: usize,
-    ) -> Result<(), GenerateError> {
-        let fit = Plan {
-            config: model.config(),
-            weights_bytes: 0,
-            held_kv_bytes: session.memory().total.0 as u64,
-            context: tokens,
-            policy: session.policy(),
-            rewind_margin: session.cache().rewind_margin(),
-        }
-        .fit(&lock(&self.queue.shared.budget))?;
-        if fit.fits {
-            return Ok(());
-        }
-        Err(GenerateError::OutOfMemory(
-            fit.message("grow the conversation's context"),
-        ))
-    }
-}
-
-/// A comparison's view of the engine: forwards its events and drains the queue between
-/// rounds (cache switches apply to the chat session, which the comparison leaves alone).
-struct CmpHooks<'a> {
-    sink: &'a mut CompareSink,
-    session: &'a mut Session,
-    queue: Queue<'a>,
-}
-
-impl CompareHooks for CmpHooks<'_> {
-    fn emit(&mut self, event: CompareEvent) {
-        (self.sink)(event)
-    }
-
-    fn between_steps(&mut self) {
-        self.queue.between_steps(self.session);
-    }
-
-    fn admit(
-        &mut self,
-        model: &Model,
-        tokens: usize,
-        policies: &[PrecisionPolicy; 2],
-    ) -> Result<(), GenerateError> {
-        // Two fresh caches of `tokens` each, on top of what is held now.
-        let budget = *lock(&self.queue.shared.budget);
-        let mut needed = 0u64;
-        for policy in policies {
-            needed = needed.saturating_add(estimate_kv_bytes(model.config(), policy, tokens, 0)?);
-        }
-        let usable = budget.available().saturating_sub(budget.margin());
-        if needed <= usable {
-            return Ok(());
-        }
-        Err(GenerateError::OutOfMemory(format!(
-            "not enough memory to compare two caches of {tokens} tokens: they need {}, {} is \
-             available and {} of it is kept free; ask for fewer tokens",
-            format_bytes(needed),
-            format_bytes(budget.available()),
-            format_bytes(budget.margin()),
-        )))
-    }
-
-    fn kv_room(&mut self) -> u64 {
-        let budget = *lock(&self.queue.shared.budget);
-        budget.available().saturating_sub(budget.margin())
     }
 }

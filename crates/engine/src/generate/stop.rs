@@ -6,6 +6,10 @@
 /// Most stop strings a request may give (OpenAI allows 4).
 pub const MAX_STOPS: usize = 4;
 
+/// Longest stop string, in bytes: the held tail is checked against each stop at every
+/// piece, so their length bounds that work.
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Watches an answer's text for its stop strings.
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {

@@ -1,0 +1,165 @@
+//! Conversations as the engine's callers name and see them: an id per conversation (the
+//! app's session id, an API client's name), where its cache is (its tier) and what it holds,
+//! and the markers the memory timeline draws when a cache changes precision or tier.
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+/// Longest conversation id, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// A conversation's name: 1 to [`MAX_ID_BYTES`] ASCII letters, digits and `-_.:`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, TS)]
+#[ts(type = "string")]
+pub struct ConversationId(String);
+
+impl Serialize for ConversationId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ConversationId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::new(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A string that cannot name a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a conversation id is 1 to {MAX_ID_BYTES} letters, digits and `-_.:`")]
+pub struct BadConversationId;
+
+impl ConversationId {
+    /// `id`, if it is a valid name.
+    pub fn new(id: impl Into<String>) -> Result<Self, BadConversationId> {
+        let id = id.into();
+        let ok = !id.is_empty()
+            && id.len() <= MAX_ID_BYTES
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if ok {
+            Ok(Self(id))
+        } else {
+            Err(BadConversationId)
+        }
+    }
+
+    /// The conversation a caller that names none runs in (`kvlab chat`, tests).
+    pub fn default_id() -> Self {
+        Self("default".into())
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ConversationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which conversation a request runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum ConversationChoice {
+    /// This one (created when new).
+    Id {
+        /// Its name.
+        id: ConversationId,
+    },
+    /// The conversation, among those whose id starts with `prefix`, that this request's
+    /// prompt continues (its held history, but for a short tail, is a prefix of the prompt),
+    /// else a new one named `prefix` and a number: how a server client that names no
+    /// conversation gets its own back, as llama-server picks a slot.
+    Continuing {
+        /// The namespace (`api:`).
+        prefix: String,
+    },
+}
+
+/// Where a conversation's cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// In memory, in the precision its owner chose.
+    Held,
+    /// In memory, re-encoded by the pool in its demotion preset to make room.
+    Demoted,
+    /// Written to a cache file and freed from memory; its next turn restores it.
+    OnDisk,
+    /// Gone: its next turn reads its history again.
+    Dropped,
+}
+
+/// Where a turn's cache came from (what it did not have to read again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheOrigin {
+    /// A conversation's first turn.
+    #[default]
+    New,
+    /// Held in memory as its owner left it.
+    Held,
+    /// Held in memory, demoted by the pool.
+    Demoted,
+    /// Read back from its cache file.
+    Restored,
+    /// Its cache had been dropped: the history was read again.
+    Dropped,
+    /// Its cache held rows coded lossily and the turn wants exact ones: the history was
+    /// read again.
+    Reread,
+}
+
+impl CacheOrigin {
+    /// Whether the turn had to read its history again (nothing usable was kept).
+    pub fn prefilled(self) -> bool {
+        matches!(self, CacheOrigin::Dropped | CacheOrigin::Reread)
+    }
+}
+
+/// One conversation as the engine holds it (no text: ids, tiers, bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct ConversationInfo {
+    /// Its name.
+    pub id: ConversationId,
+    /// Where its cache is.
+    pub tier: Tier,
+    /// Tokens its cache holds (or held, on disk).
+    pub tokens: usize,
+    /// Its cache's policy, as its canonical SPEC.
+    pub spec: String,
+    /// KV bytes it holds in memory.
+    pub bytes: u64,
+    /// Bytes of its cache file (0 when none).
+    pub disk_bytes: u64,
+    /// A request is running in it (it is never demoted or spilled then).
+    pub busy: bool,
+    /// When it last ran, in milliseconds since the Unix epoch.
+    pub last_used_ms: u64,
+}
+
+/// What a timeline marker records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkerKind {
+    /// Its owner changed the cache's precision.
+    #[default]
+    Switch,
+    /// The pool re-encoded an idle conversation in its demotion preset.
+    Demote,
+    /// The pool wrote an idle conversation's cache to disk and freed its memory.
+    Spill,
+    /// A cache came back from disk.
+    Restore,
+    /// The pool dropped a cache (its next turn reads the history again).
+    Drop,
+    /// A cache of lossy rows was emptied to be read again exactly.
+    Reread,
+}

@@ -1,0 +1,151 @@
+//! One chat turn over a conversation's session, a step at a time: [`Turn::start`] lines the
+//! cache up with the prompt (its cached prefix reused), then each [`Turn::step`] runs one
+//! prefill chunk or samples and runs one token, until the turn ends and its stats and `done`
+//! go out. Whoever schedules turns (the engine thread, between other conversations' steps)
+//! owns the session; a turn holds no reference to it between steps.
+
+use std::time::Instant;
+
+use super::session::Session;
+use super::{GenerateError, GenerateRequest, Outcome, Sequence};
+use crate::contract::{CacheOrigin, ConversationId};
+use crate::events::Event;
+use crate::model::{Logits, Model};
+use crate::tokenizer::GemmaTokenizer;
+
+/// What one step did.
+#[derive(Debug)]
+pub enum Step {
+    /// Ran this many prompt tokens.
+    Prefilled(usize),
+    /// Sampled a token and ran it.
+    Token,
+    /// The turn ended: its stats and `done` were emitted.
+    Finished(Outcome),
+}
+
+/// A chat turn in progress (see the module doc).
+#[derive(Debug)]
+pub struct Turn {
+    /// `None` once finished.
+    seq: Option<Sequence>,
+    chunk: usize,
+    origin: CacheOrigin,
+}
+
+impl Turn {
+    /// Starts `request`'s turn over `session` with the prompt `prompt` (ids), arrived at
+    /// `started`, in `conversation` whose cache came from `origin`: the cache keeps the
+    /// longest prefix it shares with the prompt (rows that were held as codes are never kept
+    /// for a dense policy: then the history is read again and the stats say `reread`).
+    pub fn start(
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        session: &mut Session,
+        request: &GenerateRequest,
+        prompt: Vec<u32>,
+        started: Instant,
+        (conversation, origin): (ConversationId, CacheOrigin),
+    ) -> Result<Self, GenerateError> {
+        request.check()?;
+        let max_context = model.config().max_position_embeddings;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if prompt.len() > max_context {
+            return Err(GenerateError::ContextOverflow {
+                prompt: prompt.len(),
+                max: max_context,
+            });
+        }
+        let prepared = session.prepare(&prompt)?;
+        let origin = if prepared.reread_coded {
+            CacheOrigin::Reread
+        } else {
+            origin
+        };
+        let seq = Sequence::new(
+            tokenizer,
+            prompt,
+            prepared.reused,
+            request.sampling,
+            request.max_tokens,
+            max_context,
+            started,
+        )?
+        .with_stop_strings(request.stop.clone())
+        .in_conversation(conversation, origin);
+        Ok(Self {
+            seq: Some(seq),
+            chunk: request.prefill_chunk.max(1),
+            origin,
+        })
+    }
+
+    /// Where its cache came from (`reread` when its coded rows were dropped at the start).
+    pub fn origin(&self) -> CacheOrigin {
+        self.origin
+    }
+
+    /// Runs the next prefill chunk, or samples the next token and runs it, or ends the turn
+    /// (then `emit` gets its last text, its stats and `done`). `cancelled` ends it before the
+    /// next token. On an error the session is consistent (its history matches its cache).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        session: &mut Session,
+        cancelled: bool,
+        emit: &mut dyn FnMut(Event),
+    ) -> Result<Step, GenerateError> {
+        let Some(seq) = self.seq.as_mut() else {
+            return Err(GenerateError::Engine(crate::error::EngineError::invalid(
+                "the turn has ended",
+            )));
+        };
+        if let Some(chunk) = seq.next_prefill(self.chunk) {
+            if cancelled {
+                seq.cancel();
+            } else {
+                let (t, n) = (Instant::now(), chunk.len());
+                let chunk = chunk.to_vec();
+                let logits = session.forward(model, &chunk, Logits::Last)?;
+                seq.prefilled(n, logits, t.elapsed().as_secs_f64());
+                return Ok(Step::Prefilled(n));
+            }
+        }
+        let sampled = seq.sample(tokenizer, cancelled, session.len(), emit);
+        if let Err(GenerateError::NonFiniteLogits { .. }) = &sampled {
+            // The cached keys and values came from the same broken computation: keep none of
+            // them (the conversation itself lives with the caller).
+            session.reset()?;
+        }
+        if let Some(id) = sampled? {
+            seq.fed(session.forward(model, &[id], Logits::Last)?);
+            return Ok(Step::Token);
+        }
+        // The last sampled token was not run: a saved cache keeps it for a continuation.
+        let all = seq.all_ids();
+        session.set_pending(all.get(session.len()..).unwrap_or(&[]));
+        let memory = session.memory();
+        let policy = session.policy().clone();
+        let Some(seq) = self.seq.take() else {
+            return Err(GenerateError::Engine(crate::error::EngineError::invalid(
+                "the turn has ended",
+            )));
+        };
+        Ok(Step::Finished(seq.finish(
+            tokenizer,
+            session.len(),
+            &memory,
+            &policy,
+            emit,
+        )?))
+    }
+
+    /// Tokens of context the turn may reach: its prompt and every token it may generate,
+    /// within the model's context.
+    pub fn grown_context(prompt: &[u32], request: &GenerateRequest, max_context: usize) -> usize {
+        super::grown_context(prompt, request.max_tokens, max_context)
+    }
+}

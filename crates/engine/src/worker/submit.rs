@@ -1,0 +1,354 @@
+//! The one way a request reaches the engine thread: [`EngineHandle::submit`] (events on a
+//! channel, read through the [`Ticket`]) or [`EngineHandle::submit_with`] (events to a
+//! callback). A chat or comparison prompt is rendered and tokenized here, on the caller's
+//! thread, and checked against the model's context before anything is queued; the queue
+//! bound ([`super::MAX_QUEUED`]) is applied here too, the moment the request arrives. A
+//! dropped ticket cancels its request and, if it had not started, frees its place at once.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{lock, CancelToken, EngineHandle, Job, JobError, LoadRequest, Shared};
+use crate::card::ModelCard;
+use crate::compare::{CompareEvent, CompareFidelity, CompareRequest};
+use crate::events::Event;
+use crate::generate::{self, GenerateRequest, Prompt};
+use crate::tokenizer::GemmaTokenizer;
+
+/// A queued request's state, shared by its ticket and the engine thread.
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const GONE: u8 = 2;
+
+/// A request's place in the queue: counted in [`Shared`]'s waiting requests until the engine
+/// starts it or its ticket goes.
+#[derive(Clone)]
+pub(crate) struct Slot {
+    state: Arc<AtomicU8>,
+    shared: Arc<Shared>,
+}
+
+impl Slot {
+    /// Takes a place, or refuses when [`super::MAX_QUEUED`] requests wait already.
+    fn take(shared: &Arc<Shared>) -> Result<Self, JobError> {
+        shared
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < super::MAX_QUEUED).then_some(n + 1)
+            })
+            .map_err(|_| JobError::queue_full())?;
+        lock(&shared.status).queued = shared.waiting.load(Ordering::Acquire);
+        Ok(Self {
+            state: Arc::new(AtomicU8::new(WAITING)),
+            shared: Arc::clone(shared),
+        })
+    }
+
+    /// The engine starts the request: false when its ticket went first.
+    pub(crate) fn start(&self) -> bool {
+        let started = self
+            .state
+            .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if started {
+            self.release();
+        }
+        started
+    }
+
+    /// The ticket goes: a request still waiting gives its place back now.
+    fn leave(&self) {
+        if self
+            .state
+            .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.release();
+        }
+    }
+
+    fn release(&self) {
+        self.shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.shared.status).queued = self.shared.waiting.load(Ordering::Acquire);
+    }
+}
+
+/// A request on its way: what to run, where its events go, its cancel flag and its place.
+pub(crate) struct Queued<T> {
+    pub job: T,
+    pub cancel: CancelToken,
+    pub slot: Slot,
+    /// When it arrived (time to first token counts from here).
+    pub arrived: Instant,
+}
+
+/// A chat turn, its prompt tokenized by `tokenizer`.
+pub(crate) struct GenerateJob {
+    pub request: GenerateRequest,
+    pub prompt: Vec<u32>,
+    pub tokenizer: Arc<GemmaTokenizer>,
+    pub sink: super::EventSink,
+}
+
+/// A comparison, its prompt tokenized by `tokenizer`.
+pub(crate) struct CompareJob {
+    pub request: CompareRequest,
+    pub prompt: Vec<u32>,
+    pub tokenizer: Arc<GemmaTokenizer>,
+    pub sink: super::CompareSink,
+}
+
+/// What can be submitted: its events, how its end shows among them, and the request with
+/// its sink.
+pub trait Submission: Send + 'static {
+    /// The events it streams.
+    type Event: Send + 'static;
+    /// What its end yields.
+    type Output;
+    /// Its end, read from its last event: `Some` once it has ended.
+    fn end(event: &Self::Event) -> Option<Result<Self::Output, JobError>>;
+    /// The request with the sink its events go to.
+    #[doc(hidden)]
+    fn with_sink(self, sink: Box<dyn FnMut(Self::Event) + Send>) -> Request;
+}
+
+/// A request and where its events go (what [`Submission::with_sink`] makes).
+#[doc(hidden)]
+pub enum Request {
+    Generate(GenerateRequest, super::EventSink),
+    Compare(CompareRequest, super::CompareSink),
+    Load(LoadRequest, super::EventSink),
+}
+
+impl Request {
+    /// The job, or why it cannot be queued: a chat or comparison prompt is tokenized here
+    /// and checked against the context, then given a place in the queue.
+    fn into_job(self, engine: &EngineHandle, cancel: CancelToken) -> Result<Job, JobError> {
+        let arrived = Instant::now();
+        Ok(match self {
+            Request::Generate(request, sink) => {
+                request.check()?;
+                let (prompt, tokenizer) = tokenized(engine, &request.prompt)?;
+                let slot = Slot::take(&engine.shared)?;
+                Job::Generate(Queued {
+                    job: GenerateJob {
+                        request,
+                        prompt,
+                        tokenizer,
+                        sink,
+                    },
+                    cancel,
+                    slot,
+                    arrived,
+                })
+            }
+            Request::Compare(request, sink) => {
+                let (prompt, tokenizer) = tokenized(engine, &request.prompt)?;
+                let slot = Slot::take(&engine.shared)?;
+                Job::Compare(Queued {
+                    job: CompareJob {
+                        request,
+                        prompt,
+                        tokenizer,
+                        sink,
+                    },
+                    cancel,
+                    slot,
+                    arrived,
+                })
+            }
+            Request::Load(request, sink) => Job::Load {
+                request,
+                sink,
+                cancel,
+            },
+        })
+    }
+}
+
+/// The loaded tokenizer and the prompt rendered for it, checked against the context.
+fn tokenized(
+    engine: &EngineHandle,
+    prompt: &Prompt,
+) -> Result<(Vec<u32>, Arc<GemmaTokenizer>), JobError> {
+    let tokenizer = engine.tokenizer().ok_or_else(JobError::no_model)?;
+    let config = engine.loaded_config()?;
+    let prompt = prompt
+        .clone()
+        .for_model(Some(tokenizer.template().is_some()));
+    let ids = generate::render_within_context(&tokenizer, &prompt, config.max_position_embeddings)?;
+    Ok((ids, tokenizer))
+}
+
+impl Submission for GenerateRequest {
+    type Event = Event;
+    /// The generated ids.
+    type Output = Vec<u32>;
+
+    fn end(event: &Event) -> Option<Result<Vec<u32>, JobError>> {
+        match event {
+            Event::Done { token_ids, .. } => Some(Ok(token_ids.clone())),
+            Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
+            _ => None,
+        }
+    }
+
+    fn with_sink(self, sink: Box<dyn FnMut(Event) + Send>) -> Request {
+        Request::Generate(self, sink)
+    }
+}
+
+impl Submission for CompareRequest {
+    type Event = CompareEvent;
+    /// The tested cache's fidelity (absent when cancelled or nothing was generated).
+    type Output = Option<CompareFidelity>;
+
+    fn end(event: &CompareEvent) -> Option<Result<Option<CompareFidelity>, JobError>> {
+        match event {
+            CompareEvent::Finished { fidelity } => Some(Ok(fidelity.clone())),
+            CompareEvent::Error { code, message } => Some(Err(JobError::new(*code, message))),
+            _ => None,
+        }
+    }
+
+    fn with_sink(self, sink: Box<dyn FnMut(CompareEvent) + Send>) -> Request {
+        Request::Compare(self, sink)
+    }
+}
+
+impl Submission for LoadRequest {
+    type Event = Event;
+    /// The loaded model's card.
+    type Output = ModelCard;
+
+    fn end(event: &Event) -> Option<Result<ModelCard, JobError>> {
+        match event {
+            Event::Loaded { card } => Some(Ok(card.clone())),
+            Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
+            _ => None,
+        }
+    }
+
+    fn with_sink(self, sink: Box<dyn FnMut(Event) + Send>) -> Request {
+        Request::Load(self, sink)
+    }
+}
+
+/// A submitted request: its events (when submitted with [`EngineHandle::submit`]) and its
+/// cancel flag. Dropping it cancels the request (its client is gone).
+pub struct Ticket<R: Submission> {
+    events: Option<Receiver<R::Event>>,
+    cancel: CancelToken,
+    slot: Option<Slot>,
+}
+
+impl<R: Submission> Ticket<R> {
+    /// The request's events, in order, until its end.
+    pub fn events(&self) -> impl Iterator<Item = R::Event> + '_ {
+        self.events.iter().flat_map(|rx| rx.iter())
+    }
+
+    /// The next event, waiting for it (`None` once the engine dropped the request).
+    pub fn recv(&self) -> Option<R::Event> {
+        self.events.as_ref()?.recv().ok()
+    }
+
+    /// The next event, waiting at most `timeout`.
+    pub fn recv_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<R::Event, mpsc::RecvTimeoutError> {
+        match &self.events {
+            Some(rx) => rx.recv_timeout(timeout),
+            None => Err(mpsc::RecvTimeoutError::Disconnected),
+        }
+    }
+
+    /// The next event if one is there now.
+    pub fn try_recv(&self) -> Result<R::Event, mpsc::TryRecvError> {
+        match &self.events {
+            Some(rx) => rx.try_recv(),
+            None => Err(mpsc::TryRecvError::Disconnected),
+        }
+    }
+
+    /// Waits for the end, showing `on_event` every event first (returning false cancels the
+    /// request, which then ends as cancelled).
+    pub fn wait(self, mut on_event: impl FnMut(&R::Event) -> bool) -> Result<R::Output, JobError> {
+        while let Some(ev) = self.recv() {
+            if !on_event(&ev) {
+                self.cancel.cancel();
+            }
+            if let Some(end) = R::end(&ev) {
+                return end;
+            }
+        }
+        Err(JobError::stopped())
+    }
+
+    /// Its cancel flag (a stop button's).
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
+    }
+
+    /// Asks the request to stop before its next step.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+}
+
+impl<R: Submission> Drop for Ticket<R> {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(slot) = &self.slot {
+            slot.leave();
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Submits `request`: its events arrive in order on the returned ticket, until its end
+    /// (`done`, `finished`, `loaded` or `error`). Refused at once when the prompt does not
+    /// fit the context or [`super::MAX_QUEUED`] requests already wait.
+    pub fn submit<R: Submission>(&self, request: R) -> Result<Ticket<R>, JobError> {
+        let (tx, rx) = mpsc::channel();
+        let mut ticket = self.submit_with(request, move |ev| tx.send(ev).is_ok())?;
+        ticket.events = Some(rx);
+        Ok(ticket)
+    }
+
+    /// Submits `request` with its events going to `on_event` (on the engine thread: forward
+    /// them, don't work); `on_event` returning false (its client is gone) cancels it.
+    pub fn submit_with<R: Submission>(
+        &self,
+        request: R,
+        mut on_event: impl FnMut(R::Event) -> bool + Send + 'static,
+    ) -> Result<Ticket<R>, JobError> {
+        let cancel = CancelToken::new();
+        let own = cancel.clone();
+        let sink = Box::new(move |ev| {
+            if !on_event(ev) {
+                own.cancel();
+            }
+        });
+        let job = request.with_sink(sink).into_job(self, cancel.clone())?;
+        let slot = match &job {
+            Job::Generate(q) => Some(q.slot.clone()),
+            Job::Compare(q) => Some(q.slot.clone()),
+            _ => None,
+        };
+        if let Err(e) = self.send(job) {
+            if let Some(slot) = &slot {
+                slot.leave();
+            }
+            return Err(e);
+        }
+        Ok(Ticket {
+            events: None,
+            cancel,
+            slot,
+        })
+    }
+}
