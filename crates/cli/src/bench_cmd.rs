@@ -65,6 +65,10 @@ enum BenchCommand {
     /// Saving and restoring a KV cache per SPEC: file bytes, save and restore time, and
     /// restore against re-reading the prompt.
     Persist(crate::bench_persist_cmd::BenchPersistArgs),
+    /// Many conversations taking turns under a KV budget of two f16 ones: where each turn's
+    /// cache came from, its time to first token and the bytes held, against llama-server's
+    /// f16 oldest-first policy in the same run.
+    Conversations(crate::bench_conversations_cmd::BenchConversationsArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
     Matmul(crate::bench_matmul_cmd::BenchMatmulArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
@@ -152,6 +156,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Attention(a) => crate::bench_attention_cmd::run(a),
         BenchCommand::Matmul(a) => crate::bench_matmul_cmd::run(a),
         BenchCommand::Persist(a) => crate::bench_persist_cmd::run(a),
+        BenchCommand::Conversations(a) => crate::bench_conversations_cmd::run(a),
         BenchCommand::Decode {
             model,
             ctx,

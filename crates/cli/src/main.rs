@@ -3,6 +3,7 @@
 mod asset_names;
 mod bench_attention_cmd;
 mod bench_cmd;
+mod bench_conversations_cmd;
 mod bench_load_cmd;
 mod bench_matmul_cmd;
 mod bench_memory_cmd;

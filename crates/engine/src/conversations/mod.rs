@@ -73,6 +73,9 @@ struct Conversation {
     place: Place,
     /// The policy it holds or will hold (its owner's choice, or the demotion preset).
     policy: PrecisionPolicy,
+    /// Its owner's choice: a cache read back from disk in another policy (it was demoted
+    /// before it was spilled) is still demoted.
+    chosen: PrecisionPolicy,
     /// Its cache file, if one was written: bytes and tokens as written.
     file: Option<(u64, usize)>,
     /// Tokens it held last (for a dropped or spilled one).
@@ -277,6 +280,7 @@ impl Pool {
         }
         self.clock += 1;
         let file = spill.and_then(|d| d.peek(id));
+        let chosen = policy.clone();
         let (place, policy, tokens) = match &file {
             Some(f) => (Place::Disk, f.policy.clone(), f.tokens),
             None => (Place::Dropped, policy.clone(), 0),
@@ -286,6 +290,7 @@ impl Pool {
             Conversation {
                 place,
                 policy,
+                chosen,
                 file: file.map(|f| (f.bytes, f.tokens)),
                 tokens,
                 busy: false,
@@ -371,8 +376,8 @@ impl Pool {
                             c.tokens = session.len();
                             c.policy = session.policy().clone();
                             c.place = Place::Memory {
+                                demoted: c.policy != c.chosen,
                                 session: Box::new(session),
-                                demoted: false,
                             };
                             return Ok((CacheOrigin::Restored, Some(marker)));
                         }
@@ -403,6 +408,7 @@ impl Pool {
     pub fn switched(&mut self, id: &ConversationId, policy: &PrecisionPolicy) {
         if let Some(c) = self.conversations.get_mut(id) {
             c.policy = policy.clone();
+            c.chosen = policy.clone();
             if let Place::Memory { demoted, .. } = &mut c.place {
                 *demoted = false;
             }
@@ -413,6 +419,7 @@ impl Pool {
     pub fn set_policy(&mut self, id: &ConversationId, policy: &PrecisionPolicy) {
         if let Some(c) = self.conversations.get_mut(id) {
             c.policy = policy.clone();
+            c.chosen = policy.clone();
         }
     }
 
@@ -426,6 +433,7 @@ impl Pool {
             .or_insert(Conversation {
                 place: Place::Dropped,
                 policy: session.policy().clone(),
+                chosen: session.policy().clone(),
                 file: None,
                 tokens: 0,
                 busy: false,
@@ -434,6 +442,7 @@ impl Pool {
                 used_ms: unix_ms(),
             });
         c.policy = session.policy().clone();
+        c.chosen = session.policy().clone();
         c.tokens = session.len();
         c.used = used;
         c.place = Place::Memory {
