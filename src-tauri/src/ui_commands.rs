@@ -33,6 +33,7 @@ pub const UI_COMMANDS: &[&str] = &[
     "server_start",
     "server_status",
     "server_stop",
+    "set_kv_budget",
     "start_download",
     "stop_compare",
     "stop_generation",

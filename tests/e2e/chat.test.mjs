@@ -421,3 +421,113 @@ test("a conversation saved with its KV cache: after a relaunch the next answer r
   assert.equal(await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText(), unbroken);
   await shot("main-window.png");
 });
+
+test("many conversations, one memory: the app's chat keeps its cache across Local API requests, and an idle chat is demoted when KV memory is short", async () => {
+  await setNumber(app.browser, "temperature", 0);
+  await setNumber(app.browser, "max-tokens", 16);
+  const promptOf = async (i) => {
+    const text = await (await (await waitForStats(i)).$('[data-testid="stats"]')).getText();
+    const [, prompt, cached] = text.match(/prompt (\d+) \((\d+) cached\)/);
+    return { prompt: Number(prompt), cached: Number(cached), text };
+  };
+  // Back to FP16 from TQ 3.6: the next answer reads the history again rather than keep rows
+  // decoded from codes, and says so.
+  const current = await $('[data-testid="cache-current"]');
+  await (await $('[data-testid="precision-f16"]')).click();
+  await app.browser.waitUntil(async () => (await current.getAttribute("data-policy")) === "f16", { timeout: 10_000 });
+  const first = await promptOf(await send("Tell me about the sea."));
+  assert.equal(first.cached, 0, first.text);
+  assert.match(first.text, /history read again \(its rows had been coded lossily\)/);
+  // Clients of the Local API: one names its conversation, one does not.
+  const panel = await $('[data-testid="server-panel"]');
+  await panel.scrollIntoView();
+  await setNumber(app.browser, "server-port", 0);
+  const toggle = await $('[data-testid="server-toggle"]');
+  await toggle.click();
+  const urlEl = await $('[data-testid="server-url"]');
+  await urlEl.waitForDisplayed({ timeout: 10_000 });
+  const url = await urlEl.getText();
+  const ask = async (messages, headers = {}) => {
+    const r = await fetch(`${url}/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ messages, temperature: 0, max_tokens: 4 }),
+    });
+    assert.equal(r.status, 200);
+    return r.json();
+  };
+  const named = await ask([{ role: "user", content: "The sea" }], { "x-conversation": "e2e-client" });
+  assert.equal(named.usage.conversation, "e2e-client");
+  assert.equal(named.usage.prompt_tokens_details.cached_tokens, 0);
+  const next = await ask(
+    [
+      { role: "user", content: "The sea" },
+      { role: "assistant", content: named.choices[0].message.content },
+      { role: "user", content: "And the sky?" },
+    ],
+    { "x-conversation": "e2e-client" },
+  );
+  assert.ok(next.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(next.usage));
+  // A client naming nothing gets a conversation of its own: nothing of the other's is reused.
+  const stranger = await ask([{ role: "user", content: "The sea" }]);
+  assert.notEqual(stranger.usage.conversation, "e2e-client");
+  assert.equal(stranger.usage.prompt_tokens_details.cached_tokens, 0);
+  // The API's clients show as their own conversations, named as the API named them.
+  await (await $('[data-testid="api-conversation"][data-id="api:e2e-client"]')).waitForExist({ timeout: 5_000 });
+  await toggle.click();
+  await urlEl.waitForDisplayed({ reverse: true, timeout: 5_000 });
+  // The app's next turn reads only what is new: its history stayed cached through them.
+  const second = await promptOf(await send("And the waves?"));
+  assert.ok(second.cached >= first.prompt, `the history was read again: ${second.text} after ${first.text}`);
+  const chat = await (await $(".session.active")).getAttribute("data-id");
+  assert.equal(await (await $(`.session[data-id="${chat}"] [data-testid="session-tier"]`)).getAttribute("data-tier"), "held");
+
+  // Short of KV memory: 8 MiB for every conversation. A new chat needs more than is left
+  // beside the idle one, which the engine re-encodes as TQ 3.6 (the demotion preset), and the
+  // timeline marks it.
+  const budget = await $('[data-testid="kv-budget-select"]');
+  await budget.selectByAttribute("value", String(8 << 20));
+  // The setting persists in the web view's storage: put it back whatever happens here.
+  try {
+    await shortOfMemory(chat, second);
+  } finally {
+    await budget.selectByAttribute("value", "0");
+  }
+});
+
+/** The second half of the test above, with KV memory set to 8 MiB. */
+async function shortOfMemory(chat, second) {
+  const promptOf = async (i) => {
+    const text = await (await (await waitForStats(i)).$('[data-testid="stats"]')).getText();
+    const [, prompt, cached] = text.match(/prompt (\d+) \((\d+) cached\)/);
+    return { prompt: Number(prompt), cached: Number(cached), text };
+  };
+  await (await $('[data-testid="new-chat"]')).click();
+  // About 390 tokens with the answer, 6.9 MiB in FP16: room for it alone (8 MiB holds ~450
+  // FP16 tokens of this model, 18 KiB each), not beside the idle chat.
+  const passage = "The sea was calm that morning, and the boats went out early. ".repeat(27);
+  await promptOf(await send(`Continue this:\n\n${passage}`));
+  const chart = await $('[data-testid="memory-chart"]');
+  await app.browser.waitUntil(async () => /demote/.test((await chart.getAttribute("data-marker-kinds")) ?? ""), {
+    timeout: 10_000,
+    timeoutMsg: "no demotion was marked",
+  });
+  // Demoted first; if that did not free enough (its FP16 history was long), spilled too.
+  const tier = await $(`.session[data-id="${chat}"] [data-testid="session-tier"]`);
+  await app.browser.waitUntil(async () => ["demoted", "on_disk"].includes(await tier.getAttribute("data-tier")), {
+    timeout: 5_000,
+    timeoutMsg: `the idle chat is ${await tier.getAttribute("data-tier")}`,
+  });
+  await app.browser.pause(1200);
+  await shot("pool-demoted.png");
+  // Back to the idle chat: it answers on from its demoted (or restored) cache, not from
+  // scratch (making room for it demotes the new chat in turn).
+  await (await $(`.session[data-id="${chat}"] .title`)).click();
+  const back = await promptOf(await send("One more thing?"));
+  assert.ok(back.cached >= second.prompt, `read again on return: ${back.text}`);
+  // Its cache came back demoted, or from its file (on opening the chat, or on this turn).
+  const notice = (await (await $('[data-testid="cache-notice"]')).isExisting())
+    ? await (await $('[data-testid="cache-notice"]')).getText()
+    : "";
+  assert.ok(/demoted|restored/.test(back.text) || /^Restored /.test(notice), `${back.text} | ${notice}`);
+}

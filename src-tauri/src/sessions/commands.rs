@@ -123,6 +123,16 @@ pub async fn restore_session_cache(
     .await
 }
 
+/// Sets what all conversations' KV caches may hold in memory together (`None`: what the
+/// machine has available beside the weights): past it, idle conversations are demoted, then
+/// spilled to their files.
+#[tauri::command]
+pub fn set_kv_budget(state: State<'_, AppState>, bytes: Option<u64>) {
+    let mut pool = state.engine.handle().pool_settings();
+    pool.kv_budget = bytes;
+    state.engine.handle().set_pool_settings(pool);
+}
+
 /// Drops session `id`'s saved cache (the session itself stays, and so does a cache the
 /// engine holds in memory for it).
 #[tauri::command]

@@ -88,6 +88,8 @@ export const saveSessionCache = (id: string, budgetBytes: number | null) =>
 /** Restores session `id`'s saved cache into the engine (null: it has none). */
 export const restoreSessionCache = (id: string) => invoke<CacheTransfer | null>("restore_session_cache", { id });
 export const dropSessionCache = (id: string) => invoke<void>("drop_session_cache", { id });
+/** What all conversations' KV caches may hold in memory (null: what the machine has). */
+export const setKvBudget = (bytes: number | null) => invoke<void>("set_kv_budget", { bytes });
 /** Asks where to save and writes `contents` (text or bytes) there; null when cancelled. */
 export const exportFile = (fileName: string, contents: string | Uint8Array) =>
   invoke<string | null>("export_file", {

@@ -31,13 +31,23 @@ export interface Settings {
 export const DEFAULT_SYSTEM = "";
 
 const CACHE_BUDGET_KEY = "kvlab.cacheBudgetBytes";
+const KV_BUDGET_KEY = "kvlab.kvBudgetBytes";
 
-function loadCacheBudget(): number | null {
+function loadBudget(key: string): number | null {
   try {
-    const v = Number(localStorage.getItem(CACHE_BUDGET_KEY));
+    const v = Number(localStorage.getItem(key));
     return Number.isFinite(v) && v > 0 ? v : null;
   } catch {
     return null;
+  }
+}
+
+function saveBudget(key: string, bytes: number | null): void {
+  try {
+    if (bytes === null) localStorage.removeItem(key);
+    else localStorage.setItem(key, String(bytes));
+  } catch {
+    // Storage unavailable: the budget holds for this run.
   }
 }
 export const CONTEXTS = [2048, 8192, 32768];
@@ -114,7 +124,9 @@ export class AppStore {
   /** What the last save or restore of the conversation's KV cache did (the status line). */
   cacheNotice = $state("");
   /** What saved caches may take on disk; null: the app's default. Kept in this browser profile. */
-  cacheBudget: number | null = $state(loadCacheBudget());
+  cacheBudget: number | null = $state(loadBudget(CACHE_BUDGET_KEY));
+  /** What all conversations' KV caches may hold in memory; null: what the machine has. */
+  kvBudget: number | null = $state(loadBudget(KV_BUDGET_KEY));
 
   /** Answer tokens streamed so far, all answers together (a starter's switch waits on it). */
   private streamed = 0;
@@ -130,6 +142,7 @@ export class AppStore {
     } catch (e) {
       this.switchError = api.errorText(e);
     }
+    if (this.kvBudget !== null) await api.setKvBudget(this.kvBudget).catch(() => {});
     await this.sessionList.refresh();
     let restored: SavedSession | null = null;
     if (this.sessionList.sessions.length) {
@@ -398,12 +411,15 @@ export class AppStore {
 
   setCacheBudget(bytes: number | null): void {
     this.cacheBudget = bytes;
-    try {
-      if (bytes === null) localStorage.removeItem(CACHE_BUDGET_KEY);
-      else localStorage.setItem(CACHE_BUDGET_KEY, String(bytes));
-    } catch {
-      // Storage unavailable: the budget holds for this run.
-    }
+    saveBudget(CACHE_BUDGET_KEY, bytes);
+  }
+
+  /** Sets the memory all conversations' caches share: past it the engine demotes idle ones
+   * to TurboQuant, then spills them to disk. */
+  async setKvBudget(bytes: number | null): Promise<void> {
+    this.kvBudget = bytes;
+    saveBudget(KV_BUDGET_KEY, bytes);
+    await api.setKvBudget(bytes).catch((e) => (this.sessionList.error = api.errorText(e)));
   }
 
   async openSession(id: string, reset = true): Promise<SavedSession | null> {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { MemoryTimeline, markerLabel, sampleValues } from "./timeline";
+import { MemoryTimeline, clusterLabel, markerLabel, sampleValues } from "./timeline";
 
 const s = (tMs: number, tokens: number, values: Record<string, number>) => ({ tMs, tokens, values });
 
@@ -107,5 +107,16 @@ describe("conversations and the pool's markers", () => {
     expect(m("switch")).toBe("→k4v3+qw@all  2.00 KiB→512 B");
     expect(m("demote")).toBe("demoted s-2 →k4v3+qw@all  2.00 KiB→512 B");
     expect(m("spill")).toBe("spilled s-2 to disk  2.00 KiB→512 B");
+  });
+});
+
+describe("markers at one place", () => {
+  it("read as what the pool did to how many, with the bytes before and after", () => {
+    const m = (kind: "demote" | "spill", conversation: string, beforeBytes: number, afterBytes: number) => ({ tMs: 0, tokens: 0, from: "f16", to: "x", beforeBytes, afterBytes, kind, conversation });
+    expect(clusterLabel([m("demote", "a", 4096, 1024)])).toBe("demoted a →x  4.00 KiB→1.00 KiB");
+    // a demoted then spilled, b demoted: bytes counted once each, before the first and after the last.
+    expect(clusterLabel([m("demote", "a", 4096, 1024), m("demote", "b", 2048, 512), m("spill", "a", 1024, 0)])).toBe(
+      "demoted 2, spilled 1  6.00 KiB→512 B",
+    );
   });
 });

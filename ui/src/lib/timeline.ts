@@ -60,6 +60,26 @@ export function markerLabel(m: SwitchMarker): string {
   }
 }
 
+/** How several markers at one place on the chart read: each one's label when it is alone,
+ * else what the pool did to how many conversations and the bytes before and after. */
+export function clusterLabel(ms: SwitchMarker[]): string {
+  if (ms.length === 1) return markerLabel(ms[0]);
+  const verbs: Record<string, string> = { switch: "switched", demote: "demoted", spill: "spilled", restore: "restored", drop: "dropped" };
+  const counts = new Map<string, number>();
+  for (const m of ms) counts.set(m.kind ?? "switch", (counts.get(m.kind ?? "switch") ?? 0) + 1);
+  const what = [...counts].map(([k, n]) => `${verbs[k] ?? k} ${n}`).join(", ");
+  // Each conversation's bytes once: before its first change, after its last.
+  const first = new Map<string, number>();
+  const last = new Map<string, number>();
+  for (const m of ms) {
+    const who = m.conversation ?? "";
+    if (!first.has(who)) first.set(who, m.beforeBytes);
+    last.set(who, m.afterBytes);
+  }
+  const sum = (v: Map<string, number>) => [...v.values()].reduce((a, b) => a + b, 0);
+  return `${what}  ${formatBytes(sum(first))}→${formatBytes(sum(last))}`;
+}
+
 /**
  * A sample's series: the process, the weights, every conversation's KV together and by layer
  * kind and precision, then KV by conversation and tier: this chat's, the other chats held in
