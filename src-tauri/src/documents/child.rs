@@ -63,7 +63,9 @@ fn number(s: &OsString) -> Option<u64> {
 }
 
 /// Caps this process: data segment and anonymous memory (Linux's RLIMIT_DATA, so the shared
-/// libraries the app binary maps do not count against it; the address space elsewhere), CPU
+/// libraries the app binary maps do not count against it; the address space elsewhere, which
+/// macOS accepts but does not enforce: there the parent's watch of the resident memory is the
+/// bound, see [`super::isolated`]), CPU
 /// seconds (a backstop should the parent die before its wall clock fires) and core dumps (a
 /// crash here is expected and must not litter the disk). Failures are reported, not fatal:
 /// the parent's wall clock still holds.

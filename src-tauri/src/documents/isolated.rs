@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wait_timeout::ChildExt;
 
@@ -21,7 +21,9 @@ use crate::error::{CommandError, ErrorCode};
 pub struct Limits {
     /// Wall-clock time from spawn to reply; the child is killed past it.
     pub wall: Duration,
-    /// Heap and anonymous memory the child may hold (Unix).
+    /// Memory the child may hold: its resident set, watched by the parent everywhere, and
+    /// its heap and anonymous memory, capped by the child itself where the system enforces it
+    /// (Linux).
     pub memory_bytes: u64,
 }
 
@@ -116,34 +118,42 @@ impl Reader {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| internal("start", e))?;
-        let (status, stdout, stderr) =
-            std::thread::scope(|s| -> std::io::Result<(Option<ExitStatus>, _, _)> {
-                let mut stdin = child.stdin.take();
-                let stdout = child
-                    .stdout
-                    .take()
-                    .map(|o| s.spawn(move || capped(o, MAX_REPLY)));
-                let stderr = child
-                    .stderr
-                    .take()
-                    .map(|e| s.spawn(move || capped(e, MAX_STDERR)));
-                // A child that dies early closes its end: a broken pipe here is expected and
-                // its cause comes from the exit status.
-                if let Some(mut pipe) = stdin.take() {
-                    s.spawn(move || {
-                        let _ = pipe.write_all(bytes);
-                    });
-                }
-                let status = wait_or_kill(&mut child, self.limits.wall)?;
-                let join = |h: Option<std::thread::ScopedJoinHandle<'_, Vec<u8>>>| {
-                    h.and_then(|h| h.join().ok()).unwrap_or_default()
-                };
-                Ok((status, join(stdout), join(stderr)))
-            })
-            .map_err(|e| internal("wait for", e))?;
+        let (status, stdout, stderr) = std::thread::scope(|s| -> std::io::Result<(Waited, _, _)> {
+            let mut stdin = child.stdin.take();
+            let stdout = child
+                .stdout
+                .take()
+                .map(|o| s.spawn(move || capped(o, MAX_REPLY)));
+            let stderr = child
+                .stderr
+                .take()
+                .map(|e| s.spawn(move || capped(e, MAX_STDERR)));
+            // A child that dies early closes its end: a broken pipe here is expected and
+            // its cause comes from the exit status.
+            if let Some(mut pipe) = stdin.take() {
+                s.spawn(move || {
+                    let _ = pipe.write_all(bytes);
+                });
+            }
+            let status = wait_or_kill(&mut child, &self.limits)?;
+            let join = |h: Option<std::thread::ScopedJoinHandle<'_, Vec<u8>>>| {
+                h.and_then(|h| h.join().ok()).unwrap_or_default()
+            };
+            Ok((status, join(stdout), join(stderr)))
+        })
+        .map_err(|e| internal("wait for", e))?;
         let stderr = String::from_utf8_lossy(&stderr);
         match status {
-            None => Err(CommandError::new(
+            Waited::OverMemory => Err(out_of_memory(name, &self.limits)),
+            Waited::Exited(status) if status.success() => serde_json::from_slice::<Reply>(&stdout)
+                .map_err(|e| {
+                    CommandError::new(
+                        ErrorCode::Internal,
+                        format!("{name}: the document reader's reply is unreadable: {e}"),
+                    )
+                })?,
+            Waited::Exited(status) => Err(failure(name, status, &stderr, &self.limits)),
+            Waited::TimedOut => Err(CommandError::new(
                 ErrorCode::DocumentTimeout,
                 format!(
                     "{name}: reading it took longer than {} s, so the reader was stopped (a file \
@@ -151,35 +161,52 @@ impl Reader {
                     secs(self.limits.wall)
                 ),
             )),
-            Some(status) if status.success() => {
-                serde_json::from_slice::<Reply>(&stdout).map_err(|e| {
-                    CommandError::new(
-                        ErrorCode::Internal,
-                        format!("{name}: the document reader's reply is unreadable: {e}"),
-                    )
-                })?
-            }
-            Some(status) => Err(failure(name, status, &stderr, &self.limits)),
         }
     }
 }
 
-/// Waits for `child` up to `wall`; kills and reaps it past that (`None`).
-fn wait_or_kill(child: &mut Child, wall: Duration) -> std::io::Result<Option<ExitStatus>> {
-    match child.wait_timeout(wall) {
-        Ok(Some(status)) => return Ok(Some(status)),
-        Ok(None) => {}
-        Err(e) => {
-            // Never leave a child behind whose pipes the reader threads would wait on.
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
+/// How a child's wait ended.
+#[derive(Debug)]
+enum Waited {
+    Exited(ExitStatus),
+    /// Killed at the wall clock.
+    TimedOut,
+    /// Killed when its resident memory passed the cap.
+    OverMemory,
+}
+
+/// How often the parent looks at the child's resident memory.
+const MEMORY_POLL: Duration = Duration::from_millis(20);
+
+/// Waits for `child` up to the wall clock, reading its resident memory every [`MEMORY_POLL`]:
+/// past either limit it is killed and reaped. The child caps its own memory too (Linux's
+/// RLIMIT_DATA), but macOS enforces no memory rlimit, so this watch is what bounds it there.
+fn wait_or_kill(child: &mut Child, limits: &Limits) -> std::io::Result<Waited> {
+    let started = Instant::now();
+    let mut probe = kvlab_engine::memory::RssProbe::of(child.id());
+    let ended = loop {
+        let left = limits.wall.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break Waited::TimedOut;
         }
-    }
-    // It may have exited between the timeout and the kill: either way it is reaped.
+        match child.wait_timeout(left.min(MEMORY_POLL)) {
+            Ok(Some(status)) => return Ok(Waited::Exited(status)),
+            Ok(None) => {}
+            Err(e) => {
+                // Never leave a child behind whose pipes the reader threads would wait on.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        }
+        if probe.rss_bytes() > limits.memory_bytes {
+            break Waited::OverMemory;
+        }
+    };
+    // It may have exited between the last look and the kill: either way it is reaped.
     let _ = child.kill();
     child.wait()?;
-    Ok(None)
+    Ok(ended)
 }
 
 /// Reads up to `cap` bytes of `r`, then drains the rest so the child never blocks on a full
@@ -208,14 +235,7 @@ fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> Com
         );
     }
     if stderr.contains("memory allocation of") {
-        return CommandError::new(
-            ErrorCode::DocumentOutOfMemory,
-            format!(
-                "{name}: reading it needed more than {} MiB of memory, so the reader was stopped \
-                 (a compressed stream that inflates without end?); the conversation is untouched",
-                limits.memory_bytes / (1024 * 1024)
-            ),
-        );
+        return out_of_memory(name, limits);
     }
     if killed_by(status, CPU_SIGNAL) {
         return CommandError::new(
@@ -237,6 +257,17 @@ fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> Com
     )
 }
 
+fn out_of_memory(name: &str, limits: &Limits) -> CommandError {
+    CommandError::new(
+        ErrorCode::DocumentOutOfMemory,
+        format!(
+            "{name}: reading it needed more than {} MiB of memory, so the reader was stopped \
+             (a compressed stream that inflates without end?); the conversation is untouched",
+            limits.memory_bytes / (1024 * 1024)
+        ),
+    )
+}
+
 #[cfg(unix)]
 const CPU_SIGNAL: i32 = libc::SIGXCPU;
 #[cfg(not(unix))]
@@ -250,4 +281,37 @@ fn killed_by(status: ExitStatus, signal: i32) -> bool {
 #[cfg(not(unix))]
 fn killed_by(_status: ExitStatus, _signal: i32) -> bool {
     false
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// The parent's watch alone (the child here caps nothing): a process that fills 400 MB
+    /// is killed once its resident memory passes a 64 MiB cap, well before its wall clock.
+    #[test]
+    fn a_child_past_its_memory_is_killed_by_the_watch() {
+        let mut child = Command::new("perl")
+            .args(["-e", "my $x = 'a' x 400_000_000; sleep 30"])
+            .spawn()
+            .expect("perl (Debian's perl-base, macOS's own)");
+        let limits = Limits {
+            wall: Duration::from_secs(20),
+            memory_bytes: 64 << 20,
+        };
+        let started = Instant::now();
+        let waited = wait_or_kill(&mut child, &limits).expect("wait");
+        assert!(matches!(waited, Waited::OverMemory), "{waited:?}");
+        assert!(started.elapsed() < Duration::from_secs(15));
+        // And one within its limits exits as usual.
+        let mut fine = Command::new("perl")
+            .args(["-e", "exit 0"])
+            .spawn()
+            .expect("perl");
+        let waited = wait_or_kill(&mut fine, &limits).expect("wait");
+        assert!(
+            matches!(waited, Waited::Exited(s) if s.success()),
+            "{waited:?}"
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! The process's own memory: its resident set now ([`RssProbe`]) and at peak, and handing
-//! freed heap pages back to the system after a cache shrinks.
+//! The process's own memory: its resident set now ([`RssProbe`], also of a child it watches)
+//! and at peak, and handing freed heap pages back to the system after a cache shrinks.
 
 /// Reads this process's resident memory through `sysinfo` (reuses its buffers).
 pub struct RssProbe {
@@ -25,6 +25,14 @@ impl RssProbe {
         Self {
             sys: sysinfo::System::new(),
             pid: sysinfo::get_current_pid().ok(),
+        }
+    }
+
+    /// A probe for another process (a child the caller watches).
+    pub fn of(pid: u32) -> Self {
+        Self {
+            sys: sysinfo::System::new(),
+            pid: Some(sysinfo::Pid::from_u32(pid)),
         }
     }
 
