@@ -73,6 +73,8 @@ struct FakeHub {
     corrupt: AtomicBool,
     /// List the model with this size instead of its own.
     listed_size: Mutex<Option<u64>>,
+    /// Name this as the revision's commit instead of the real one.
+    commit_named: Mutex<Option<String>>,
 }
 
 impl FakeHub {
@@ -90,6 +92,7 @@ impl FakeHub {
             truncate_at: Mutex::new(None),
             corrupt: AtomicBool::new(false),
             listed_size: Mutex::new(None),
+            commit_named: Mutex::new(None),
         })
     }
 
@@ -196,7 +199,9 @@ impl FakeHub {
         let api = format!("/api/models/{REPO}");
         let resolve = format!("/{REPO}/resolve/{COMMIT}/");
         if path == format!("{api}/revision/main") {
-            let body = serde_json::json!({"id": REPO, "sha": COMMIT}).to_string();
+            let named = self.commit_named.lock().unwrap().clone();
+            let sha = named.unwrap_or_else(|| COMMIT.to_owned());
+            let body = serde_json::json!({"id": REPO, "sha": sha}).to_string();
             return reply(&mut conn, "200 OK", &[], body.as_bytes(), &method);
         }
         if path == format!("{api}/tree/{COMMIT}") {
@@ -534,6 +539,18 @@ fn hostile_hub_403_gated_says_to_accept_the_license() {
     }
     assert_eq!(model_requests(&hub).len(), 1);
     config_kept(dir.path());
+}
+
+#[test]
+fn hostile_hub_commit_id_that_names_a_path_is_refused_before_any_folder() {
+    let (hub, opts, dir) = hub_and_dir();
+    let outside = dir.path().join("escaped");
+    *hub.commit_named.lock().unwrap() = Some("../../escaped".into());
+    let err = run(&opts, false).0.unwrap_err();
+    hostile("hub commit id ../../escaped", &err, ErrorCode::Network);
+    assert!(err.to_string().contains("commit id"), "{err}");
+    assert!(!outside.exists());
+    assert!(model_requests(&hub).is_empty());
 }
 
 #[test]

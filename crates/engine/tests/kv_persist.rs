@@ -175,6 +175,8 @@ fn hostile_damaged_and_foreign_cache_files_are_coded_errors_that_lose_nothing() 
 
     let mut lying = header.clone();
     lying["layers"][0]["bytes"] = serde_json::json!(1u64 << 40);
+    let mut huge_margin = header.clone();
+    huge_margin["rewind_margin"] = serde_json::json!(u64::MAX);
     let mut lying_len = bytes.clone();
     lying_len[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
     let mut flipped = bytes.clone();
@@ -199,6 +201,11 @@ fn hostile_damaged_and_foreign_cache_files_are_coded_errors_that_lose_nothing() 
         (
             "header says a section of 1 TiB",
             join(&lying, &sections, 1),
+            ErrorCode::CacheCorrupt,
+        ),
+        (
+            "header says a rewind margin of 2^64-1 tokens",
+            join(&huge_margin, &sections, 1),
             ErrorCode::CacheCorrupt,
         ),
         (

@@ -65,6 +65,10 @@ pub struct LayerSection {
     pub crc32: u32,
 }
 
+/// The largest rewind margin a cache file may carry (the engine writes
+/// [`crate::REWIND_MARGIN`], 256).
+pub const MAX_REWIND_MARGIN: usize = 1 << 16;
+
 fn mismatch(what: impl std::fmt::Display) -> EngineError {
     EngineError::CacheMismatch(what.to_string())
 }
@@ -331,6 +335,14 @@ pub fn read_into(
             "{} token ids for {} tokens",
             header.tokens.len(),
             header.seq_len
+        )));
+    }
+    // Sliding layers keep this many tokens past their window: a value no engine writes would
+    // make them keep (and later allocate for) far more than the file holds.
+    if header.rewind_margin > MAX_REWIND_MARGIN {
+        return Err(corrupt(format!(
+            "a rewind margin of {} tokens (at most {MAX_REWIND_MARGIN})",
+            header.rewind_margin
         )));
     }
     let owned: Vec<usize> = (0..fresh.slots.len())

@@ -362,7 +362,19 @@ fn parse_side(spec: &str, s: &str) -> Result<Option<Bits>> {
     })
 }
 
+/// The longest SPEC read (one with every option, `tq3.5@sliding+haar+nc+s4294967295`, is 34
+/// bytes): a longer string is refused before it is parsed, and its error echoes only
+/// its start.
+pub const MAX_SPEC_BYTES: usize = 64;
+
 fn parse_spec(input: &str) -> Result<CacheSpec> {
+    if input.len() > MAX_SPEC_BYTES {
+        let head: String = input.chars().take(16).collect();
+        return Err(EngineError::invalid(format!(
+            "invalid cache spec `{head}…`: {} bytes, at most {MAX_SPEC_BYTES} (expected e.g. f16, tq4, tq3.5@all)",
+            input.len()
+        )));
+    }
     let text = input.trim().to_ascii_lowercase();
     let spec = text.as_str();
     if spec.is_empty() {
@@ -615,6 +627,15 @@ mod tests {
             Some(Variant::Prod)
         );
         Ok(())
+    }
+
+    #[test]
+    fn a_spec_past_its_length_is_refused_with_a_short_echo() {
+        assert!(CacheSpec::parse("tq3.5@sliding+haar+nc+s4294967295").is_ok());
+        let long = format!("tq4{}", "+nc".repeat(1_000_000));
+        let e = CacheSpec::parse(&long).unwrap_err().to_string();
+        assert!(e.contains("at most 64"), "{e}");
+        assert!(e.len() < 200, "{} bytes of error", e.len());
     }
 
     #[test]

@@ -93,10 +93,22 @@ fn safe_relative(repo: &str, path: &str) -> Result<PathBuf, SourceError> {
     Ok(p.to_path_buf())
 }
 
+/// `id` when it is a commit id as the Hub writes them (40 hex digits): only then does it
+/// become a folder name (a hostile answer or a tampered ref file could name `../..`).
+fn commit_id(id: &str) -> Option<&str> {
+    let id = id.trim();
+    (id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+/// The snapshot folder a finished download of `revision` recorded in its ref.
+fn recorded_snapshot(root: &Path, revision: &str) -> Option<PathBuf> {
+    let commit = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
+    Some(root.join(commit_id(&commit)?))
+}
+
 /// A snapshot completed earlier for `revision` (used when the Hub cannot be reached).
 fn completed_snapshot(root: &Path, revision: &str) -> Option<PathBuf> {
-    let commit = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
-    let dir = root.join(commit.trim());
+    let dir = recorded_snapshot(root, revision)?;
     dir.join(COMPLETE_MARKER).exists().then_some(dir)
 }
 
@@ -122,10 +134,9 @@ fn gguf_marker(quant: &str) -> String {
 
 /// A GGUF quantization completed earlier for `revision`: its (first) file.
 fn completed_gguf(root: &Path, revision: &str, quant: &str) -> Option<PathBuf> {
-    let commit = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
-    let dir = root.join(commit.trim());
+    let dir = recorded_snapshot(root, revision)?;
     let file = std::fs::read_to_string(dir.join(gguf_marker(quant))).ok()?;
-    let path = dir.join(file.trim());
+    let path = dir.join(safe_relative("", file.trim()).ok()?);
     path.is_file().then_some(path)
 }
 
@@ -315,9 +326,16 @@ async fn list_files(
     revision: &str,
 ) -> Result<Listing, HFError> {
     let info = handle.info().revision(revision.to_owned()).send().await?;
-    let commit = info.sha.ok_or_else(|| {
-        HFError::InvalidParameter(format!("the Hub gave no commit for revision {revision}"))
-    })?;
+    let commit = info
+        .sha
+        .as_deref()
+        .and_then(commit_id)
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            HFError::InvalidParameter(format!(
+                "the Hub gave no valid commit id (40 hex digits) for revision {revision}"
+            ))
+        })?;
     let stream = handle
         .list_tree()
         .revision(commit.clone())
@@ -362,6 +380,27 @@ mod tests {
     }
 
     #[test]
+    fn only_hex_commit_ids_become_folders() {
+        let sha = "0123456789abcdef0123456789ABCDEF01234567";
+        assert_eq!(commit_id(&format!("{sha}\n")), Some(sha));
+        for bad in [
+            "../../etc",
+            "",
+            "main",
+            &sha[..39],
+            &format!("{sha}0"),
+            "0123456789abcdef0123456789abcdef0123456/",
+        ] {
+            assert_eq!(commit_id(bad), None, "{bad}");
+        }
+        // A tampered ref file names no folder.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("refs")).unwrap();
+        std::fs::write(dir.path().join("refs/main"), "../../outside").unwrap();
+        assert_eq!(recorded_snapshot(dir.path(), "main"), None);
+    }
+
+    #[test]
     fn server_paths_cannot_escape_the_snapshot() {
         assert_eq!(
             safe_relative("a/b", "sub/x.json").unwrap(),
@@ -393,16 +432,17 @@ mod tests {
     #[test]
     fn a_finished_snapshot_is_found_by_its_ref() {
         let d = tempfile::tempdir().unwrap();
+        let sha = "0123456789abcdef0123456789abcdef01234567";
         assert_eq!(completed_snapshot(d.path(), "main"), None);
         std::fs::create_dir_all(d.path().join("refs")).unwrap();
-        std::fs::create_dir_all(d.path().join("abc")).unwrap();
-        std::fs::write(d.path().join("refs/main"), "abc\n").unwrap();
+        std::fs::create_dir_all(d.path().join(sha)).unwrap();
+        std::fs::write(d.path().join("refs/main"), format!("{sha}\n")).unwrap();
         // Not complete yet.
         assert_eq!(completed_snapshot(d.path(), "main"), None);
-        std::fs::write(d.path().join("abc").join(COMPLETE_MARKER), "abc").unwrap();
+        std::fs::write(d.path().join(sha).join(COMPLETE_MARKER), sha).unwrap();
         assert_eq!(
             completed_snapshot(d.path(), "main"),
-            Some(d.path().join("abc"))
+            Some(d.path().join(sha))
         );
     }
 }
