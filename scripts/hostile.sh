@@ -77,6 +77,24 @@ EXPECTED=(
   "rust|corrupt spill file|read_again"
   "rust|16 clients at once|all_served"
   "rust|client that leaves mid-prefill|cancelled"
+  "rust|panic in a request's step on the engine thread|internal"
+  "rust|header says a rewind margin of 2^64-1 tokens|cache_corrupt"
+  "rust|hub commit id ../../escaped|network"
+  "rust|max_tokens of 1e9|capped"
+  "rust|prompt over the server's --ctx|context_overflow"
+  "rust|262 KB chat message|context_overflow"
+  "rust|requests past a full queue while the engine is held|queue_full"
+  "rust|16 queued clients that leave|places_freed"
+  "rust|half a request head, then nothing|connection_closed"
+  "rust|a body that stops after 12 of 100 bytes|request_timeout"
+  "rust|Content-Length of 10 GiB|request_too_large"
+  "rust|connections over the limit|too_many_connections"
+  "rust|24 bodies of 8.3 MB at once|busy"
+  "rust|unknown field of 7.9 MB|skipped"
+  "rust|kv_cache SPEC of 7.9 MB|invalid_request"
+  "rust|2 MB prompt|context_overflow"
+  "rust|stop (Ctrl-C, the app's switch) with a stream open|cancelled"
+  "rust|61 reads of GET /v1/kv|no_side_effects"
   "e2e|message with <script>|not_run"
   "e2e|message with <img onerror>|not_run"
   "e2e|message with javascript: link|not_run"
@@ -105,8 +123,10 @@ if [ ${#logs[@]} -eq 0 ]; then
   fi
 fi
 
-# The ErrorCode vocabulary, from the generated bindings (the engine's enum).
+# The ErrorCode vocabulary, from the generated bindings (the engine's enum), and the server's
+# own HTTP codes (kvlab_server::error::HttpCode).
 codes=" $(grep -E '^export type ErrorCode = ' ui/src/lib/bindings.ts | grep -oE '"[a-z0-9_]+"' | tr -d '"' | tr '\n' ' ') "
+codes+="$(grep -oE 'HttpCode::[A-Za-z]+ => "[a-z_]+"' crates/server/src/error.rs | grep -oE '"[a-z_]+"' | tr -d '"' | tr '\n' ' ') "
 rows="$(cat "${logs[@]}" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -E '^HOSTILE .+ -> [a-z0-9_]+$' || true)"
 e2e_tallied=0
 grep -qE '^(ℹ tests|# tests) ' "${logs[@]}" 2>/dev/null && e2e_tallied=1

@@ -189,6 +189,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         cache: None,
         stop: Vec::new(),
         conversation: None,
+        context: None,
     };
     let ticket = engine.submit(request)?;
     let tty = std::io::stdout().is_terminal();

@@ -9,7 +9,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use clap::Args;
 use kvlab_engine::Engine;
-use kvlab_server::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use kvlab_server::{
+    Limits, ServerConfig, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_SERVER_MAX_TOKENS,
+};
 
 use crate::model_args::{kv_policy, ModelArgs};
 
@@ -33,12 +36,28 @@ pub struct ServeArgs {
     /// The KV cache requests run with unless they name one (`kv_cache`).
     #[arg(long, default_value = "f16")]
     kv: String,
-    /// Tokens of context the load is checked for (memory).
+    /// Tokens of context each request may reach, prompt and answer (the load is checked for
+    /// its memory): a longer prompt is refused with `context_overflow` before any work.
     #[arg(long, default_value_t = kvlab_engine::worker::DEFAULT_LOAD_CONTEXT)]
     ctx: usize,
+    /// Most tokens an answer may run to: a request's default, and the most it may ask.
+    #[arg(long, default_value_t = DEFAULT_SERVER_MAX_TOKENS)]
+    max_tokens: usize,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Bytes of request bodies read at once, all connections together (more: `busy`).
+    #[arg(long, default_value_t = DEFAULT_MAX_BUFFERED_BYTES)]
+    max_buffered_bytes: usize,
+    /// Connections open at once (one more is answered 503 and closed).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Seconds a connection has to send a request's head, and an idle one to send the next.
+    #[arg(long, default_value_t = DEFAULT_HEADER_TIMEOUT.as_secs_f64())]
+    header_timeout: f64,
+    /// Seconds of silence allowed within a request's body (then 408).
+    #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT.as_secs_f64())]
+    body_timeout: f64,
     /// KV bytes all conversations may hold in memory together (`512M`, `4G`; default: what
     /// the machine has available beside the weights).
     #[arg(long, value_parser = parse_size)]
@@ -81,6 +100,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((v * (1u64 << shift) as f64) as u64)
 }
 
+/// A timeout flag's seconds as a duration (positive, finite).
+fn seconds(s: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("{flag} {s}: a number of seconds above 0"))
+}
+
 /// Where spilled conversations go unless `--spill-dir` says.
 fn default_spill_dir() -> std::path::PathBuf {
     let cache = std::env::var_os("KVLAB_CACHE")
@@ -102,6 +129,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .filter(|k| !k.is_empty()),
         allowed_hosts: args.allow_host.clone(),
         max_body_bytes: args.max_body_bytes,
+        max_buffered_bytes: args.max_buffered_bytes,
+        max_connections: args.max_connections,
+        header_timeout: seconds(args.header_timeout, "--header-timeout")?,
+        body_timeout: seconds(args.body_timeout, "--body-timeout")?,
+        limits: Limits {
+            max_tokens: args.max_tokens.max(1),
+            context: Some(args.ctx),
+        },
         default_kv: Some(args.kv.clone()),
     }
     .checked()?;

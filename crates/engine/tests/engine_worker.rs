@@ -856,3 +856,92 @@ fn a_request_whose_client_left_is_cancelled_and_the_engine_goes_on() {
     );
     assert_eq!(next.done().1, expect[12..14]);
 }
+
+#[test]
+fn hostile_panic_in_a_step_ends_that_request_and_the_engine_goes_on() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let prompt = || Prompt::Ids {
+        ids: expect[..12].to_vec(),
+    };
+    run(&s.engine, greedy(prompt(), 3));
+    // A request whose sink panics at its first token: the panic happens on the engine
+    // thread, inside the step that sampled the token.
+    let (tx, rx) = mpsc::channel();
+    let mut panicked = false;
+    let _ticket = s
+        .engine
+        .submit_with(
+            GenerateRequest {
+                conversation: Some(kvlab_engine::events::ConversationChoice::Id {
+                    id: ConversationId::new("victim").expect("id"),
+                }),
+                ..greedy(prompt(), 5)
+            },
+            move |ev| {
+                if matches!(ev, Event::Token { .. }) && !panicked {
+                    panicked = true;
+                    panic!("injected: a sink that panics");
+                }
+                tx.send(ev).is_ok()
+            },
+        )
+        .expect("submit");
+    let ended = rx.recv().expect("an end");
+    let Event::Error { code, message } = &ended else {
+        panic!("expected an error, got {ended:?}")
+    };
+    assert_eq!(*code, ErrorCode::Internal);
+    assert!(message.contains("injected"), "{message}");
+    writeln!(
+        std::io::stderr().lock(),
+        "{}",
+        format_args!("HOSTILE panic in a request's step on the engine thread -> {code}")
+    )
+    .ok();
+    // The model is still loaded, the other conversation's cache kept, and the next
+    // requests are served exactly.
+    assert!(s.engine.status().model.is_some());
+    let again = run(&s.engine, greedy(prompt(), 3));
+    assert_eq!(again.done().1, expect[12..15]);
+    assert_eq!(again.stats().reused_tokens, 11);
+    let victim = run(
+        &s.engine,
+        GenerateRequest {
+            conversation: Some(kvlab_engine::events::ConversationChoice::Id {
+                id: ConversationId::new("victim").expect("id"),
+            }),
+            ..greedy(prompt(), 3)
+        },
+    );
+    assert_eq!(victim.done().1, expect[12..15]);
+}
+
+#[test]
+fn a_requests_own_context_limit_refuses_a_longer_prompt_and_ends_its_answer() {
+    let s = setup("tiny_gemma3");
+    let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
+    let limited = |n: usize, max_tokens: usize, context: usize| GenerateRequest {
+        context: Some(context),
+        ..greedy(
+            Prompt::Ids {
+                ids: expect[..n].to_vec(),
+            },
+            max_tokens,
+        )
+    };
+    let (code, message) = run(&s.engine, limited(12, 3, 10)).error();
+    assert_eq!(code, ErrorCode::ContextOverflow);
+    assert!(
+        message.contains("12") && message.contains("10"),
+        "{message}"
+    );
+    // 12 tokens of prompt in a context of 16: 4 answer tokens fill it and a fifth is
+    // sampled from the last (never run), as at the end of the model's own context.
+    let r = run(&s.engine, limited(12, 100, 16));
+    let (reason, ids) = r.done();
+    assert_eq!(reason, DoneReason::Length);
+    assert_eq!(ids, expect[12..17]);
+    // A limit past the model's own context is the model's.
+    assert_eq!(limited(12, 1, 1 << 20).context_limit(256), 256);
+}

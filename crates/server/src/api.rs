@@ -1,15 +1,19 @@
 //! The OpenAI wire format this server speaks (chat completions, completions, models), plus
 //! KV Lab's own fields: a request's `kv_cache` (any cache SPEC) and the cache's bytes in
-//! `usage`. Requests are read leniently (clients send fields we ignore) but a field that asks
-//! for something we do not do (`n > 1`, penalties, logprobs) is refused, not ignored.
+//! `usage`. Requests are read leniently (clients send fields we ignore, skipped unbuffered)
+//! but a field that asks for something we do not do (`n > 1`, penalties, logprobs) is
+//! refused, not ignored; every list is bounded as it is read.
 
 use kvlab_engine::chat::{Message, Role};
 use kvlab_engine::events::{CacheOrigin, ConversationChoice, ConversationId, GenStats};
 use kvlab_engine::generate::stop::MAX_STOPS;
-use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
+use std::marker::PhantomData;
+
+use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::sampling::SamplingParams;
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::ApiError;
 
@@ -17,15 +21,120 @@ use crate::error::ApiError;
 /// the app's own conversations, whatever it names.
 pub const CONVERSATION_PREFIX: &str = "api:";
 
-/// A message's content: a string, or OpenAI's list of parts (only text parts are read).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
+/// A bound on a list in a request: a list is read item by item and refused at its
+/// `MAX + 1`th, before more is read (a body of many tiny items would otherwise take many
+/// times its size in memory).
+pub trait ListBound {
+    const MAX: usize;
+    /// What the list holds, for the refusal.
+    const WHAT: &'static str;
 }
 
-/// One part of a message's content.
+/// Messages of a chat request (a long conversation is some hundreds).
+#[derive(Debug)]
+pub struct Messages;
+impl ListBound for Messages {
+    const MAX: usize = 65_536;
+    const WHAT: &'static str = "messages";
+}
+
+/// Content parts of one message.
+#[derive(Debug)]
+pub struct Parts;
+impl ListBound for Parts {
+    const MAX: usize = 4_096;
+    const WHAT: &'static str = "content parts in a message";
+}
+
+/// Stop strings.
+#[derive(Debug)]
+pub struct Stops;
+impl ListBound for Stops {
+    const MAX: usize = MAX_STOPS;
+    const WHAT: &'static str = "stop sequences";
+}
+
+/// Prompts of a completion request (one answer per request).
+#[derive(Debug)]
+pub struct Prompts;
+impl ListBound for Prompts {
+    const MAX: usize = 1;
+    const WHAT: &'static str = "prompts (one string per request)";
+}
+
+/// A JSON list of at most `K::MAX` items.
+pub struct Bounded<T, K>(pub Vec<T>, PhantomData<K>);
+
+impl<T: std::fmt::Debug, K> std::fmt::Debug for Bounded<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+struct BoundedVisitor<T, K>(PhantomData<(T, K)>);
+
+impl<'de, T: Deserialize<'de>, K: ListBound> Visitor<'de> for BoundedVisitor<T, K> {
+    type Value = Bounded<T, K>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a list of at most {} {}", K::MAX, K::WHAT)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(K::MAX).min(64));
+        while let Some(item) = seq.next_element()? {
+            if items.len() == K::MAX {
+                return Err(A::Error::invalid_length(K::MAX + 1, &self));
+            }
+            items.push(item);
+        }
+        Ok(Bounded(items, PhantomData))
+    }
+}
+
+impl<'de, T: Deserialize<'de>, K: ListBound> Deserialize<'de> for Bounded<T, K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(BoundedVisitor(PhantomData))
+    }
+}
+
+/// One string, or a list of at most `K::MAX` items (`content`, `stop`, `prompt`), read
+/// without buffering (serde's untagged enums copy the whole value first).
+#[derive(Debug)]
+pub enum TextOr<T, K> {
+    Text(String),
+    List(Bounded<T, K>),
+}
+
+struct TextOrVisitor<T, K>(PhantomData<(T, K)>);
+
+impl<'de, T: Deserialize<'de>, K: ListBound> Visitor<'de> for TextOrVisitor<T, K> {
+    type Value = TextOr<T, K>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a string or a list of at most {} {}", K::MAX, K::WHAT)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(TextOr::Text(v.to_owned()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(TextOr::Text(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        BoundedVisitor(PhantomData).visit_seq(seq).map(TextOr::List)
+    }
+}
+
+impl<'de, T: Deserialize<'de>, K: ListBound> Deserialize<'de> for TextOr<T, K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextOrVisitor(PhantomData))
+    }
+}
+
+/// One part of a message's content (only text parts are read).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
@@ -35,22 +144,15 @@ pub struct ContentPart {
 }
 
 /// One message of a chat request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
+    /// A string, or OpenAI's list of parts.
     #[serde(default)]
-    pub content: Option<Content>,
+    pub content: Option<TextOr<ContentPart, Parts>>,
     /// A previous answer's thinking, as llama-server and vLLM send it back.
     #[serde(default)]
     pub reasoning_content: Option<String>,
-}
-
-/// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum StopField {
-    One(String),
-    Many(Vec<String>),
 }
 
 /// `stream_options`.
@@ -67,9 +169,15 @@ pub struct TemplateKwargs {
     pub enable_thinking: Option<bool>,
 }
 
-/// The settings both endpoints share.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct Common {
+/// The body of either endpoint, `POST /v1/chat/completions` (`messages`) and
+/// `POST /v1/completions` (`prompt`): one flat struct, so a field we do not know is skipped
+/// as it is read, never buffered.
+#[derive(Debug, Default, Deserialize)]
+pub struct RequestBody {
+    #[serde(default)]
+    pub messages: Option<Bounded<ChatMessageIn, Messages>>,
+    #[serde(default)]
+    pub prompt: Option<TextOr<String, Prompts>>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -83,7 +191,7 @@ pub struct Common {
     #[serde(default)]
     pub max_completion_tokens: Option<usize>,
     #[serde(default)]
-    pub stop: Option<StopField>,
+    pub stop: Option<TextOr<String, Stops>>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -106,35 +214,34 @@ pub struct Common {
     /// without one, the one its prompt continues, else a new one.
     #[serde(default)]
     pub conversation: Option<String>,
-}
-
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatRequest {
-    pub messages: Vec<ChatMessageIn>,
-    #[serde(flatten)]
-    pub common: Common,
     #[serde(default)]
     pub reasoning_effort: Option<String>,
     #[serde(default)]
     pub chat_template_kwargs: Option<TemplateKwargs>,
 }
 
-/// `prompt`: one string or a list of exactly one.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum PromptField {
-    One(String),
-    Many(Vec<String>),
+/// What the server allows every request (`kvlab serve --max-tokens`, `--ctx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Tokens an answer may run to: a request's own default, and its most (a larger
+    /// `max_tokens` is cut to it, as llama-server cuts it to its `-n`).
+    pub max_tokens: usize,
+    /// Tokens of context a request may reach, prompt and answer (`None`: the model's): a
+    /// longer prompt is refused before any work, an answer ends where it runs out.
+    pub context: Option<usize>,
 }
 
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    pub prompt: PromptField,
-    #[serde(flatten)]
-    pub common: Common,
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_tokens: DEFAULT_SERVER_MAX_TOKENS,
+            context: None,
+        }
+    }
 }
+
+/// The most tokens an answer may run to unless the server is told otherwise.
+pub const DEFAULT_SERVER_MAX_TOKENS: usize = 2048;
 
 /// What a request asks of the engine, checked.
 #[derive(Debug, Clone)]
@@ -145,12 +252,17 @@ pub struct Planned {
     pub include_usage: bool,
 }
 
-impl Common {
+impl RequestBody {
     /// Sampling, limits, stops, cache and conversation (named in the body, else by
-    /// `header`, the `X-Conversation` header), checked; `prompt` is what to continue. A
-    /// request that names no cache runs with its conversation's (a new conversation gets the
-    /// server's default, `kvlab serve --kv`).
-    pub fn plan(&self, prompt: Prompt, header: Option<&str>) -> Result<Planned, ApiError> {
+    /// `header`, the `X-Conversation` header), checked against `limits`; `prompt` is what to
+    /// continue. A request that names no cache runs with its conversation's (a new
+    /// conversation gets the server's default, `kvlab serve --kv`).
+    pub fn plan(
+        &mut self,
+        prompt: Prompt,
+        header: Option<&str>,
+        limits: Limits,
+    ) -> Result<Planned, ApiError> {
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid("n must be 1: one answer per request"));
         }
@@ -179,32 +291,28 @@ impl Common {
         sampling
             .validate()
             .map_err(|e| ApiError::invalid(e.to_string()))?;
-        let max_tokens = self
-            .max_completion_tokens
-            .or(self.max_tokens)
-            .unwrap_or(DEFAULT_MAX_TOKENS);
-        if max_tokens == 0 {
+        let asked = self.max_completion_tokens.or(self.max_tokens);
+        if asked == Some(0) {
             return Err(ApiError::invalid("max_tokens must be at least 1"));
         }
-        let stops = match &self.stop {
+        let max_tokens = asked
+            .unwrap_or(limits.max_tokens)
+            .min(limits.max_tokens)
+            .max(1);
+        let stops = match self.stop.take() {
             None => Vec::new(),
-            Some(StopField::One(s)) => vec![s.clone()],
-            Some(StopField::Many(v)) => v.clone(),
+            Some(TextOr::Text(s)) => vec![s],
+            Some(TextOr::List(v)) => v.0,
         };
-        if stops.len() > MAX_STOPS {
-            return Err(ApiError::invalid(format!(
-                "at most {MAX_STOPS} stop sequences, got {}",
-                stops.len()
-            )));
-        }
         let cache = match self.kv_cache.as_deref() {
             None => None,
             Some(spec) => {
                 let selection = CacheSelection::Spec(spec.to_string());
-                // Checked here, so a bad SPEC is a 400 before the request waits in the queue.
+                // Checked here, so a bad SPEC is a 400 before the request waits in the queue
+                // (the engine refuses a long one before parsing it, with a short echo).
                 selection
                     .policy()
-                    .map_err(|e| ApiError::invalid(format!("kv_cache {spec:?}: {e}")))?;
+                    .map_err(|e| ApiError::invalid(format!("kv_cache: {e}")))?;
                 Some(selection)
             }
         };
@@ -227,6 +335,7 @@ impl Common {
                 cache,
                 stop: stops.clone(),
                 conversation: Some(conversation),
+                context: limits.context,
             },
             stops,
             stream: self.stream,
@@ -236,30 +345,30 @@ impl Common {
                 .is_some_and(|o| o.include_usage),
         })
     }
-}
 
-impl ChatRequest {
-    /// The conversation as the engine's prompt (rendered by the model's own template).
-    pub fn prompt(&self) -> Result<Prompt, ApiError> {
-        if self.messages.is_empty() {
+    /// The chat request's conversation as the engine's prompt (rendered by the model's own
+    /// template); the messages are moved out, not copied.
+    pub fn chat_prompt(&mut self) -> Result<Prompt, ApiError> {
+        let listed = self.messages.take().map(|m| m.0).unwrap_or_default();
+        if listed.is_empty() {
             return Err(ApiError::invalid("messages must not be empty"));
         }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.iter().enumerate() {
+        let mut messages = Vec::with_capacity(listed.len());
+        for (i, m) in listed.into_iter().enumerate() {
             let role = Role::from_openai(&m.role).ok_or_else(|| {
                 ApiError::invalid(format!(
                     "messages[{i}].role {:?} is not one of system, developer, user, assistant",
                     m.role
                 ))
             })?;
-            let content = match &m.content {
+            let content = match m.content {
                 None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
+                Some(TextOr::Text(t)) => t,
+                Some(TextOr::List(parts)) => {
                     let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
+                    for p in parts.0 {
+                        match (p.kind.as_str(), p.text) {
+                            ("text", Some(t)) => text.push_str(&t),
                             (kind, _) => {
                                 return Err(ApiError::invalid(format!(
                                     "messages[{i}]: content parts of type {kind:?} are not supported (text only)"
@@ -273,7 +382,7 @@ impl ChatRequest {
             messages.push(Message {
                 role,
                 content,
-                thinking: m.reasoning_content.clone(),
+                thinking: m.reasoning_content,
             });
         }
         Ok(Prompt::Conversation {
@@ -294,20 +403,13 @@ impl ChatRequest {
         }
         matches!(self.reasoning_effort.as_deref(), Some(e) if e != "none" && e != "minimal")
     }
-}
 
-impl CompletionRequest {
-    /// The text to continue.
-    pub fn prompt(&self) -> Result<Prompt, ApiError> {
-        let text = match &self.prompt {
-            PromptField::One(s) => s.clone(),
-            PromptField::Many(v) if v.len() == 1 => v[0].clone(),
-            PromptField::Many(v) => {
-                return Err(ApiError::invalid(format!(
-                    "prompt must be one string (got a list of {})",
-                    v.len()
-                )))
-            }
+    /// The completion request's text to continue.
+    pub fn text_prompt(&mut self) -> Result<Prompt, ApiError> {
+        let text = match self.prompt.take() {
+            Some(TextOr::Text(s)) => s,
+            Some(TextOr::List(v)) => v.0.into_iter().next().unwrap_or_default(),
+            None => return Err(ApiError::invalid("prompt is required")),
         };
         Ok(Prompt::Text { text })
     }
@@ -375,20 +477,26 @@ impl From<&GenStats> for Usage {
 mod tests {
     use super::*;
 
-    fn chat(json: serde_json::Value) -> ChatRequest {
-        serde_json::from_value(json).expect("a chat request")
+    fn body(json: serde_json::Value) -> RequestBody {
+        serde_json::from_value(json).expect("a request")
+    }
+
+    fn planned(json: serde_json::Value) -> Result<Planned, ApiError> {
+        let mut r = body(json);
+        let prompt = r.chat_prompt()?;
+        r.plan(prompt, None, Limits::default())
     }
 
     #[test]
     fn a_chat_request_becomes_the_engines_conversation_and_settings() {
-        let r = chat(serde_json::json!({
+        let planned = planned(serde_json::json!({
             "model": "m", "messages": [
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
             "temperature": 0, "max_completion_tokens": 7, "stop": "\n", "seed": 3,
-            "kv_cache": "tq4", "user": "ignored"
-        }));
-        let planned = r.common.plan(r.prompt().unwrap(), None).unwrap();
+            "kv_cache": "tq4", "user": "ignored", "unknown": {"deep": [1, 2, {"x": null}]}
+        }))
+        .unwrap();
         let Prompt::Conversation { messages, thinking } = &planned.request.prompt else {
             panic!("{:?}", planned.request.prompt)
         };
@@ -414,14 +522,50 @@ mod tests {
             serde_json::json!({"messages": [{"role": "user", "content": "x"}], "kv_cache": "tq9"}),
             serde_json::json!({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}),
             serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": -1}),
-            serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": ["a","b","c","d","e"]}),
+            serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            serde_json::json!({"messages": [{"role": "tool", "content": "x"}]}),
+            serde_json::json!({"messages": []}),
         ] {
-            let r = chat(bad.clone());
-            let e = r.common.plan(r.prompt().unwrap(), None).unwrap_err();
+            let e = planned(bad.clone()).unwrap_err();
             assert_eq!(e.code, "invalid_request", "{bad}");
         }
-        let r = chat(serde_json::json!({"messages": [{"role": "tool", "content": "x"}]}));
-        assert_eq!(r.prompt().unwrap_err().code, "invalid_request");
+    }
+
+    #[test]
+    fn lists_past_their_bound_are_refused_as_they_are_read() {
+        let five_stops = serde_json::json!({"messages": [], "stop": ["a","b","c","d","e"]});
+        let e = serde_json::from_value::<RequestBody>(five_stops).unwrap_err();
+        assert!(e.to_string().contains("at most 4 stop sequences"), "{e}");
+        let two_prompts = serde_json::json!({"prompt": ["a", "b"]});
+        let e = serde_json::from_value::<RequestBody>(two_prompts).unwrap_err();
+        assert!(e.to_string().contains("one string per request"), "{e}");
+        let parts = vec![serde_json::json!({"type": "text", "text": "a"}); Parts::MAX + 1];
+        let many = serde_json::json!({"messages": [{"role": "user", "content": parts}]});
+        assert!(serde_json::from_value::<RequestBody>(many).is_err());
+        let ok = serde_json::json!({"prompt": ["one"], "stop": ["a","b","c","d"]});
+        let mut r = body(ok);
+        assert!(matches!(r.text_prompt(), Ok(Prompt::Text { text }) if text == "one"));
+    }
+
+    #[test]
+    fn max_tokens_defaults_to_the_servers_and_is_cut_to_it() {
+        let limits = Limits {
+            max_tokens: 100,
+            context: Some(4096),
+        };
+        let plan = |extra: serde_json::Value| {
+            let mut j = serde_json::json!({"prompt": "x"});
+            for (k, v) in extra.as_object().unwrap() {
+                j[k] = v.clone();
+            }
+            let mut r = body(j);
+            let p = r.text_prompt().unwrap();
+            r.plan(p, None, limits).unwrap().request
+        };
+        assert_eq!(plan(serde_json::json!({})).max_tokens, 100);
+        assert_eq!(plan(serde_json::json!({"max_tokens": 7})).max_tokens, 7);
+        let huge = plan(serde_json::json!({"max_tokens": 1_000_000_000u64}));
+        assert_eq!((huge.max_tokens, huge.context), (100, Some(4096)));
     }
 
     #[test]
@@ -430,9 +574,9 @@ mod tests {
         let with = |k: &str, v: serde_json::Value| {
             let mut j = base.clone();
             j[k] = v;
-            chat(j).thinking()
+            body(j).thinking()
         };
-        assert!(!chat(base.clone()).thinking());
+        assert!(!body(base.clone()).thinking());
         assert!(with("reasoning_effort", "high".into()));
         assert!(!with("reasoning_effort", "none".into()));
         assert!(with(

@@ -8,8 +8,34 @@ use axum::Json;
 use kvlab_engine::events::ErrorCode;
 use kvlab_engine::worker::JobError;
 
+/// The longest error message sent: what a client sent is never echoed at length.
+pub const MAX_MESSAGE_BYTES: usize = 512;
+
 /// Seconds a client is told to wait before retrying a full queue.
 pub const RETRY_AFTER_S: u64 = 1;
+
+/// The server's own codes, for what only HTTP can get wrong; every other code is an engine
+/// [`ErrorCode`]'s. (`scripts/hostile.sh` reads this list for its vocabulary.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpCode {
+    Unauthorized,
+    ForbiddenHost,
+    RequestTooLarge,
+    RequestTimeout,
+    TooManyConnections,
+}
+
+impl HttpCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpCode::Unauthorized => "unauthorized",
+            HttpCode::ForbiddenHost => "forbidden_host",
+            HttpCode::RequestTooLarge => "request_too_large",
+            HttpCode::RequestTimeout => "request_timeout",
+            HttpCode::TooManyConnections => "too_many_connections",
+        }
+    }
+}
 
 /// A refused or failed request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,20 +43,29 @@ pub const RETRY_AFTER_S: u64 = 1;
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// The stable code (an engine [`ErrorCode`]'s string, or one of the server's own:
-    /// `unauthorized`, `forbidden_host`).
+    /// The stable code: an engine [`ErrorCode`]'s string, or an [`HttpCode`]'s.
     pub code: String,
     /// For a person.
     pub message: String,
 }
 
 impl ApiError {
-    /// An error with this status and code.
+    /// An error with this status and code; a message over [`MAX_MESSAGE_BYTES`] (one that
+    /// quotes what the client sent) is cut there.
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE_BYTES {
+            let mut end = MAX_MESSAGE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
         Self {
             status,
             code: code.to_string(),
-            message: message.into(),
+            message,
         }
     }
 
@@ -86,7 +121,10 @@ impl From<JobError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
@@ -111,5 +149,16 @@ mod tests {
         assert_eq!(overflow.status, StatusCode::BAD_REQUEST);
         assert_eq!(overflow.body()["error"]["code"], "context_overflow");
         assert_eq!(overflow.body()["error"]["message"], "too long");
+    }
+
+    #[test]
+    fn a_message_quoting_the_client_is_cut_short() {
+        let e = ApiError::invalid(format!("bad value {:?}", "é".repeat(1 << 20)));
+        assert!(e.message.len() <= MAX_MESSAGE_BYTES + '…'.len_utf8());
+        assert!(
+            e.message.starts_with("bad value \"é"),
+            "{}",
+            &e.message[..20]
+        );
     }
 }

@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, HttpCode};
 use crate::AppState;
 
 /// Host names always accepted (with any port).
@@ -43,7 +43,7 @@ pub fn check(headers: &HeaderMap, allowed: &[String], key: Option<&str>) -> Resu
     if !host_allowed(host, allowed) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "forbidden_host",
+            HttpCode::ForbiddenHost.as_str(),
             format!("Host {host:?} is not this server's: requests must name 127.0.0.1, localhost or a host given with --allow-host"),
         ));
     }
@@ -56,7 +56,7 @@ pub fn check(headers: &HeaderMap, allowed: &[String], key: Option<&str>) -> Resu
         if !same_key(given.as_bytes(), key.as_bytes()) {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                HttpCode::Unauthorized.as_str(),
                 "a valid API key is required: Authorization: Bearer <key>",
             ));
         }

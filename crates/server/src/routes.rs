@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -17,22 +16,12 @@ use kvlab_engine::JobError;
 use serde_json::{json, Value};
 
 use crate::answer::{Answer, Collected, Piece};
-use crate::api::{ChatRequest, CompletionRequest, Planned, Usage};
+use crate::api::{Planned, RequestBody, Usage};
+use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::AppState;
 
 type Shared = State<Arc<AppState>>;
-
-/// A body that is not the JSON we expect (or is over the size cap), in OpenAI's shape.
-fn rejected(r: JsonRejection) -> ApiError {
-    let status = r.status();
-    let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        "request_too_large"
-    } else {
-        ErrorCode::InvalidRequest.as_str()
-    };
-    ApiError::new(status, code, r.body_text())
-}
 
 /// The loaded model's name, if the request names it (or names none).
 fn served_model(state: &AppState, requested: Option<&str>) -> Result<String, ApiError> {
@@ -117,14 +106,16 @@ fn conversation_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 pub async fn chat(
     State(state): Shared,
     headers: HeaderMap,
-    body: Result<Json<ChatRequest>, JsonRejection>,
+    body: Result<JsonBody<RequestBody>, ApiError>,
 ) -> Response {
     state.counters.chat_requests.fetch_add(1, Ordering::Relaxed);
     let answered = async {
-        let Json(req) = body.map_err(rejected)?;
-        let model = served_model(&state, req.common.model.as_deref())?;
+        let JsonBody(mut req) = body?;
+        let model = served_model(&state, req.model.as_deref())?;
         let named = conversation_header(&headers)?;
-        let planned = req.common.plan(req.prompt()?, named.as_deref())?;
+        let prompt = req.chat_prompt()?;
+        let planned = req.plan(prompt, named.as_deref(), state.config.limits)?;
+        drop(req);
         respond(&state, Endpoint::Chat, model, planned).await
     }
     .await;
@@ -135,21 +126,32 @@ pub async fn chat(
 pub async fn completions(
     State(state): Shared,
     headers: HeaderMap,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
+    body: Result<JsonBody<RequestBody>, ApiError>,
 ) -> Response {
     state
         .counters
         .completion_requests
         .fetch_add(1, Ordering::Relaxed);
     let answered = async {
-        let Json(req) = body.map_err(rejected)?;
-        let model = served_model(&state, req.common.model.as_deref())?;
+        let JsonBody(mut req) = body?;
+        let model = served_model(&state, req.model.as_deref())?;
         let named = conversation_header(&headers)?;
-        let planned = req.common.plan(req.prompt()?, named.as_deref())?;
+        let prompt = req.text_prompt()?;
+        let planned = req.plan(prompt, named.as_deref(), state.config.limits)?;
+        drop(req);
         respond(&state, Endpoint::Completions, model, planned).await
     }
     .await;
     answered.unwrap_or_else(|e| failed(&state, e))
+}
+
+/// What a request in flight gets when the server stops.
+fn stopping() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::EngineStopped.as_str(),
+        "the server is stopping",
+    )
 }
 
 fn failed(state: &AppState, e: ApiError) -> Response {
@@ -285,7 +287,10 @@ async fn respond(
         .await
         .map_err(|e| ApiError::from(JobError::new(ErrorCode::Internal, e.to_string())))??;
     if !planned.stream {
-        let collected = answer.collect().await?;
+        let collected = tokio::select! {
+            collected = answer.collect() => collected?,
+            () = state.closing() => return Err(stopping()),
+        };
         if let Some(s) = &collected.stats {
             state.counters.tokens(s.prompt_tokens, s.generated_tokens);
         }
@@ -293,10 +298,13 @@ async fn respond(
     }
     // The first piece decides the status: a request that fails before its first token (a
     // prompt too long, a cache that does not fit) is an HTTP error, not a broken stream.
-    let first = match answer.next().await {
-        Some(Err(e)) => return Err(e),
-        Some(Ok(piece)) => piece,
-        None => return Err(ApiError::from(JobError::stopped())),
+    let first = tokio::select! {
+        first = answer.next() => match first {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(piece)) => piece,
+            None => return Err(ApiError::from(JobError::stopped())),
+        },
+        () = state.closing() => return Err(stopping()),
     };
     let include_usage = planned.include_usage;
     let opening = match endpoint {
@@ -310,7 +318,15 @@ async fn respond(
             let (mut answer, first) = st?;
             let piece = match first {
                 Some(p) => Some(Ok(p)),
-                None => answer.next().await,
+                // The server stopping ends the stream at once: a last chunk says so, and the
+                // answer (so the engine's request) is dropped.
+                None => tokio::select! {
+                    piece = answer.next() => piece,
+                    () = counters.closing() => Some(Ok(Piece::End {
+                        finish_reason: "cancelled",
+                        stats: None,
+                    })),
+                },
             };
             let piece = piece?;
             if let Ok(Piece::End { stats: Some(s), .. }) = &piece {

@@ -2,137 +2,17 @@
 //! streamed (the stream adds up to the whole answer), a request's own KV cache with its
 //! exact bytes back, stop strings, and each refusal with its status and code.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+mod common;
 
-use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use common::{chat, post, request, Reply, Server};
 use kvlab_server::ServerConfig;
 use serde_json::{json, Value};
 
-fn tiny_gguf() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/gguf/tiny_gemma3.f32.gguf")
-}
-
-struct Server {
-    addr: SocketAddr,
-    engine: EngineHandle,
-    _runtime: tokio::runtime::Runtime,
-}
-
 fn start(max_body_bytes: usize) -> Server {
-    let engine = Engine::spawn().expect("engine");
-    engine
-        .submit(LoadRequest {
-            policy: PrecisionPolicy::uniform(KvPrecision::F16),
-            ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
-        })
-        .and_then(|t| t.wait(|_| true))
-        .expect("load the tiny model");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let config = ServerConfig {
+    common::start(ServerConfig {
         max_body_bytes,
-        default_kv: Some("f16".into()),
         ..ServerConfig::local(0)
-    };
-    let listener = runtime.block_on(kvlab_server::bind(&config)).expect("bind");
-    let addr = listener.local_addr().expect("address");
-    runtime.spawn(kvlab_server::serve(
-        listener,
-        engine.clone(),
-        config,
-        std::future::pending(),
-    ));
-    Server {
-        addr,
-        engine,
-        _runtime: runtime,
-    }
-}
-
-/// A response: status, lower-cased headers, body (de-chunked).
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-    /// The `data:` payloads of a server-sent event stream.
-    fn events(&self) -> Vec<String> {
-        self.body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-}
-
-fn dechunk(mut raw: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = raw.split_once("\r\n").expect("chunk size line");
-        let n = usize::from_str_radix(size.trim(), 16).expect("hex size");
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        raw = &rest[n + 2..];
-    }
-}
-
-fn request(addr: SocketAddr, method: &str, path: &str, host: &str, body: &str) -> Reply {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write");
-    s.write_all(body.as_bytes()).expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
-    let raw = String::from_utf8(raw).expect("utf-8");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status");
-    let headers = head.to_ascii_lowercase();
-    let body = if headers.contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Reply {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
-    request(addr, "POST", path, "127.0.0.1", &body.to_string())
-}
-
-fn chat(extra: Value) -> Value {
-    let mut body = json!({
-        "model": "tiny_gemma3.f32.gguf",
-        "messages": [{"role": "user", "content": "Tell me about the sea."}],
-        "temperature": 0, "max_tokens": 12,
-    });
-    for (k, v) in extra.as_object().expect("object") {
-        body[k] = v.clone();
-    }
-    body
+    })
 }
 
 #[test]

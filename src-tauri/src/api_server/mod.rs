@@ -1,6 +1,8 @@
 //! The app's switch for KV Lab's local OpenAI-compatible server (kvlab-server): started on
 //! the app's own engine, so clients use the model the app has loaded; loopback only, as the
-//! app never asks for a key. Stopping it ends every open request's stream.
+//! app never asks for a key. Stopping it is the server's own stop, as Ctrl-C is for `kvlab
+//! serve`: each open stream gets a last chunk (`finish_reason: "cancelled"`) and every
+//! connection is closed within `kvlab_server::SHUTDOWN_GRACE` (2 s).
 
 use std::sync::Mutex;
 
@@ -95,7 +97,7 @@ pub async fn server_start(
     Ok(server.info())
 }
 
-/// Stops the server (open streams end).
+/// Stops the server: open streams end with `cancelled`, connections close within 2 s.
 #[tauri::command]
 pub fn server_stop(server: State<'_, ApiServer>) -> ServerInfo {
     if let Some(r) = server

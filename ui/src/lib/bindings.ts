@@ -474,7 +474,13 @@ stop?: Array<string>,
 /**
  * The conversation it runs in (`None`: the default one).
  */
-conversation?: ConversationChoice, };
+conversation?: ConversationChoice, 
+/**
+ * Tokens of context the turn may reach, prompt and answer together, when less than the
+ * model's (a server's `--ctx`): a longer prompt is refused before any work, and the
+ * answer ends (`length`) where the context does. `None`: the model's whole context.
+ */
+context?: number, };
 
 export type GgufQuant = { 
 /**

@@ -150,6 +150,12 @@ pub struct GenerateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub conversation: Option<ConversationChoice>,
+    /// Tokens of context the turn may reach, prompt and answer together, when less than the
+    /// model's (a server's `--ctx`): a longer prompt is refused before any work, and the
+    /// answer ends (`length`) where the context does. `None`: the model's whole context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub context: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -163,7 +169,13 @@ impl GenerateRequest {
             cache: None,
             stop: Vec::new(),
             conversation: None,
+            context: None,
         }
+    }
+
+    /// Tokens of context this request may reach on a model of `model_context`.
+    pub fn context_limit(&self, model_context: usize) -> usize {
+        self.context.map_or(model_context, |c| c.min(model_context))
     }
 
     /// Refuses what no model could run: no tokens asked for, too many or too long stop

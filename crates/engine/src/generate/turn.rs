@@ -48,7 +48,7 @@ impl Turn {
         (conversation, origin): (ConversationId, CacheOrigin),
     ) -> Result<Self, GenerateError> {
         request.check()?;
-        let max_context = model.config().max_position_embeddings;
+        let max_context = request.context_limit(model.config().max_position_embeddings);
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }

@@ -2,7 +2,9 @@
 //! [`MAX_RUNNING`] run (one per conversation), steps the running ones in turn, answers
 //! control jobs between steps, and keeps the shared status snapshot current.
 
+use std::any::Any;
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
@@ -91,6 +93,16 @@ fn loading(phase: LoadPhase) -> Event {
     }
 }
 
+/// What a panic said (its `&str` or `String` payload).
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    text.chars().take(200).collect()
+}
+
 /// The `done` of a request that never ran.
 fn never_ran() -> Event {
     Event::Done {
@@ -116,30 +128,73 @@ impl Worker {
         }
     }
 
+    /// The loop, until a shutdown or every handle is gone. A panic in a step ends that
+    /// request alone ([`Worker::step_next`]); one anywhere else ends the requests in flight
+    /// with `internal` and the loop goes on, the model still loaded.
     pub(super) fn run(mut self) {
         loop {
-            if self.tasks.is_empty() && self.waiting.is_empty() {
-                match self.rx.recv() {
-                    Ok(job) => {
-                        if !self.take(job) {
-                            return self.stop();
-                        }
-                    }
-                    // Every handle is gone.
-                    Err(_) => return self.stop(),
-                }
+            match catch_unwind(AssertUnwindSafe(|| self.iteration())) {
+                Ok(true) => {}
+                Ok(false) => return self.stop(),
+                Err(panic) => self.recover(&panic_message(&*panic)),
             }
-            while let Ok(job) = self.rx.try_recv() {
-                if !self.take(job) {
-                    return self.stop();
-                }
-            }
-            self.start_waiting();
-            if !self.tasks.is_empty() {
-                self.step_next();
-            }
-            self.publish();
         }
+    }
+
+    /// Takes the jobs that arrived (waiting for one when idle), starts what can start and
+    /// steps one request; false means stop the thread.
+    fn iteration(&mut self) -> bool {
+        if self.tasks.is_empty() && self.waiting.is_empty() {
+            match self.rx.recv() {
+                Ok(job) => {
+                    if !self.take(job) {
+                        return false;
+                    }
+                }
+                // Every handle is gone.
+                Err(_) => return false,
+            }
+        }
+        while let Ok(job) = self.rx.try_recv() {
+            if !self.take(job) {
+                return false;
+            }
+        }
+        self.start_waiting();
+        if !self.tasks.is_empty() {
+            self.step_next();
+        }
+        self.publish();
+        true
+    }
+
+    /// After a panic outside a step (a job, a start, a control): every request in flight
+    /// ends with `internal`, its conversation's cache emptied (it may be half written);
+    /// the model and the other conversations stay.
+    fn recover(&mut self, why: &str) {
+        tracing::error!("the engine thread recovered from a panic: {why}");
+        let error = JobError::new(
+            ErrorCode::Internal,
+            format!("the engine failed on this request ({why}); the model is still loaded"),
+        );
+        for task in std::mem::take(&mut self.tasks) {
+            match task {
+                Task::Turn { id, mut sink, .. } => {
+                    self.pool.set_busy(&id, false);
+                    let _ = self.pool.reset(&id);
+                    let ev = error.to_event();
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+                }
+                Task::Compare { mut sink, .. } => {
+                    let ev = CompareEvent::Error {
+                        code: error.code,
+                        message: error.message.clone(),
+                    };
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+                }
+            }
+        }
+        self.publish();
     }
 
     /// Takes one job as it arrives; false means stop the thread.
@@ -455,9 +510,9 @@ impl Worker {
         tokenizer: &Arc<GemmaTokenizer>,
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
-        let prompt = self.rendered(&request.prompt, prompt, tokenizer)?;
+        let prompt = self.rendered(&request.prompt, request.context, prompt, tokenizer)?;
         let config = Arc::clone(&self.loaded.as_ref().ok_or_else(JobError::no_model)?.config);
-        let max_context = config.max_position_embeddings;
+        let max_context = request.context_limit(config.max_position_embeddings);
         let wanted = match &request.cache {
             Some(cache) => Some(cache.policy()?),
             None => None,
@@ -529,6 +584,7 @@ impl Worker {
     fn rendered(
         &self,
         prompt: &crate::generate::Prompt,
+        context: Option<usize>,
         ids: Vec<u32>,
         tokenizer: &Arc<GemmaTokenizer>,
     ) -> Result<Vec<u32>, JobError> {
@@ -537,10 +593,11 @@ impl Worker {
             return Ok(ids);
         }
         let p = prompt.clone().for_model(loaded.card.has_chat_template);
+        let model = loaded.config.max_position_embeddings;
         Ok(crate::generate::render_within_context(
             &loaded.tokenizer,
             &p,
-            loaded.config.max_position_embeddings,
+            context.map_or(model, |c| c.min(model)),
         )?)
     }
 
@@ -590,7 +647,7 @@ impl Worker {
         tokenizer: &Arc<GemmaTokenizer>,
         arrived: Instant,
     ) -> Result<(CompareRun, u64), JobError> {
-        let prompt = self.rendered(&request.prompt, prompt, tokenizer)?;
+        let prompt = self.rendered(&request.prompt, None, prompt, tokenizer)?;
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
         let tokens = prompt.len() + request.max_tokens;
@@ -619,7 +676,7 @@ impl Worker {
         let Some(loaded) = self.loaded.as_ref() else {
             return;
         };
-        let ended = match &mut self.tasks[i] {
+        let stepped = catch_unwind(AssertUnwindSafe(|| match &mut self.tasks[i] {
             Task::Turn {
                 id,
                 turn,
@@ -628,13 +685,10 @@ impl Worker {
             } => {
                 let Some(session) = self.pool.session_mut(id) else {
                     // Never: a busy conversation is never spilled or dropped.
-                    sink(
+                    return Some(Ended::Turn(Some(
                         JobError::new(ErrorCode::Internal, "the conversation left memory")
                             .to_event(),
-                    );
-                    self.pool.set_busy(&id.clone(), false);
-                    self.tasks.remove(i);
-                    return;
+                    )));
                 };
                 let mut done = None;
                 let mut emit = |ev: Event| match ev {
@@ -681,6 +735,27 @@ impl Worker {
                     }
                 }
             }
+        }));
+        // A panic in a step ends its request with `internal`; a turn's cache may be half
+        // written, so it is emptied (the conversation's next turn reads its history again).
+        let (ended, panicked) = match stepped {
+            Ok(ended) => (ended, false),
+            Err(panic) => {
+                let why = panic_message(&*panic);
+                tracing::error!("a request's step panicked: {why}");
+                let e = JobError::new(
+                    ErrorCode::Internal,
+                    format!("the engine failed on this request ({why}); the model is still loaded"),
+                );
+                let ended = match &self.tasks[i] {
+                    Task::Turn { .. } => Ended::Turn(Some(e.to_event())),
+                    Task::Compare { .. } => Ended::Compare(CompareEvent::Error {
+                        code: e.code,
+                        message: e.message,
+                    }),
+                };
+                (Some(ended), true)
+            }
         };
         let Some(ended) = ended else {
             return;
@@ -688,11 +763,21 @@ impl Worker {
         let task = self.tasks.remove(i);
         if let Task::Turn { id, .. } = &task {
             self.pool.set_busy(id, false);
+            if panicked {
+                let _ = self.pool.reset(id);
+            }
         }
         // Status first: a caller acting on the last event sees it current.
         self.publish();
         match (task, ended) {
+            (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) if panicked => {
+                // The sink itself may be what panicked.
+                let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+            }
             (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) => sink(ev),
+            (Task::Compare { mut sink, .. }, Ended::Compare(ev)) if panicked => {
+                let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+            }
             (Task::Compare { mut sink, .. }, Ended::Compare(ev)) => sink(ev),
             _ => {}
         }

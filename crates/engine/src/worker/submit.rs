@@ -130,8 +130,9 @@ impl Request {
         Ok(match self {
             Request::Generate(request, sink) => {
                 request.check()?;
-                let (prompt, tokenizer) = tokenized(engine, &request.prompt)?;
+                // A place first: a full queue refuses before any work.
                 let slot = Slot::take(&engine.shared)?;
+                let (prompt, tokenizer) = tokenized(engine, &request.prompt, request.context)?;
                 Job::Generate(Queued {
                     job: GenerateJob {
                         request,
@@ -145,8 +146,8 @@ impl Request {
                 })
             }
             Request::Compare(request, sink) => {
-                let (prompt, tokenizer) = tokenized(engine, &request.prompt)?;
                 let slot = Slot::take(&engine.shared)?;
+                let (prompt, tokenizer) = tokenized(engine, &request.prompt, None)?;
                 Job::Compare(Queued {
                     job: CompareJob {
                         request,
@@ -168,17 +169,22 @@ impl Request {
     }
 }
 
-/// The loaded tokenizer and the prompt rendered for it, checked against the context.
+/// The loaded tokenizer and the prompt rendered for it, checked against the context (the
+/// model's, or `context` when less).
 fn tokenized(
     engine: &EngineHandle,
     prompt: &Prompt,
+    context: Option<usize>,
 ) -> Result<(Vec<u32>, Arc<GemmaTokenizer>), JobError> {
     let tokenizer = engine.tokenizer().ok_or_else(JobError::no_model)?;
     let config = engine.loaded_config()?;
     let prompt = prompt
         .clone()
         .for_model(Some(tokenizer.template().is_some()));
-    let ids = generate::render_within_context(&tokenizer, &prompt, config.max_position_embeddings)?;
+    let max = context.map_or(config.max_position_embeddings, |c| {
+        c.min(config.max_position_embeddings)
+    });
+    let ids = generate::render_within_context(&tokenizer, &prompt, max)?;
     Ok((ids, tokenizer))
 }
 

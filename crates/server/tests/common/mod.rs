@@ -1,0 +1,201 @@
+//! The server over real HTTP on loopback, on the tiny Gemma 3 GGUF: a started server (the
+//! same `kvlab_server::serve` that `kvlab serve` and the app's Local API run) and a client
+//! that writes raw HTTP/1.1, so a test can send what no well-behaved client would.
+#![allow(dead_code)] // each test file uses its part
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_server::ServerConfig;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+pub fn tiny_gguf() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../engine/tests/fixtures/gguf/tiny_gemma3.f32.gguf")
+}
+
+/// A server on its own runtime, serving until [`Server::stop`] or drop.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub engine: EngineHandle,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<Result<(), kvlab_server::ServerError>>>,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+/// A server on the tiny model with `config` (its address is replaced by a free loopback
+/// port).
+pub fn start(config: ServerConfig) -> Server {
+    let engine = Engine::spawn().expect("engine");
+    engine
+        .submit(LoadRequest {
+            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
+        })
+        .and_then(|t| t.wait(|_| true))
+        .expect("load the tiny model");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let config = ServerConfig {
+        default_kv: config.default_kv.or(Some("f16".into())),
+        ..config
+    };
+    let listener = runtime.block_on(kvlab_server::bind(&config)).expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let served = runtime.spawn(kvlab_server::serve(
+        listener,
+        engine.clone(),
+        config,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Server {
+        addr,
+        engine,
+        stop: Some(stop),
+        served: Some(served),
+        runtime,
+    }
+}
+
+impl Server {
+    /// Tells the server to stop (as Ctrl-C does) and waits for `serve` to return.
+    pub fn stop(&mut self) -> Result<(), kvlab_server::ServerError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let served = self.served.take().expect("serving");
+        self.runtime.block_on(served).expect("serve did not panic")
+    }
+
+    /// A normal chat request is answered in full.
+    pub fn still_answers(&self) {
+        let reply = post(self.addr, "/v1/chat/completions", chat(json!({})));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert!(reply.json()["usage"]["completion_tokens"].as_u64() > Some(0));
+    }
+}
+
+/// A response: status, lower-cased head, body (de-chunked).
+pub struct Reply {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+    /// The `data:` payloads of a server-sent event stream.
+    pub fn events(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+    /// The error's code, or "" when there is none.
+    pub fn code(&self) -> String {
+        serde_json::from_str::<Value>(&self.body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            out.push_str(&rest[..n.min(rest.len())]);
+            break;
+        }
+        out.push_str(&rest[..n]);
+        raw = rest.get(n + 2..).unwrap_or("");
+    }
+    out
+}
+
+/// Reads a whole response (to the connection's close) and parses it.
+pub fn read_reply(s: &mut TcpStream) -> Reply {
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    parse(&raw)
+}
+
+pub fn parse(raw: &[u8]) -> Reply {
+    let raw = String::from_utf8_lossy(raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = head.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A request's head, `Connection: close`, with `length` as its Content-Length.
+pub fn head(method: &str, path: &str, host: &str, length: usize) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+    )
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    s
+}
+
+pub fn request(addr: SocketAddr, method: &str, path: &str, host: &str, body: &str) -> Reply {
+    let mut s = connect(addr);
+    s.write_all(head(method, path, host, body.len()).as_bytes())
+        .expect("write");
+    s.write_all(body.as_bytes()).expect("write");
+    read_reply(&mut s)
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
+    request(addr, "POST", path, "127.0.0.1", &body.to_string())
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path, "127.0.0.1", "")
+}
+
+/// A short chat request to the tiny model, with `extra`'s fields set over it.
+pub fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "tiny_gemma3.f32.gguf",
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "temperature": 0, "max_tokens": 12,
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        body[k] = v.clone();
+    }
+    body
+}
