@@ -20,6 +20,7 @@ mod block;
 pub mod codebook;
 mod codec;
 mod error;
+pub mod ggml;
 mod kernels;
 mod layout;
 pub mod prng;

@@ -1,0 +1,422 @@
+//! llama.cpp's KV cache block types (ggml's `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`,
+//! `iq4_nl`): blocks of 32 coordinates with f16 scales, quantized and dequantized exactly as
+//! ggml's reference code does (`quantize_row_*_ref`, `dequantize_row_*`: the same bytes and
+//! the same floats, tests/ggml_blocks.rs), and upstream's Hadamard rotation of keys and
+//! values (llama.cpp's `attn_rot_k`/`attn_rot_v`). The arithmetic is the reference's, in f32,
+//! one rounding per operation, in its order: that is what makes the bytes equal.
+
+use half::f16;
+
+use crate::error::{Error, Result};
+
+/// Coordinates per block, for every type here.
+pub const BLOCK: usize = 32;
+
+/// iq4_nl's 16 non-linear levels (ggml-common.h's `kvalues_iq4nl`).
+const IQ4_NL_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// One of llama.cpp's KV block types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockType {
+    /// 8-bit codes, one f16 scale: 34 bytes a block, 8.5 bits a coordinate.
+    Q8_0,
+    /// 4-bit codes around 8, one f16 scale: 18 bytes, 4.5 bits.
+    Q4_0,
+    /// 4-bit codes, f16 scale and minimum: 20 bytes, 5 bits.
+    Q4_1,
+    /// 5-bit codes around 16 (high bits apart), one f16 scale: 22 bytes, 5.5 bits.
+    Q5_0,
+    /// 5-bit codes, f16 scale and minimum: 24 bytes, 6 bits.
+    Q5_1,
+    /// 4-bit indices into 16 non-linear levels, one f16 scale: 18 bytes, 4.5 bits.
+    Iq4Nl,
+}
+
+impl BlockType {
+    /// Every type, in llama.cpp's `-ctk` menu order.
+    pub const ALL: [BlockType; 6] = [
+        BlockType::Q8_0,
+        BlockType::Q4_0,
+        BlockType::Q4_1,
+        BlockType::Q5_0,
+        BlockType::Q5_1,
+        BlockType::Iq4Nl,
+    ];
+
+    /// The name llama.cpp gives it (`-ctk q8_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockType::Q8_0 => "q8_0",
+            BlockType::Q4_0 => "q4_0",
+            BlockType::Q4_1 => "q4_1",
+            BlockType::Q5_0 => "q5_0",
+            BlockType::Q5_1 => "q5_1",
+            BlockType::Iq4Nl => "iq4_nl",
+        }
+    }
+
+    /// The type named `name` (as [`BlockType::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Bytes of one block of [`BLOCK`] coordinates.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            BlockType::Q8_0 => 2 + BLOCK,
+            BlockType::Q4_0 | BlockType::Iq4Nl => 2 + BLOCK / 2,
+            BlockType::Q4_1 => 4 + BLOCK / 2,
+            BlockType::Q5_0 => 2 + 4 + BLOCK / 2,
+            BlockType::Q5_1 => 4 + 4 + BLOCK / 2,
+        }
+    }
+
+    /// Bits a coordinate takes, scales included (8.5 for q8_0, 4.5 for q4_0).
+    pub fn bits_per_coordinate(self) -> f64 {
+        (self.block_bytes() * 8) as f64 / BLOCK as f64
+    }
+
+    /// Bytes of a row of `n` coordinates; `n` must be a multiple of [`BLOCK`].
+    pub fn row_bytes(self, n: usize) -> Result<usize> {
+        if !n.is_multiple_of(BLOCK) {
+            return Err(Error::InvalidDimension {
+                dim: n,
+                reason: "a row of ggml blocks is a multiple of 32 coordinates",
+            });
+        }
+        Ok(n / BLOCK * self.block_bytes())
+    }
+
+    /// Quantizes `x` into `out` (exactly [`BlockType::row_bytes`] of it) as ggml's
+    /// `quantize_row_*_ref` does.
+    pub fn quantize_row(self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        let bytes = self.row_bytes(x.len())?;
+        check_len(out.len(), bytes)?;
+        for (xb, q) in x
+            .chunks_exact(BLOCK)
+            .zip(out.chunks_exact_mut(self.block_bytes()))
+        {
+            let xb: &[f32; BLOCK] = xb.try_into().expect("chunks of BLOCK");
+            match self {
+                BlockType::Q8_0 => quantize_q8_0(xb, q),
+                BlockType::Q4_0 => quantize_symmetric(xb, q, 4),
+                BlockType::Q5_0 => quantize_symmetric(xb, q, 5),
+                BlockType::Q4_1 => quantize_affine(xb, q, 4),
+                BlockType::Q5_1 => quantize_affine(xb, q, 5),
+                BlockType::Iq4Nl => quantize_iq4_nl(xb, q),
+            }
+        }
+        Ok(())
+    }
+
+    /// Dequantizes `q` into `out` as ggml's `dequantize_row_*` does.
+    pub fn dequantize_row(self, q: &[u8], out: &mut [f32]) -> Result<()> {
+        check_len(q.len(), self.row_bytes(out.len())?)?;
+        for (q, y) in q
+            .chunks_exact(self.block_bytes())
+            .zip(out.chunks_exact_mut(BLOCK))
+        {
+            let d = read_f16(q, 0);
+            match self {
+                BlockType::Q8_0 => {
+                    for (y, &c) in y.iter_mut().zip(&q[2..]) {
+                        *y = c as i8 as f32 * d;
+                    }
+                }
+                BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Iq4Nl => {
+                    let start = if self == BlockType::Q4_1 { 4 } else { 2 };
+                    let codes = nibbles(&q[start..start + BLOCK / 2], [0; 4]);
+                    dequantize_codes(self, q, d, &codes, y);
+                }
+                BlockType::Q5_0 | BlockType::Q5_1 => {
+                    let start = if self == BlockType::Q5_1 { 4 } else { 2 };
+                    let high = [q[start], q[start + 1], q[start + 2], q[start + 3]];
+                    let codes = nibbles(&q[start + 4..start + 4 + BLOCK / 2], high);
+                    dequantize_codes(self, q, d, &codes, y);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_len(got: usize, expected: usize) -> Result<()> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(Error::DimensionMismatch { expected, got })
+    }
+}
+
+fn read_f16(q: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([q[at], q[at + 1]]).to_f32()
+}
+
+fn write_f16(q: &mut [u8], at: usize, v: f32) {
+    q[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// The 32 codes of a block: low nibbles hold coordinates 0..16, high nibbles 16..32, and
+/// bit `j` of the little-endian `high` word is code `j`'s fifth bit.
+fn nibbles(packed: &[u8], high: [u8; 4]) -> [u8; BLOCK] {
+    let high = u32::from_le_bytes(high);
+    let mut codes = [0u8; BLOCK];
+    for (j, &b) in packed.iter().enumerate() {
+        codes[j] = (b & 0x0F) | (((high >> j) & 1) as u8) << 4;
+        codes[j + BLOCK / 2] = (b >> 4) | (((high >> (j + BLOCK / 2)) & 1) as u8) << 4;
+    }
+    codes
+}
+
+/// Packs 32 codes as [`nibbles`] reads them; returns the fifth bits' word.
+fn pack_nibbles(codes: &[u8; BLOCK], packed: &mut [u8]) -> [u8; 4] {
+    let mut high = 0u32;
+    for j in 0..BLOCK / 2 {
+        let (a, b) = (codes[j], codes[j + BLOCK / 2]);
+        packed[j] = (a & 0x0F) | ((b & 0x0F) << 4);
+        high |= u32::from((a >> 4) & 1) << j;
+        high |= u32::from((b >> 4) & 1) << (j + BLOCK / 2);
+    }
+    high.to_le_bytes()
+}
+
+fn dequantize_codes(t: BlockType, q: &[u8], d: f32, codes: &[u8; BLOCK], y: &mut [f32]) {
+    match t {
+        BlockType::Q4_0 => {
+            for (y, &c) in y.iter_mut().zip(codes) {
+                *y = (c as i32 - 8) as f32 * d;
+            }
+        }
+        BlockType::Q5_0 => {
+            for (y, &c) in y.iter_mut().zip(codes) {
+                *y = (c as i32 - 16) as f32 * d;
+            }
+        }
+        BlockType::Q4_1 | BlockType::Q5_1 => {
+            let m = read_f16(q, 2);
+            for (y, &c) in y.iter_mut().zip(codes) {
+                *y = c as f32 * d + m;
+            }
+        }
+        BlockType::Iq4Nl => {
+            for (y, &c) in y.iter_mut().zip(codes) {
+                *y = d * IQ4_NL_LEVELS[c as usize] as f32;
+            }
+        }
+        BlockType::Q8_0 => unreachable!("q8_0 has no nibbles"),
+    }
+}
+
+/// The coordinate of largest magnitude, with its sign (the first of equals, as the
+/// reference's strict `>` keeps it).
+fn signed_max(xb: &[f32; BLOCK]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xb {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
+/// `roundf`: halves away from zero (Rust's `round` is the same).
+fn round_away(v: f32) -> i32 {
+    v.round() as i32
+}
+
+fn quantize_q8_0(xb: &[f32; BLOCK], q: &mut [u8]) {
+    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    write_f16(q, 0, d);
+    for (c, &v) in q[2..].iter_mut().zip(xb) {
+        *c = round_away(v * id) as i8 as u8;
+    }
+}
+
+/// q4_0 and q5_0: a scale from the signed maximum (so it maps to the lowest code), codes
+/// offset by half their range.
+fn quantize_symmetric(xb: &[f32; BLOCK], q: &mut [u8], bits: u32) {
+    let half = (1u32 << (bits - 1)) as f32;
+    let top = (1u8 << bits) - 1;
+    let (_, max) = signed_max(xb);
+    let d = max / -half;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut codes = [0u8; BLOCK];
+    for (c, &v) in codes.iter_mut().zip(xb) {
+        // (int8_t)(x*id + half + 0.5): truncation toward zero, then capped at the top code.
+        *c = ((v * id + (half + 0.5)) as i8 as u8).min(top);
+    }
+    write_f16(q, 0, d);
+    if bits == 4 {
+        pack_nibbles(&codes, &mut q[2..]);
+    } else {
+        let high = pack_nibbles(&codes, &mut q[6..]);
+        q[2..6].copy_from_slice(&high);
+    }
+}
+
+/// q4_1 and q5_1: a scale and a minimum, codes from the minimum up.
+fn quantize_affine(xb: &[f32; BLOCK], q: &mut [u8], bits: u32) {
+    let top = (1u8 << bits) - 1;
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in xb {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    let d = (max - min) / top as f32;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut codes = [0u8; BLOCK];
+    for (c, &v) in codes.iter_mut().zip(xb) {
+        *c = (((v - min) * id + 0.5) as i8 as u8).min(top);
+    }
+    write_f16(q, 0, d);
+    write_f16(q, 2, min);
+    if bits == 4 {
+        pack_nibbles(&codes, &mut q[4..]);
+    } else {
+        let high = pack_nibbles(&codes, &mut q[8..]);
+        q[4..8].copy_from_slice(&high);
+    }
+}
+
+/// The level nearest `x` (the lower one of a tie goes up, as the reference's `<` says).
+fn nearest_level(x: f32) -> u8 {
+    let levels = IQ4_NL_LEVELS.map(f32::from);
+    if x <= levels[0] {
+        return 0;
+    }
+    if x >= levels[15] {
+        return 15;
+    }
+    let (mut lo, mut hi) = (0usize, 15usize);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if x < levels[mid] {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if x - levels[hi - 1] < levels[hi] - x {
+        (hi - 1) as u8
+    } else {
+        hi as u8
+    }
+}
+
+/// iq4_nl as the reference quantizer runs it (no importance weights, no scale search): each
+/// coordinate to its nearest level at the scale that maps the signed maximum to -127, then
+/// the least-squares scale for those levels (weighted by the squared coordinates). A block
+/// of (near) zeros gets scale 0; its codes are then meaningless (the reference leaves them
+/// unwritten), and zero here.
+fn quantize_iq4_nl(xb: &[f32; BLOCK], q: &mut [u8]) {
+    let (amax, max) = signed_max(xb);
+    let mut codes = [0u8; BLOCK];
+    let mut d = 0.0f32;
+    if amax >= 1e-15 {
+        let id = 1.0 / (max / f32::from(IQ4_NL_LEVELS[0]));
+        let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+        for (c, &v) in codes.iter_mut().zip(xb) {
+            *c = nearest_level(id * v);
+            let level = f32::from(IQ4_NL_LEVELS[*c as usize]);
+            let w = v * v;
+            sumqx += w * level * v;
+            sumq2 += w * level * level;
+        }
+        d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    }
+    write_f16(q, 0, d);
+    pack_nibbles(&codes, &mut q[2..]);
+}
+
+/// Width of the Hadamard blocks llama.cpp rotates keys (and queries) in, for heads of
+/// `head_dim` (one width per cache: every layer it holds has that head size): the largest
+/// power of two dividing it, when it is a multiple of 64; none otherwise.
+pub fn key_rotation_width(head_dim: usize) -> Option<usize> {
+    (head_dim > 0 && head_dim.is_multiple_of(64)).then(|| 1 << head_dim.trailing_zeros())
+}
+
+/// Width of the Hadamard blocks llama.cpp rotates values in (and the attention output back):
+/// 64, when `head_dim` is a multiple of 64; none otherwise.
+pub fn value_rotation_width(head_dim: usize) -> Option<usize> {
+    (head_dim > 0 && head_dim.is_multiple_of(64)).then_some(64)
+}
+
+/// Rotates each `width`-wide slice of `x` by the orthonormal Walsh–Hadamard matrix of that
+/// width (Sylvester's order, scaled by 1/√width: symmetric, its own inverse), as a fast
+/// transform. `width` is a power of two dividing `x.len()`.
+pub fn hadamard_rotate(x: &mut [f32], width: usize) -> Result<()> {
+    if !width.is_power_of_two() || !x.len().is_multiple_of(width) {
+        return Err(Error::InvalidDimension {
+            dim: width,
+            reason: "a Hadamard block is a power of two that divides the row",
+        });
+    }
+    let scale = 1.0 / (width as f32).sqrt();
+    for block in x.chunks_exact_mut(width) {
+        let mut h = 1;
+        while h < width {
+            for start in (0..width).step_by(2 * h) {
+                for i in start..start + h {
+                    let (a, b) = (block[i], block[i + h]);
+                    block[i] = a + b;
+                    block[i + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in block.iter_mut() {
+            *v *= scale;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_per_coordinate_are_llama_cpps() {
+        let bits: Vec<f64> = BlockType::ALL
+            .iter()
+            .map(|t| t.bits_per_coordinate())
+            .collect();
+        assert_eq!(bits, [8.5, 4.5, 5.0, 5.5, 6.0, 4.5]);
+        for t in BlockType::ALL {
+            assert_eq!(BlockType::from_name(t.name()), Some(t));
+        }
+        assert_eq!(BlockType::from_name("q4_k"), None);
+    }
+
+    #[test]
+    fn rotation_widths_follow_upstream() {
+        assert_eq!(key_rotation_width(256), Some(256));
+        assert_eq!(key_rotation_width(512), Some(512));
+        assert_eq!(key_rotation_width(192), Some(64));
+        assert_eq!(key_rotation_width(80), None);
+        assert_eq!(value_rotation_width(512), Some(64));
+        assert_eq!(value_rotation_width(100), None);
+    }
+
+    #[test]
+    fn rows_of_the_wrong_length_are_refused() {
+        let mut out = [0u8; 34];
+        assert!(BlockType::Q8_0.quantize_row(&[0.0; 31], &mut out).is_err());
+        assert!(BlockType::Q8_0
+            .quantize_row(&[0.0; 32], &mut out[..33])
+            .is_err());
+        let mut y = [0.0f32; 32];
+        assert!(BlockType::Q4_0.dequantize_row(&out, &mut y).is_err());
+        assert!(hadamard_rotate(&mut [0.0; 96], 64).is_err());
+        assert!(hadamard_rotate(&mut [0.0; 96], 48).is_err());
+    }
+}
