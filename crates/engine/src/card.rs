@@ -73,8 +73,9 @@ pub struct ModelCard {
     /// after (see `weights_measured`).
     pub weights_bytes: u64,
     /// How the weights are held: for a safetensors checkpoint the weights choice (`q4_k`,
-    /// `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file the dtype its unquantized tensors take
-    /// (`f32` on CPU), its quantized matrices staying as stored.
+    /// `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file its own type as llama.cpp names it and
+    /// the block types of its matrices, most used first (`Q4_K_M: q5_0, q8_0, q4_k, q6_k`),
+    /// which it is held in as stored.
     pub weights_dtype: String,
     /// True once `weights_bytes` is what the loaded model holds.
     pub weights_measured: bool,
@@ -162,13 +163,99 @@ fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
         weights_bytes: ws.held_bytes_estimate(),
         weights_dtype: match ws.format() {
             WeightFormat::Safetensors => ws.weights_choice().to_string(),
-            WeightFormat::Gguf => format!("{:?}", ws.dtype()).to_lowercase(),
+            WeightFormat::Gguf => ws
+                .gguf_content()
+                .map_or_else(|| "gguf".to_string(), gguf_file_type),
         },
         weights_measured: false,
         supports_thinking: config.family.supports_thinking(),
         has_chat_template: has_chat_template(ws),
         token_costs: token_costs(config),
         warnings: config.warnings.clone(),
+    }
+}
+
+/// A GGUF file's type as llama.cpp names it (`general.file_type`, llama.h's `llama_ftype`)
+/// and the block types of its matrices (tensors of two or more dimensions), most tensors
+/// first: `Q4_K_M: q5_0, q8_0, q4_k, q6_k`. A file without the key is named by its matrices
+/// alone.
+fn gguf_file_type(content: &candle_core::quantized::gguf_file::Content) -> String {
+    const NAMES: [(u32, &str); 33] = [
+        (0, "F32"),
+        (1, "F16"),
+        (2, "Q4_0"),
+        (3, "Q4_1"),
+        (7, "Q8_0"),
+        (8, "Q5_0"),
+        (9, "Q5_1"),
+        (10, "Q2_K"),
+        (11, "Q3_K_S"),
+        (12, "Q3_K_M"),
+        (13, "Q3_K_L"),
+        (14, "Q4_K_S"),
+        (15, "Q4_K_M"),
+        (16, "Q5_K_S"),
+        (17, "Q5_K_M"),
+        (18, "Q6_K"),
+        (19, "IQ2_XXS"),
+        (20, "IQ2_XS"),
+        (21, "Q2_K_S"),
+        (22, "IQ3_XS"),
+        (23, "IQ3_XXS"),
+        (24, "IQ1_S"),
+        (25, "IQ4_NL"),
+        (26, "IQ3_S"),
+        (27, "IQ3_M"),
+        (28, "IQ2_S"),
+        (29, "IQ2_M"),
+        (30, "IQ4_XS"),
+        (31, "IQ1_M"),
+        (32, "BF16"),
+        (36, "TQ1_0"),
+        (37, "TQ2_0"),
+        (38, "MXFP4_MOE"),
+    ];
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for info in content.tensor_infos.values() {
+        if info.shape.rank() < 2 {
+            continue;
+        }
+        let name = block_type_name(info.ggml_dtype);
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let mix = counts
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let file_type = content
+        .metadata
+        .get("general.file_type")
+        .and_then(|v| v.to_u32().ok())
+        .map(|t| {
+            NAMES
+                .iter()
+                .find(|(id, _)| *id == t)
+                .map_or_else(|| format!("type {t}"), |(_, n)| n.to_string())
+        });
+    match file_type {
+        Some(t) if mix.is_empty() || mix == t.to_lowercase() => t,
+        Some(t) => format!("{t}: {mix}"),
+        None => mix,
+    }
+}
+
+/// ggml's lowercase name of a block type (`q4_k`, `q8_0`, `f32`).
+fn block_type_name(dtype: candle_core::quantized::GgmlDType) -> String {
+    let debug = format!("{dtype:?}").to_lowercase();
+    // candle writes `Q4K` for ggml's `q4_k`.
+    match debug.strip_suffix('k') {
+        Some(stem) if !stem.ends_with('_') => format!("{stem}_k"),
+        _ => debug,
     }
 }
 

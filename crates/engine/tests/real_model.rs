@@ -118,3 +118,29 @@ fn alice_perplexity_is_low() {
     // The SiLU variant scores ≈ 65 here; a correct Gemma 3 must do clearly better.
     assert!((10.0..40.0).contains(&ppl), "perplexity {ppl}");
 }
+
+/// The card names a GGUF's weights as the file is: llama.cpp's type and its matrices' block
+/// types (the 270M Q4_K_M mixes q8_0, q5_0, q4_k and q6_k), never the f32 the small tensors
+/// are held in; an all-f32 file is just `F32`.
+#[test]
+fn the_card_names_a_ggufs_own_type_and_block_mix() {
+    let tiny =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/tiny_gemma3.f32.gguf");
+    let card = kvlab_engine::card::inspect(&tiny, &LoadOptions::default())
+        .expect("inspect tiny")
+        .card;
+    assert_eq!(card.weights_dtype, "F32");
+    let Some(gguf) = require_asset!("gemma3-270m") else {
+        return;
+    };
+    let card = kvlab_engine::card::inspect(&gguf, &LoadOptions::default())
+        .expect("inspect 270M")
+        .card;
+    let label = card.weights_dtype;
+    eprintln!("the 270M's weights: {label}");
+    assert!(label.starts_with("Q4_K_M: "), "{label}");
+    for t in ["q4_k", "q6_k"] {
+        assert!(label.contains(t), "{t} missing: {label}");
+    }
+    assert!(!label.contains("f32"), "{label}");
+}

@@ -818,8 +818,9 @@ heads: Array<HeadShape>,
 weights_bytes: number, 
 /**
  * How the weights are held: for a safetensors checkpoint the weights choice (`q4_k`,
- * `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file the dtype its unquantized tensors take
- * (`f32` on CPU), its quantized matrices staying as stored.
+ * `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file its own type as llama.cpp names it and
+ * the block types of its matrices, most used first (`Q4_K_M: q5_0, q8_0, q4_k, q6_k`),
+ * which it is held in as stored.
  */
 weights_dtype: string, 
 /**
