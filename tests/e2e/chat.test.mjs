@@ -406,7 +406,16 @@ test("a conversation saved with its KV cache: after a relaunch the next answer r
   await shot("cache-restored.png");
   // The same question again: its prompt is already in the restored cache, so only the last
   // prompt token runs (no prefill), and the greedy answer is the unbroken session's.
-  const before = await (await (await answers()).at(-1).$('[data-testid="stats"]')).getText();
+  // The restored answer's stats render after its text: wait for them, do not race them.
+  let before = "";
+  await app.browser.waitUntil(
+    async () => {
+      const stats = await (await answers()).at(-1).$('[data-testid="stats"]');
+      before = (await stats.isExisting()) ? await stats.getText() : "";
+      return /prompt \d+/.test(before);
+    },
+    { timeout: 30_000, timeoutMsg: "the restored answer shows no stats" },
+  );
   const prompt = Number(before.match(/prompt (\d+)/)[1]);
   await (await $('[data-testid="regenerate"]')).click();
   const again = new RegExp(`prompt ${prompt} \\(${prompt - 1} cached\\)`);
