@@ -5,196 +5,121 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-/// Stable, machine-readable error codes: the one vocabulary of the engine, the app and the UI
-/// (which switches on them, so never rename one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ErrorCode {
+/// Declares the codes: each one's documentation, variant and string, once. The enum, its
+/// serde names (the same strings), [`ErrorCode::ALL`] and [`ErrorCode::as_str`] are derived.
+macro_rules! error_codes {
+    ($($(#[doc = $doc:expr])* $variant:ident = $name:literal,)*) => {
+        /// Stable, machine-readable error codes: the one vocabulary of the engine, the app and
+        /// the UI (which switches on them, so never rename one).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
+        #[non_exhaustive]
+        pub enum ErrorCode {
+            $($(#[doc = $doc])* #[serde(rename = $name)] $variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order, for exhaustive tests and documentation.
+            pub const ALL: [ErrorCode; [$($name),*].len()] = [$(ErrorCode::$variant),*];
+
+            /// The code as its JSON string (e.g. `"context_overflow"`).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
     /// The model path, asset or repository does not exist.
-    ModelNotFound,
+    ModelNotFound = "model_not_found",
     /// The model file exists but cannot be used (corrupt, unsupported, inconsistent).
-    BadModelFile,
+    BadModelFile = "bad_model_file",
     /// No tokenizer could be found for the model.
-    TokenizerNotFound,
+    TokenizerNotFound = "tokenizer_not_found",
     /// The tokenizer file cannot be used.
-    BadTokenizer,
+    BadTokenizer = "bad_tokenizer",
     /// A job needs a loaded model and none is.
-    NoModel,
+    NoModel = "no_model",
     /// The prompt does not fit in the model's context.
-    ContextOverflow,
+    ContextOverflow = "context_overflow",
     /// The engine is generating and cannot take this job now.
-    Busy,
+    Busy = "busy",
     /// The job was cancelled.
-    Cancelled,
+    Cancelled = "cancelled",
     /// The request is malformed (bad sampling values, bad conversation, bad cache spec).
-    InvalidRequest,
+    InvalidRequest = "invalid_request",
     /// The Hugging Face Hub could not be reached.
-    Network,
+    Network = "network",
     /// The Hub wants a token, or the token has no access (a gated repository): the message
     /// says how to set `HF_TOKEN`.
-    HubAuth,
+    HubAuth = "hub_auth",
     /// The Hub is rate-limiting this client (429); the message says how long to wait.
-    HubRateLimited,
+    HubRateLimited = "hub_rate_limited",
     /// The Hub kept failing (5xx) after retries with backoff.
-    HubUnavailable,
+    HubUnavailable = "hub_unavailable",
     /// A download ended before its last byte after retries; what arrived is kept for resume.
-    DownloadIncomplete,
+    DownloadIncomplete = "download_incomplete",
     /// A downloaded file is not what the Hub listed (checksum or size); it was discarded.
-    DownloadCorrupt,
+    DownloadCorrupt = "download_corrupt",
     /// The disk (or the file system's file-size limit) has no room for what is being written:
     /// nothing was written, and the previous file is intact.
-    DiskFull,
+    DiskFull = "disk_full",
     /// The model, or its context, needs more memory than the machine has available.
-    OutOfMemory,
+    OutOfMemory = "out_of_memory",
     /// The model produced NaN or infinite logits (bad weights or an overflow).
-    NonFiniteLogits,
+    NonFiniteLogits = "non_finite_logits",
     /// The engine thread is gone.
-    EngineStopped,
+    EngineStopped = "engine_stopped",
     /// The model's architecture is not one the engine implements.
-    UnsupportedModel,
+    UnsupportedModel = "unsupported_model",
     /// A file could not be read or written.
-    Io,
+    Io = "io",
     /// No default model is configured (`KVLAB_DEFAULT_MODEL`), or its file is missing.
-    NoDefaultModel,
+    NoDefaultModel = "no_default_model",
     /// A document cannot go into the prompt (not a file, or a file type that is not text).
-    DocumentRefused,
+    DocumentRefused = "document_refused",
     /// A PDF that cannot be parsed.
-    PdfUnreadable,
+    PdfUnreadable = "pdf_unreadable",
     /// A password-protected PDF.
-    PdfEncrypted,
+    PdfEncrypted = "pdf_encrypted",
     /// A PDF without a text layer (scans, images only).
-    PdfNoText,
+    PdfNoText = "pdf_no_text",
     /// No saved session has that id.
-    SessionNotFound,
+    SessionNotFound = "session_not_found",
     /// A saved session that cannot be read or written as given.
-    BadSession,
+    BadSession = "bad_session",
     /// Anything else (a tensor operation failed).
-    Internal,
+    Internal = "internal",
     /// A document file holds no bytes.
-    DocumentEmpty,
+    DocumentEmpty = "document_empty",
     /// A document is binary (NUL bytes, or a binary file type), not text.
-    DocumentBinary,
+    DocumentBinary = "document_binary",
     /// A document is not UTF-8 text.
-    DocumentNotUtf8,
+    DocumentNotUtf8 = "document_not_utf8",
     /// A document, or the text it expands to, is over the size limit.
-    DocumentTooLarge,
+    DocumentTooLarge = "document_too_large",
     /// The document reader ran past its time limit (a file that makes the parser loop).
-    DocumentTimeout,
+    DocumentTimeout = "document_timeout",
     /// The document reader ran past its memory limit (a decompression bomb).
-    DocumentOutOfMemory,
+    DocumentOutOfMemory = "document_out_of_memory",
     /// The document reader crashed (a stack overflow, an abort); the app is unharmed.
-    DocumentCrashed,
+    DocumentCrashed = "document_crashed",
     /// A saved session file is truncated or corrupt; it was set aside, renamed, not deleted.
-    SessionCorrupt,
+    SessionCorrupt = "session_corrupt",
     /// The model's chat template cannot be used (it fails to parse or render, or runs past
     /// its limits): the message names the line; the model still continues plain text.
-    BadChatTemplate,
+    BadChatTemplate = "bad_chat_template",
     /// The engine's request queue is full (it holds [`crate::worker::MAX_QUEUED`] waiting
     /// requests); try again once one has finished.
-    QueueFull,
+    QueueFull = "queue_full",
     /// A saved KV cache file is damaged (truncated, a failed checksum, sizes that lie): it was
     /// set aside; the conversation reads its prompt again.
-    CacheCorrupt,
+    CacheCorrupt = "cache_corrupt",
     /// A saved KV cache file belongs to another model or policy, or to another format
     /// version: the conversation reads its prompt again.
-    CacheMismatch,
-}
-
-impl ErrorCode {
-    /// Every code, for exhaustive tests and documentation.
-    pub const ALL: [ErrorCode; 41] = [
-        ErrorCode::ModelNotFound,
-        ErrorCode::BadModelFile,
-        ErrorCode::TokenizerNotFound,
-        ErrorCode::BadTokenizer,
-        ErrorCode::NoModel,
-        ErrorCode::ContextOverflow,
-        ErrorCode::Busy,
-        ErrorCode::Cancelled,
-        ErrorCode::InvalidRequest,
-        ErrorCode::Network,
-        ErrorCode::HubAuth,
-        ErrorCode::HubRateLimited,
-        ErrorCode::HubUnavailable,
-        ErrorCode::DownloadIncomplete,
-        ErrorCode::DownloadCorrupt,
-        ErrorCode::DiskFull,
-        ErrorCode::OutOfMemory,
-        ErrorCode::NonFiniteLogits,
-        ErrorCode::EngineStopped,
-        ErrorCode::UnsupportedModel,
-        ErrorCode::Io,
-        ErrorCode::NoDefaultModel,
-        ErrorCode::DocumentRefused,
-        ErrorCode::PdfUnreadable,
-        ErrorCode::PdfEncrypted,
-        ErrorCode::PdfNoText,
-        ErrorCode::SessionNotFound,
-        ErrorCode::BadSession,
-        ErrorCode::Internal,
-        ErrorCode::DocumentEmpty,
-        ErrorCode::DocumentBinary,
-        ErrorCode::DocumentNotUtf8,
-        ErrorCode::DocumentTooLarge,
-        ErrorCode::DocumentTimeout,
-        ErrorCode::DocumentOutOfMemory,
-        ErrorCode::DocumentCrashed,
-        ErrorCode::SessionCorrupt,
-        ErrorCode::BadChatTemplate,
-        ErrorCode::QueueFull,
-        ErrorCode::CacheCorrupt,
-        ErrorCode::CacheMismatch,
-    ];
-}
-
-impl ErrorCode {
-    /// The code as its JSON string (e.g. `"context_overflow"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::ModelNotFound => "model_not_found",
-            ErrorCode::BadModelFile => "bad_model_file",
-            ErrorCode::TokenizerNotFound => "tokenizer_not_found",
-            ErrorCode::BadTokenizer => "bad_tokenizer",
-            ErrorCode::NoModel => "no_model",
-            ErrorCode::ContextOverflow => "context_overflow",
-            ErrorCode::Busy => "busy",
-            ErrorCode::Cancelled => "cancelled",
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::Network => "network",
-            ErrorCode::HubAuth => "hub_auth",
-            ErrorCode::HubRateLimited => "hub_rate_limited",
-            ErrorCode::HubUnavailable => "hub_unavailable",
-            ErrorCode::DownloadIncomplete => "download_incomplete",
-            ErrorCode::DownloadCorrupt => "download_corrupt",
-            ErrorCode::DiskFull => "disk_full",
-            ErrorCode::OutOfMemory => "out_of_memory",
-            ErrorCode::NonFiniteLogits => "non_finite_logits",
-            ErrorCode::EngineStopped => "engine_stopped",
-            ErrorCode::UnsupportedModel => "unsupported_model",
-            ErrorCode::Io => "io",
-            ErrorCode::NoDefaultModel => "no_default_model",
-            ErrorCode::DocumentRefused => "document_refused",
-            ErrorCode::PdfUnreadable => "pdf_unreadable",
-            ErrorCode::PdfEncrypted => "pdf_encrypted",
-            ErrorCode::PdfNoText => "pdf_no_text",
-            ErrorCode::SessionNotFound => "session_not_found",
-            ErrorCode::BadSession => "bad_session",
-            ErrorCode::Internal => "internal",
-            ErrorCode::DocumentEmpty => "document_empty",
-            ErrorCode::DocumentBinary => "document_binary",
-            ErrorCode::DocumentNotUtf8 => "document_not_utf8",
-            ErrorCode::DocumentTooLarge => "document_too_large",
-            ErrorCode::DocumentTimeout => "document_timeout",
-            ErrorCode::DocumentOutOfMemory => "document_out_of_memory",
-            ErrorCode::DocumentCrashed => "document_crashed",
-            ErrorCode::SessionCorrupt => "session_corrupt",
-            ErrorCode::BadChatTemplate => "bad_chat_template",
-            ErrorCode::QueueFull => "queue_full",
-            ErrorCode::CacheCorrupt => "cache_corrupt",
-            ErrorCode::CacheMismatch => "cache_mismatch",
-        }
-    }
+    CacheMismatch = "cache_mismatch",
 }
 
 impl std::fmt::Display for ErrorCode {
