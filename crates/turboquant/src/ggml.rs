@@ -1,7 +1,8 @@
 //! llama.cpp's KV cache block types (ggml's `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`,
 //! `iq4_nl`): blocks of 32 coordinates with f16 scales, quantized and dequantized exactly as
 //! ggml's reference code does (`quantize_row_*_ref`, `dequantize_row_*`: the same bytes and
-//! the same floats, tests/ggml_blocks.rs), and upstream's Hadamard rotation of keys and
+//! the same floats, tests/ggml_blocks.rs), dotted with a quantized query as ggml's portable
+//! `vec_dot` does (the same float), and upstream's Hadamard rotation of keys and
 //! values (llama.cpp's `attn_rot_k`/`attn_rot_v`). The arithmetic is the reference's, in f32,
 //! one rounding per operation, in its order: that is what makes the bytes equal.
 
@@ -139,6 +140,96 @@ impl BlockType {
             }
         }
         Ok(())
+    }
+}
+
+impl BlockType {
+    /// Whether a query dotted with keys of this type is quantized to q8_1 (q4_1 and q5_1,
+    /// whose minimum needs the query's sum) rather than q8_0: ggml's `vec_dot_type`.
+    fn query_is_q8_1(self) -> bool {
+        matches!(self, BlockType::Q4_1 | BlockType::Q5_1)
+    }
+
+    /// Bytes of a query of `n` coordinates quantized for keys of this type: 34 a block in
+    /// q8_0, 36 in q8_1 (its scale, and the scale times the codes' sum, both f16).
+    pub fn query_bytes(self, n: usize) -> Result<usize> {
+        let block = if self.query_is_q8_1() { 36 } else { 34 };
+        Ok(self.row_bytes(n)? / self.block_bytes() * block)
+    }
+
+    /// Quantizes a query for dot products with keys of this type, as ggml does before
+    /// attention (`quantize_row_q8_0_ref`, `quantize_row_q8_1_ref`).
+    pub fn quantize_query(self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        check_len(out.len(), self.query_bytes(x.len())?)?;
+        if !self.query_is_q8_1() {
+            return BlockType::Q8_0.quantize_row(x, out);
+        }
+        for (xb, q) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(36)) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (c, &v) in q[4..].iter_mut().zip(xb) {
+                let code = round_away(v * id);
+                sum += code;
+                *c = code as i8 as u8;
+            }
+            write_f16(q, 0, d);
+            write_f16(q, 2, sum as f32 * d);
+        }
+        Ok(())
+    }
+
+    /// The dot product of a row of keys of this type with a query quantized by
+    /// [`BlockType::quantize_query`], as ggml's portable `ggml_vec_dot_*_generic` computes it:
+    /// integer sums per block, then each block's scales, blocks added in order. The
+    /// reference every SIMD kernel for these types is held to.
+    pub fn dot(self, keys: &[u8], query: &[u8]) -> Result<f32> {
+        let blocks = keys.len() / self.block_bytes();
+        check_len(keys.len(), blocks * self.block_bytes())?;
+        check_len(query.len(), self.query_bytes(blocks * BLOCK)?)?;
+        let qb = if self.query_is_q8_1() { 36 } else { 34 };
+        let mut sumf = 0.0f32;
+        for (k, q) in keys
+            .chunks_exact(self.block_bytes())
+            .zip(query.chunks_exact(qb))
+        {
+            let dk = read_f16(k, 0);
+            let dq = read_f16(q, 0);
+            let codes_q = &q[qb - BLOCK..];
+            let sumi = |levels: &dyn Fn(usize) -> i32| -> i32 {
+                codes_q
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &c)| levels(j) * i32::from(c as i8))
+                    .sum()
+            };
+            // The association of each type's products is ggml's, float for float.
+            sumf += match self {
+                BlockType::Q8_0 => sumi(&|j| i32::from(k[2 + j] as i8)) as f32 * (dk * dq),
+                BlockType::Q4_0 => {
+                    let c = nibbles(&k[2..18], [0; 4]);
+                    sumi(&|j| i32::from(c[j]) - 8) as f32 * dk * dq
+                }
+                BlockType::Q5_0 => {
+                    let c = nibbles(&k[6..22], [k[2], k[3], k[4], k[5]]);
+                    (dk * dq) * sumi(&|j| i32::from(c[j]) - 16) as f32
+                }
+                BlockType::Q4_1 => {
+                    let c = nibbles(&k[4..20], [0; 4]);
+                    (dk * dq) * sumi(&|j| i32::from(c[j])) as f32 + read_f16(k, 2) * read_f16(q, 2)
+                }
+                BlockType::Q5_1 => {
+                    let c = nibbles(&k[8..24], [k[4], k[5], k[6], k[7]]);
+                    (dk * dq) * sumi(&|j| i32::from(c[j])) as f32 + read_f16(k, 2) * read_f16(q, 2)
+                }
+                BlockType::Iq4Nl => {
+                    let c = nibbles(&k[2..18], [0; 4]);
+                    (dq * dk) * sumi(&|j| i32::from(IQ4_NL_LEVELS[c[j] as usize])) as f32
+                }
+            };
+        }
+        Ok(sumf)
     }
 }
 

@@ -1,8 +1,9 @@
 //! llama.cpp's KV block types against ggml's own reference code: every row of
 //! tests/fixtures/ggml/ggml_blocks.json (written by make_ggml_blocks.sh, which compiles
 //! ggml-quants.c from the llama.cpp that llama-cpp-python 0.3.36 vendors) quantizes to the
-//! reference's bytes and dequantizes to its floats, bit for bit; and the Hadamard rotation
-//! equals upstream's explicit matrix.
+//! reference's bytes and dequantizes to its floats, bit for bit, and its query quantizes and
+//! dots with it to ggml's portable `vec_dot`'s float; and the Hadamard rotation equals
+//! upstream's explicit matrix.
 
 use kvlab_turboquant::ggml::{hadamard_rotate, BlockType, BLOCK};
 use serde_json::Value;
@@ -66,6 +67,21 @@ fn every_block_type_matches_ggmls_reference_bit_for_bit() {
                     t.name()
                 );
             }
+            // The query as ggml quantizes it for this key type, and the dot it gets.
+            let query = floats(&case["query"]);
+            let want_query = hex(want["query_bytes"].as_str().expect("query bytes"));
+            let mut got_query = vec![0u8; t.query_bytes(query.len()).expect("query")];
+            t.quantize_query(&query, &mut got_query)
+                .expect("quantize the query");
+            assert_eq!(got_query, want_query, "{name}, {}: query", t.name());
+            let dot = t.dot(&bytes, &want_query).expect("dot");
+            let want_dot = want["dot"].as_f64().expect("dot") as f32;
+            assert_eq!(
+                dot.to_bits(),
+                want_dot.to_bits(),
+                "{name}, {}: {dot} != {want_dot}",
+                t.name()
+            );
             checked += 1;
         }
     }
