@@ -94,9 +94,49 @@ fn bench_decode_group(c: &mut Criterion) {
     group.finish();
 }
 
+/// llama.cpp's block types as keys: one q8-quantized query dotted with 4096 keys of 256
+/// (q8_0 and q4_0 in AVX2 where the CPU has it, the others portable), beside the dense f16
+/// scores over the same keys.
+fn bench_ggml(c: &mut Criterion) {
+    use kvlab_turboquant::ggml::BlockType;
+    let (d, keys) = (256usize, 4096usize);
+    let xs = values(d * keys, 1);
+    let q = values(d, 2);
+    let mut group = c.benchmark_group("ggml_scores_d256");
+    group.throughput(Throughput::Elements(keys as u64));
+    for t in [
+        BlockType::Q8_0,
+        BlockType::Q4_0,
+        BlockType::Q5_0,
+        BlockType::Q4_1,
+    ] {
+        let row = t.row_bytes(d).unwrap();
+        let mut k = vec![0u8; row * keys];
+        for (x, out) in xs.chunks(d).zip(k.chunks_mut(row)) {
+            t.quantize_row(x, out).unwrap();
+        }
+        let mut qq = vec![0u8; t.query_bytes(d).unwrap()];
+        t.quantize_query(&q, &mut qq).unwrap();
+        let mut out = vec![0.0f32; keys];
+        group.bench_function(t.name(), |b| {
+            b.iter(|| {
+                for (o, kr) in out.iter_mut().zip(k.chunks(row)) {
+                    *o = t.dot(kr, &qq).unwrap();
+                }
+            })
+        });
+    }
+    let keys16: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut out = vec![0.0; keys];
+    group.bench_function("f16_baseline", |b| {
+        b.iter(|| baseline::f16_scores(&q, &keys16, &mut out))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = bench, bench_decode_group
+    targets = bench, bench_decode_group, bench_ggml
 }
 criterion_main!(benches);
