@@ -185,8 +185,8 @@ impl BlockType {
     /// integer sums per block, then each block's scales, blocks added in order. The
     /// reference every SIMD kernel for these types is held to.
     ///
-    /// q8_0 and q4_0 keys run AVX2 where the CPU has it: the integer sums in SIMD (exact),
-    /// the floats as here, so the result is the same float.
+    /// q8_0 and q4_0 keys run AVX2 where the CPU has it, and NEON on ARM: the integer sums
+    /// in SIMD (exact), the floats as here, so the result is the same float.
     pub fn dot(self, keys: &[u8], query: &[u8]) -> Result<f32> {
         let blocks = keys.len() / self.block_bytes();
         check_len(keys.len(), blocks * self.block_bytes())?;
@@ -195,6 +195,15 @@ impl BlockType {
         if matches!(self, BlockType::Q8_0 | BlockType::Q4_0) && crate::kernels::avx2_available() {
             // SAFETY: AVX2 is present, and both lengths were checked against the blocks.
             return Ok(unsafe { avx2::dot(self, keys, query) });
+        }
+        #[cfg(all(
+            target_arch = "aarch64",
+            target_feature = "neon",
+            target_endian = "little"
+        ))]
+        if matches!(self, BlockType::Q8_0 | BlockType::Q4_0) {
+            // SAFETY: both lengths were checked against the blocks.
+            return Ok(unsafe { neon::dot(self, keys, query) });
         }
         Ok(self.dot_portable(keys, query))
     }
@@ -241,6 +250,70 @@ impl BlockType {
                     (dq * dk) * sumi(&|j| i32::from(IQ4_NL_LEVELS[c[j] as usize])) as f32
                 }
             };
+        }
+        sumf
+    }
+}
+
+/// NEON dot products for q8_0 and q4_0 keys against a q8_0 query (armv8.0: widening
+/// multiplies, no `sdot`).
+#[cfg(all(
+    target_arch = "aarch64",
+    target_feature = "neon",
+    target_endian = "little"
+))]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::{read_f16, BlockType, BLOCK};
+
+    /// Σ x_j·y_j over 32 signed bytes, exactly: products of at most 128·127 in i16, summed
+    /// pairwise into i32.
+    #[target_feature(enable = "neon")]
+    fn sum_i8(x0: int8x16_t, x1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 {
+        let mut acc = vpaddlq_s16(vmull_s8(vget_low_s8(x0), vget_low_s8(y0)));
+        acc = vpadalq_s16(acc, vmull_high_s8(x0, y0));
+        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(x1), vget_low_s8(y1)));
+        acc = vpadalq_s16(acc, vmull_high_s8(x1, y1));
+        vaddvq_s32(acc)
+    }
+
+    /// # Safety
+    /// `keys` holds whole blocks of `t` (q8_0 or q4_0) and `query` the q8_0 blocks for as
+    /// many coordinates.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dot(t: BlockType, keys: &[u8], query: &[u8]) -> f32 {
+        let mut sumf = 0.0f32;
+        for (k, q) in keys
+            .chunks_exact(t.block_bytes())
+            .zip(query.chunks_exact(2 + BLOCK))
+        {
+            let (dk, dq) = (read_f16(k, 0), read_f16(q, 0));
+            // SAFETY: q holds 34 bytes, k 34 (q8_0) or 18 (q4_0): the loads stay inside.
+            let (y0, y1) = unsafe {
+                (
+                    vld1q_s8(q[2..].as_ptr().cast()),
+                    vld1q_s8(q[18..].as_ptr().cast()),
+                )
+            };
+            if t == BlockType::Q8_0 {
+                let (x0, x1) = unsafe {
+                    (
+                        vld1q_s8(k[2..].as_ptr().cast()),
+                        vld1q_s8(k[18..].as_ptr().cast()),
+                    )
+                };
+                sumf += sum_i8(x0, x1, y0, y1) as f32 * (dk * dq);
+            } else {
+                let packed = unsafe { vld1q_u8(k[2..].as_ptr()) };
+                let eight = vdupq_n_s8(8);
+                let x0 = vsubq_s8(
+                    vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))),
+                    eight,
+                );
+                let x1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(packed)), eight);
+                sumf += sum_i8(x0, x1, y0, y1) as f32 * dk * dq;
+            }
         }
         sumf
     }
