@@ -142,6 +142,9 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   const policy = () => current.getAttribute("data-policy");
   const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
   const chart = await $('[data-testid="memory-chart"]');
+  // The stopped answer of the test before may still be leaving the engine: a switch asked
+  // while it generates is refused (as it should be), so wait for it to be idle first.
+  await waitForReady(app.browser, 30_000);
   await (await $('[data-testid="precision-f32"]')).click();
   await app.browser.waitUntil(async () => (await policy()) === "f32", { timeout: 10_000 });
   const wide = await kvBytes();
