@@ -120,22 +120,15 @@ impl BlockType {
             .zip(out.chunks_exact_mut(BLOCK))
         {
             let d = read_f16(q, 0);
-            match self {
-                BlockType::Q8_0 => {
-                    for (y, &c) in y.iter_mut().zip(&q[2..]) {
-                        *y = c as i8 as f32 * d;
-                    }
+            let levels = self.levels(q);
+            if matches!(self, BlockType::Q4_1 | BlockType::Q5_1) {
+                let m = read_f16(q, 2);
+                for (y, &l) in y.iter_mut().zip(&levels) {
+                    *y = l as f32 * d + m;
                 }
-                BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Iq4Nl => {
-                    let start = if self == BlockType::Q4_1 { 4 } else { 2 };
-                    let codes = nibbles(&q[start..start + BLOCK / 2], [0; 4]);
-                    dequantize_codes(self, q, d, &codes, y);
-                }
-                BlockType::Q5_0 | BlockType::Q5_1 => {
-                    let start = if self == BlockType::Q5_1 { 4 } else { 2 };
-                    let high = [q[start], q[start + 1], q[start + 2], q[start + 3]];
-                    let codes = nibbles(&q[start + 4..start + 4 + BLOCK / 2], high);
-                    dequantize_codes(self, q, d, &codes, y);
+            } else {
+                for (y, &l) in y.iter_mut().zip(&levels) {
+                    *y = l as f32 * d;
                 }
             }
         }
@@ -216,42 +209,46 @@ impl BlockType {
             .chunks_exact(self.block_bytes())
             .zip(query.chunks_exact(qb))
         {
-            let dk = read_f16(k, 0);
-            let dq = read_f16(q, 0);
-            let codes_q = &q[qb - BLOCK..];
-            let sumi = |levels: &dyn Fn(usize) -> i32| -> i32 {
-                codes_q
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &c)| levels(j) * i32::from(c as i8))
-                    .sum()
-            };
-            // The association of each type's products is ggml's, float for float.
-            sumf += match self {
-                BlockType::Q8_0 => sumi(&|j| i32::from(k[2 + j] as i8)) as f32 * (dk * dq),
-                BlockType::Q4_0 => {
-                    let c = nibbles(&k[2..18], [0; 4]);
-                    sumi(&|j| i32::from(c[j]) - 8) as f32 * dk * dq
-                }
-                BlockType::Q5_0 => {
-                    let c = nibbles(&k[6..22], [k[2], k[3], k[4], k[5]]);
-                    (dk * dq) * sumi(&|j| i32::from(c[j]) - 16) as f32
-                }
-                BlockType::Q4_1 => {
-                    let c = nibbles(&k[4..20], [0; 4]);
-                    (dk * dq) * sumi(&|j| i32::from(c[j])) as f32 + read_f16(k, 2) * read_f16(q, 2)
-                }
-                BlockType::Q5_1 => {
-                    let c = nibbles(&k[8..24], [k[4], k[5], k[6], k[7]]);
-                    (dk * dq) * sumi(&|j| i32::from(c[j])) as f32 + read_f16(k, 2) * read_f16(q, 2)
-                }
-                BlockType::Iq4Nl => {
-                    let c = nibbles(&k[2..18], [0; 4]);
-                    (dq * dk) * sumi(&|j| i32::from(IQ4_NL_LEVELS[c[j] as usize])) as f32
-                }
-            };
+            let sumi = self
+                .levels(k)
+                .iter()
+                .zip(&q[qb - BLOCK..])
+                .map(|(&l, &c)| l * i32::from(c as i8))
+                .sum();
+            sumf += self.block_term(k, q, sumi);
         }
         sumf
+    }
+
+    /// Each coordinate's integer level in a key block: what its scale multiplies (and its
+    /// minimum is added to, for q4_1 and q5_1). The one reading of the block layouts.
+    fn levels(self, k: &[u8]) -> [i32; BLOCK] {
+        let nib = |at: usize, high: [u8; 4], offset: i32| {
+            nibbles(&k[at..at + BLOCK / 2], high).map(|c| i32::from(c) - offset)
+        };
+        match self {
+            BlockType::Q8_0 => std::array::from_fn(|j| i32::from(k[2 + j] as i8)),
+            BlockType::Q4_0 => nib(2, [0; 4], 8),
+            BlockType::Q4_1 => nib(4, [0; 4], 0),
+            BlockType::Q5_0 => nib(6, [k[2], k[3], k[4], k[5]], 16),
+            BlockType::Q5_1 => nib(8, [k[4], k[5], k[6], k[7]], 0),
+            BlockType::Iq4Nl => nib(2, [0; 4], 0).map(|c| i32::from(IQ4_NL_LEVELS[c as usize])),
+        }
+    }
+
+    /// One block's share of a dot product, from its integer sum: the scales as ggml's
+    /// `vec_dot` for the type associates them, float for float. Every backend adds these.
+    fn block_term(self, k: &[u8], q: &[u8], sumi: i32) -> f32 {
+        let (dk, dq) = (read_f16(k, 0), read_f16(q, 0));
+        match self {
+            BlockType::Q8_0 => sumi as f32 * (dk * dq),
+            BlockType::Q4_0 => sumi as f32 * dk * dq,
+            BlockType::Q5_0 => (dk * dq) * sumi as f32,
+            BlockType::Q4_1 | BlockType::Q5_1 => {
+                (dk * dq) * sumi as f32 + read_f16(k, 2) * read_f16(q, 2)
+            }
+            BlockType::Iq4Nl => (dq * dk) * sumi as f32,
+        }
     }
 }
 
@@ -265,7 +262,7 @@ impl BlockType {
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::{read_f16, BlockType, BLOCK};
+    use super::{BlockType, BLOCK};
 
     /// Σ x_j·y_j over 32 signed bytes, exactly: products of at most 128·127 in i16, summed
     /// pairwise into i32.
@@ -288,7 +285,6 @@ mod neon {
             .chunks_exact(t.block_bytes())
             .zip(query.chunks_exact(2 + BLOCK))
         {
-            let (dk, dq) = (read_f16(k, 0), read_f16(q, 0));
             // SAFETY: q holds 34 bytes, k 34 (q8_0) or 18 (q4_0): the loads stay inside.
             let (y0, y1) = unsafe {
                 (
@@ -303,7 +299,7 @@ mod neon {
                         vld1q_s8(k[18..].as_ptr().cast()),
                     )
                 };
-                sumf += sum_i8(x0, x1, y0, y1) as f32 * (dk * dq);
+                sumf += t.block_term(k, q, sum_i8(x0, x1, y0, y1));
             } else {
                 let packed = unsafe { vld1q_u8(k[2..].as_ptr()) };
                 let eight = vdupq_n_s8(8);
@@ -312,7 +308,7 @@ mod neon {
                     eight,
                 );
                 let x1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(packed)), eight);
-                sumf += sum_i8(x0, x1, y0, y1) as f32 * dk * dq;
+                sumf += t.block_term(k, q, sum_i8(x0, x1, y0, y1));
             }
         }
         sumf
@@ -324,7 +320,7 @@ mod neon {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{read_f16, BlockType, BLOCK};
+    use super::{BlockType, BLOCK};
 
     /// Σ x_j·y_j over 32 signed bytes, exactly: |x| times y with x's sign, in pairs of at
     /// most 2·128·127 (an i16), then in i32.
@@ -353,18 +349,17 @@ mod avx2 {
             .chunks_exact(t.block_bytes())
             .zip(query.chunks_exact(2 + BLOCK))
         {
-            let (dk, dq) = (read_f16(k, 0), read_f16(q, 0));
             // SAFETY: q holds 34 bytes, k 34 (q8_0) or 18 (q4_0): the loads stay inside.
             let y = unsafe { _mm256_loadu_si256(q[2..].as_ptr().cast()) };
             if t == BlockType::Q8_0 {
                 let x = unsafe { _mm256_loadu_si256(k[2..].as_ptr().cast()) };
-                sumf += sum_i8(x, y) as f32 * (dk * dq);
+                sumf += t.block_term(k, q, sum_i8(x, y));
             } else {
                 let packed = unsafe { _mm_loadu_si128(k[2..].as_ptr().cast()) };
                 let low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
                 let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0F));
                 let x = _mm256_sub_epi8(_mm256_set_m128i(high, low), _mm256_set1_epi8(8));
-                sumf += sum_i8(x, y) as f32 * dk * dq;
+                sumf += t.block_term(k, q, sum_i8(x, y));
             }
         }
         sumf
@@ -409,33 +404,6 @@ fn pack_nibbles(codes: &[u8; BLOCK], packed: &mut [u8]) -> [u8; 4] {
         high |= u32::from((b >> 4) & 1) << (j + BLOCK / 2);
     }
     high.to_le_bytes()
-}
-
-fn dequantize_codes(t: BlockType, q: &[u8], d: f32, codes: &[u8; BLOCK], y: &mut [f32]) {
-    match t {
-        BlockType::Q4_0 => {
-            for (y, &c) in y.iter_mut().zip(codes) {
-                *y = (c as i32 - 8) as f32 * d;
-            }
-        }
-        BlockType::Q5_0 => {
-            for (y, &c) in y.iter_mut().zip(codes) {
-                *y = (c as i32 - 16) as f32 * d;
-            }
-        }
-        BlockType::Q4_1 | BlockType::Q5_1 => {
-            let m = read_f16(q, 2);
-            for (y, &c) in y.iter_mut().zip(codes) {
-                *y = c as f32 * d + m;
-            }
-        }
-        BlockType::Iq4Nl => {
-            for (y, &c) in y.iter_mut().zip(codes) {
-                *y = d * IQ4_NL_LEVELS[c as usize] as f32;
-            }
-        }
-        BlockType::Q8_0 => unreachable!("q8_0 has no nibbles"),
-    }
 }
 
 /// The coordinate of largest magnitude, with its sign (the first of equals, as the
