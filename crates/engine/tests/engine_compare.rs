@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 
 use kvlab_engine::chat::Message;
 use kvlab_engine::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use kvlab_engine::events::{
-    ConversationId, ConversationInfo, DoneReason, ErrorCode, Event, GenStats,
-};
+use kvlab_engine::events::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
 use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::RssProbe;
@@ -60,17 +58,6 @@ fn setup() -> Setup {
         tokenizer,
         _dir: dir,
     }
-}
-
-/// The default conversation as the engine reports it.
-fn conversation(engine: &EngineHandle) -> ConversationInfo {
-    let id = ConversationId::default_id();
-    engine
-        .status()
-        .conversations
-        .into_iter()
-        .find(|c| c.id == id)
-        .expect("the default conversation")
 }
 
 fn golden_ids() -> Vec<u32> {
@@ -340,7 +327,7 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
     assert_eq!((marker.from.as_str(), marker.to.as_str()), ("f32", "f16"));
     assert!(marker.t_ms > 1_700_000_000_000, "{}", marker.t_ms);
     assert_eq!(s.engine.status().kv.total_used, marker.kv_after.used);
-    assert_eq!(conversation(&s.engine).spec, "f16");
+    assert_eq!(common::default_conversation(&s.engine).spec, "f16");
     s.engine.shutdown();
 }
 

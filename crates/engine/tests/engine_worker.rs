@@ -108,14 +108,7 @@ impl Run {
 
 /// The default conversation's policy, as the engine reports it.
 fn policy_of_default(engine: &EngineHandle) -> String {
-    let id = ConversationId::default_id();
-    engine
-        .status()
-        .conversations
-        .into_iter()
-        .find(|c| c.id == id)
-        .map(|c| c.spec)
-        .expect("the default conversation")
+    common::default_conversation(engine).spec
 }
 
 /// A request run to its end; one refused when submitted is one error event.

@@ -173,15 +173,7 @@ impl CompareRun {
         started: Instant,
     ) -> Result<Self, GenerateError> {
         let max_context = model.config().max_position_embeddings;
-        if prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if prompt.len() > max_context {
-            return Err(GenerateError::ContextOverflow {
-                prompt: prompt.len(),
-                max: max_context,
-            });
-        }
+        super::check_prompt(prompt.len(), max_context)?;
         if req.max_tokens == 0 {
             return Err(GenerateError::NoTokens);
         }

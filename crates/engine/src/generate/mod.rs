@@ -225,16 +225,20 @@ pub fn render_within_context(
         }
         other => other?,
     };
-    if ids.is_empty() {
+    check_prompt(ids.len(), max)?;
+    Ok(ids)
+}
+
+/// A prompt of `len` tokens is something to run and fits `max` tokens of context: the one
+/// check, at submit and again where a turn or a comparison starts.
+pub(crate) fn check_prompt(len: usize, max: usize) -> Result<(), GenerateError> {
+    if len == 0 {
         return Err(GenerateError::EmptyPrompt);
     }
-    if ids.len() > max {
-        return Err(GenerateError::ContextOverflow {
-            prompt: ids.len(),
-            max,
-        });
+    if len > max {
+        return Err(GenerateError::ContextOverflow { prompt: len, max });
     }
-    Ok(ids)
+    Ok(())
 }
 
 /// The prompt's token ids.

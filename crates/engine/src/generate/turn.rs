@@ -49,15 +49,7 @@ impl Turn {
     ) -> Result<Self, GenerateError> {
         request.check()?;
         let max_context = request.context_limit(model.config().max_position_embeddings);
-        if prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if prompt.len() > max_context {
-            return Err(GenerateError::ContextOverflow {
-                prompt: prompt.len(),
-                max: max_context,
-            });
-        }
+        super::check_prompt(prompt.len(), max_context)?;
         let prepared = session.prepare(&prompt)?;
         let origin = if prepared.reread_coded {
             CacheOrigin::Reread

@@ -159,3 +159,16 @@ pub fn write_tiny_gguf(path: &Path, blocks: u32) {
     let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut f, &md_refs, &t_refs).expect("write gguf");
 }
+
+/// The default conversation as the engine reports it.
+pub fn default_conversation(
+    engine: &kvlab_engine::EngineHandle,
+) -> kvlab_engine::events::ConversationInfo {
+    let id = kvlab_engine::events::ConversationId::default_id();
+    engine
+        .status()
+        .conversations
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("the default conversation")
+}
