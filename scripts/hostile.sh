@@ -127,7 +127,9 @@ fi
 # own HTTP codes (kvlab_server::error::HttpCode).
 codes=" $(grep -E '^export type ErrorCode = ' ui/src/lib/bindings.ts | grep -oE '"[a-z0-9_]+"' | tr -d '"' | tr '\n' ' ') "
 codes+="$(grep -oE 'HttpCode::[A-Za-z]+ => "[a-z_]+"' crates/server/src/error.rs | grep -oE '"[a-z_]+"' | tr -d '"' | tr '\n' ' ') "
-rows="$(cat "${logs[@]}" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -E '^HOSTILE .+ -> [a-z0-9_]+$' || true)"
+# A row may follow libtest's "test NAME ... " on the same line (parallel tests share the
+# terminal's lines, and a row goes straight to stderr): it is taken from where it starts.
+rows="$(cat "${logs[@]}" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -oE 'HOSTILE .+ -> [a-z0-9_]+$' || true)"
 e2e_tallied=0
 grep -qE '^(ℹ tests|# tests) ' "${logs[@]}" 2>/dev/null && e2e_tallied=1
 
