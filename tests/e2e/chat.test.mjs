@@ -137,7 +137,7 @@ test("Esc stops an answer mid-stream", async () => {
   await setNumber(app.browser, "max-tokens", 24);
 });
 
-test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → TQ 3.6)", async () => {
+test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → TQ 3.6)", async () => {
   const current = await $('[data-testid="cache-current"]');
   const policy = () => current.getAttribute("data-policy");
   const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
@@ -153,6 +153,11 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   await app.browser.waitUntil(async () => (await policy()) === "f16", { timeout: 10_000 });
   const half = await kvBytes();
   assert.equal(half * 2, wide, `f16 holds half of f32 (${half} vs ${wide})`);
+  // llama.cpp's q8_0, stored as ggml stores it: 34 bytes for every 32 coordinates.
+  await (await $('[data-testid="precision-q8_0"]')).click();
+  await app.browser.waitUntil(async () => (await policy()) === "q8_0", { timeout: 30_000 });
+  const q8 = await kvBytes();
+  assert.equal(q8 * 64, half * 34, `q8_0 holds 34/64 of f16 (${q8} vs ${half})`);
   await (await $('[data-testid="precision-k4v3+qw"]')).click();
   // The engine's canonical SPEC: TurboQuant on every layer, as the "all" scope asks.
   await app.browser.waitUntil(async () => (await policy()) === "k4v3+qw@all", { timeout: 30_000 });
@@ -160,7 +165,7 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   assert.ok(tq > 0 && tq < half * 0.3, `TQ 3.6 holds ${tq} bytes vs ${half} in f16`);
   // The menu says what the preset costs and loses, as the engine measured it.
   assert.match(await (await $('[data-testid="preset-measured"]')).getText(), /^k4v3\+qw@all · 3\.63 bits per coordinate · mean KLD 0\.074/);
-  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "3", { timeout: 5_000 });
+  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "4", { timeout: 5_000 });
   // The conversation goes on in the new precision.
   const i = await send("Thanks!");
   const a = await waitForStats(i);

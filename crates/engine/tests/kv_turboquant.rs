@@ -162,6 +162,7 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                         let b = |s: &TqSide| match s {
                             TqSide::F16 => 2 * cfg.head_dim,
                             TqSide::Codes(c) => bytes_per_vector(cfg.head_dim, c).expect("codec"),
+                            TqSide::Block(t) => t.row_bytes(cfg.head_dim).expect("blocks"),
                         };
                         (b(&p.key), b(&p.value))
                     }

@@ -101,7 +101,11 @@ specs: ScopedSpecs,
  * What it costs and loses on all layers, as measured ([`MEASURED_ON`]); `None` for the
  * dense presets (FP16 is the reference).
  */
-measured: PresetFidelity | null, };
+measured: PresetFidelity | null, 
+/**
+ * One of llama.cpp's types (`-ctk`/`-ctv`), which a menu shows apart.
+ */
+llama_cpp: boolean, };
 
 export type CacheSelection = string | CacheChoice;
 
@@ -970,7 +974,7 @@ export type SessionSummary = { id: string, title: string, updated_ms: number,
  */
 cache?: SavedCache, };
 
-export type SideFormat = "f32" | "f16" | "bf16" | "8" | "6" | "5" | "4.5" | "4" | "3.5" | "3" | "2.5" | "2";
+export type SideFormat = "f32" | "f16" | "bf16" | "8" | "6" | "5" | "4.5" | "4" | "3.5" | "3" | "2.5" | "2" | "q8_0" | "q5_1" | "q5_0" | "q4_1" | "q4_0" | "iq4_nl";
 
 export type StopToken = { 
 /**

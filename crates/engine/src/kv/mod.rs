@@ -5,6 +5,7 @@
 mod attend;
 mod attend_cpu;
 mod dense;
+mod format;
 pub mod persist;
 mod pool;
 mod precision;

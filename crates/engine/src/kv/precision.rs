@@ -58,11 +58,8 @@ impl KvPrecision {
     /// ([`kvlab_turboquant::bytes_per_vector`]).
     pub fn token_bytes(self, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
         let side = |s: &TqSide| -> Result<usize> {
-            match s {
-                TqSide::F16 => Ok(head_dim * 2),
-                TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
-                    .map_err(|e| EngineError::invalid(format!("{self}: {e}"))),
-            }
+            super::format::side_bytes(s, head_dim)
+                .map_err(|e| EngineError::invalid(format!("{self}: {e}")))
         };
         let pair = match self {
             KvPrecision::F32 => head_dim * 8,

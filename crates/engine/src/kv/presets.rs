@@ -7,106 +7,11 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use super::spec::{CacheSpec, LayerScope};
+pub use super::format::SideFormat;
+use super::spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
 use super::storage::KvPrecision;
 use super::PrecisionPolicy;
 use crate::error::{EngineError, Result};
-
-/// How one side (keys or values) is stored, as a choice: a dense dtype or TurboQuant bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
-pub enum SideFormat {
-    /// 32-bit floats.
-    #[serde(rename = "f32")]
-    F32,
-    /// IEEE half precision.
-    #[serde(rename = "f16")]
-    F16,
-    /// bfloat16.
-    #[serde(rename = "bf16")]
-    Bf16,
-    /// TurboQuant, 8 bits per coordinate.
-    #[serde(rename = "8")]
-    Tq8,
-    /// TurboQuant, 6 bits.
-    #[serde(rename = "6")]
-    Tq6,
-    /// TurboQuant, 5 bits.
-    #[serde(rename = "5")]
-    Tq5,
-    /// TurboQuant, 4.5 bits (half the coordinates at 5, half at 4).
-    #[serde(rename = "4.5")]
-    Tq4_5,
-    /// TurboQuant, 4 bits per coordinate.
-    #[serde(rename = "4")]
-    Tq4,
-    /// TurboQuant, 3.5 bits (half the coordinates at 4, half at 3).
-    #[serde(rename = "3.5")]
-    Tq3_5,
-    /// TurboQuant, 3 bits.
-    #[serde(rename = "3")]
-    Tq3,
-    /// TurboQuant, 2.5 bits.
-    #[serde(rename = "2.5")]
-    Tq2_5,
-    /// TurboQuant, 2 bits.
-    #[serde(rename = "2")]
-    Tq2,
-}
-
-impl SideFormat {
-    /// Every format, dense first, then TurboQuant from most to fewest bits.
-    pub const ALL: [SideFormat; 12] = [
-        SideFormat::F32,
-        SideFormat::F16,
-        SideFormat::Bf16,
-        SideFormat::Tq8,
-        SideFormat::Tq6,
-        SideFormat::Tq5,
-        SideFormat::Tq4_5,
-        SideFormat::Tq4,
-        SideFormat::Tq3_5,
-        SideFormat::Tq3,
-        SideFormat::Tq2_5,
-        SideFormat::Tq2,
-    ];
-
-    /// The token the SPEC grammar uses for this side (`f16`, `3.5`, …).
-    fn token(self) -> &'static str {
-        match self {
-            SideFormat::F32 => "f32",
-            SideFormat::F16 => "f16",
-            SideFormat::Bf16 => "bf16",
-            SideFormat::Tq8 => "8",
-            SideFormat::Tq6 => "6",
-            SideFormat::Tq5 => "5",
-            SideFormat::Tq4_5 => "4.5",
-            SideFormat::Tq4 => "4",
-            SideFormat::Tq3_5 => "3.5",
-            SideFormat::Tq3 => "3",
-            SideFormat::Tq2_5 => "2.5",
-            SideFormat::Tq2 => "2",
-        }
-    }
-
-    fn is_dense(self) -> bool {
-        matches!(self, SideFormat::F32 | SideFormat::F16 | SideFormat::Bf16)
-    }
-
-    /// Whether the side is TurboQuant codes.
-    pub fn is_turboquant(self) -> bool {
-        !self.is_dense()
-    }
-
-    /// What a menu shows (`FP16`, `TQ 3.5`).
-    pub fn label(self) -> String {
-        match self {
-            SideFormat::F32 => "FP32".into(),
-            SideFormat::F16 => "FP16".into(),
-            SideFormat::Bf16 => "BF16".into(),
-            tq => format!("TQ {}", tq.token()),
-        }
-    }
-}
 
 /// A cache as a user picks it: each side's format and the layers it applies to (the other
 /// layers stay f16).
@@ -121,35 +26,39 @@ pub struct CacheChoice {
 }
 
 impl CacheChoice {
-    /// The SPEC this choice stands for. Dense formats cover both sides (`f32` keys with
-    /// `f32` values); TurboQuant sides may differ, and either may be `f16`. TurboQuant keys
-    /// are query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of
-    /// the caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`).
+    /// The SPEC this choice stands for, built from the registry's rows. Dense formats
+    /// cover both sides (`f32` keys with `f32` values); quantized sides (TurboQuant or
+    /// llama.cpp's types) may differ, and either may be `f16`. TurboQuant keys are
+    /// query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of the
+    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`).
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
-        let body = if k == v && k.is_dense() {
-            k.token().to_string()
-        } else if k == v {
-            format!("tq{}", k.token())
-        } else if (k.is_dense() && k != SideFormat::F16) || (v.is_dense() && v != SideFormat::F16) {
+        if k == v && k.is_dense() {
+            let precision = match k {
+                SideFormat::F32 => KvPrecision::F32,
+                SideFormat::Bf16 => KvPrecision::BF16,
+                _ => KvPrecision::F16,
+            };
+            return Ok(CacheSpec::dense(precision, self.scope));
+        }
+        let (Some(key), Some(value)) = (k.side(true), v.side(false)) else {
             return Err(EngineError::invalid(format!(
-                "keys {} with values {}: a side can only be f16 when the other is TurboQuant",
+                "keys {} with values {}: a side can only be f16 when the other is quantized",
                 k.label(),
                 v.label()
             )));
-        } else {
-            format!("k{}v{}", k.token(), v.token())
         };
-        let weigh = if k.is_turboquant() { "+qw" } else { "" };
-        CacheSpec::parse(&format!("{body}{weigh}@{}", scope_token(self.scope)))
-    }
-}
-
-fn scope_token(s: LayerScope) -> &'static str {
-    match s {
-        LayerScope::All => "all",
-        LayerScope::Full => "full",
-        LayerScope::Sliding => "sliding",
+        if key == TqSide::F16 && value == TqSide::F16 {
+            return Ok(CacheSpec::Dense(KvPrecision::F16));
+        }
+        let precision = TqPrecision {
+            weigh_keys: k.is_turboquant(),
+            ..TqPrecision::new(key, value)
+        };
+        Ok(CacheSpec::TurboQuant {
+            precision,
+            scope: self.scope,
+        })
     }
 }
 
@@ -207,6 +116,8 @@ pub struct CachePreset {
     /// What it costs and loses on all layers, as measured ([`MEASURED_ON`]); `None` for the
     /// dense presets (FP16 is the reference).
     pub measured: Option<PresetFidelity>,
+    /// One of llama.cpp's types (`-ctk`/`-ctv`), which a menu shows apart.
+    pub llama_cpp: bool,
 }
 
 /// A preset's measured cost and loss on all layers.
@@ -234,6 +145,15 @@ const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
     (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0452, 0.8759),
     (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0743, 0.8350),
     (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1585, 0.7610),
+];
+
+/// llama.cpp's types as presets, measured by this engine as the TurboQuant ones are (keys,
+/// values, bits per coordinate, mean KLD, top-1; all layers, [`MEASURED_ON`], rotated as
+/// upstream does).
+const LLAMA_CPP_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 3] = [
+    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0032, 0.9624),
+    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0080, 0.9406),
+    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1328, 0.7754),
 ];
 
 /// A cache a menu offers by its SPEC, with the label it shows.
@@ -282,18 +202,32 @@ pub struct FormatOption {
 /// by its measured bits per coordinate.
 pub fn presets() -> Vec<CachePreset> {
     use SideFormat::*;
-    let dense = [F32, F16].map(|f| (f.label(), f, f, None));
-    let turboquant = TURBOQUANT_PRESETS.map(|(keys, values, bits, kld, top1)| {
+    let dense = [F32, F16].map(|f| (f.label().to_string(), f, f, None));
+    let measured = |(keys, values, bits, kld, top1): (SideFormat, SideFormat, f64, f64, f64)| {
         let measured = PresetFidelity {
             bits_per_coordinate: bits,
             mean_kld: kld,
             top1_agreement: top1,
         };
-        (format!("TQ {bits:.1}"), keys, values, Some(measured))
+        (keys, values, Some(measured))
+    };
+    let turboquant = TURBOQUANT_PRESETS.map(measured).map(|(keys, values, m)| {
+        let bits = m.map_or(0.0, |m| m.bits_per_coordinate);
+        (format!("TQ {bits:.1}"), keys, values, m)
+    });
+    // llama.cpp's types are named as llama.cpp names them (`-ctk q8_0 -ctv q4_0`).
+    let llama_cpp = LLAMA_CPP_PRESETS.map(measured).map(|(keys, values, m)| {
+        let label = if keys == values {
+            keys.label().to_string()
+        } else {
+            format!("{}/{}", keys.label(), values.label())
+        };
+        (label, keys, values, m)
     });
     dense
         .into_iter()
         .chain(turboquant)
+        .chain(llama_cpp)
         .filter_map(|(label, keys, values, measured)| {
             let at = |scope| {
                 CacheChoice {
@@ -307,6 +241,7 @@ pub fn presets() -> Vec<CachePreset> {
             };
             let all = at(LayerScope::All)?;
             Some(CachePreset {
+                llama_cpp: !keys.is_dense() && !keys.is_turboquant(),
                 id: all.trim_end_matches("@all").to_string(),
                 label,
                 keys,
@@ -327,6 +262,7 @@ pub fn cache_options() -> CacheOptions {
     let presets = presets();
     let suggested = presets
         .iter()
+        .filter(|p| p.keys.is_turboquant())
         .filter_map(|p| Some((p, p.measured?)))
         .filter(|(_, m)| m.bits_per_coordinate <= SUGGESTED_MAX_BITS)
         .min_by(|a, b| a.1.mean_kld.total_cmp(&b.1.mean_kld))
@@ -350,12 +286,11 @@ pub fn cache_options() -> CacheOptions {
         suggested_spec: suggested.map(|p| p.specs.all.clone()).unwrap_or_default(),
         compare,
         presets,
-        formats: SideFormat::ALL
-            .iter()
-            .filter(|f| !f.is_dense() || **f == SideFormat::F16)
-            .map(|&format| FormatOption {
+        formats: SideFormat::all()
+            .filter(|f| !f.is_dense() || *f == SideFormat::F16)
+            .map(|format| FormatOption {
                 format,
-                label: format.label(),
+                label: format.label().to_string(),
             })
             .collect(),
     }
@@ -456,6 +391,41 @@ mod tests {
         );
         assert!(spec(choice(F32, Tq3, LayerScope::All)).is_err());
         assert!(spec(choice(F16, F32, LayerScope::All)).is_err());
+        assert!(spec(choice(Q8_0, Bf16, LayerScope::All)).is_err());
+        // llama.cpp's types: every layer by default, as -ctk/-ctv.
+        assert_eq!(spec(choice(Q8_0, Q8_0, LayerScope::All)).unwrap(), "q8_0");
+        assert_eq!(
+            spec(choice(Q8_0, Q4_0, LayerScope::Full)).unwrap(),
+            "q8_0/q4_0@full"
+        );
+        assert_eq!(
+            spec(choice(F16, Q4_0, LayerScope::All)).unwrap(),
+            "f16/q4_0"
+        );
+        assert_eq!(
+            spec(choice(Q8_0, Tq3, LayerScope::All)).unwrap(),
+            "q8_0/tq3"
+        );
+        assert_eq!(
+            spec(choice(Tq4, Iq4Nl, LayerScope::All)).unwrap(),
+            "tq4/iq4_nl+qw"
+        );
+    }
+
+    #[test]
+    fn every_choice_built_directly_is_the_spec_its_text_parses_to() {
+        let scopes = [LayerScope::All, LayerScope::Full, LayerScope::Sliding];
+        for keys in SideFormat::all() {
+            for values in SideFormat::all() {
+                for scope in scopes {
+                    let Ok(built) = choice(keys, values, scope).spec() else {
+                        continue;
+                    };
+                    let parsed = CacheSpec::parse(&built.to_string()).unwrap();
+                    assert_eq!(parsed, built, "{keys:?} {values:?} {scope:?}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -471,7 +441,7 @@ mod tests {
     #[test]
     fn every_preset_round_trips_through_its_policy() {
         let presets = presets();
-        assert_eq!(presets.len(), 7);
+        assert_eq!(presets.len(), 10);
         assert_eq!(presets[5].label, "TQ 3.6");
         assert_eq!(presets[5].id, "k4v3+qw");
         assert_eq!(presets[5].specs.all, "k4v3+qw@all");
@@ -488,17 +458,27 @@ mod tests {
         // Dense presets carry no figures; the TurboQuant ones run from most to fewest bits,
         // each losing more than the last, and each is labelled by its bits.
         assert!(presets[..2].iter().all(|p| p.measured.is_none()));
-        let measured: Vec<PresetFidelity> =
-            presets[2..].iter().filter_map(|p| p.measured).collect();
-        assert_eq!(measured.len(), 5);
-        for w in measured.windows(2) {
-            assert!(w[0].bits_per_coordinate > w[1].bits_per_coordinate);
-            assert!(w[0].mean_kld < w[1].mean_kld);
+        // The same holds for llama.cpp's types, named as llama.cpp names them.
+        for (group, labels) in [
+            (&presets[2..7], None),
+            (&presets[7..], Some(["q8_0", "q8_0/q4_0", "q4_0"])),
+        ] {
+            let measured: Vec<PresetFidelity> = group.iter().filter_map(|p| p.measured).collect();
+            assert_eq!(measured.len(), group.len());
+            for w in measured.windows(2) {
+                assert!(w[0].bits_per_coordinate > w[1].bits_per_coordinate);
+                assert!(w[0].mean_kld < w[1].mean_kld);
+            }
+            for (i, p) in group.iter().enumerate() {
+                let bits = p.measured.map(|m| m.bits_per_coordinate).unwrap_or(0.0);
+                match labels {
+                    None => assert_eq!(p.label, format!("TQ {bits:.1}")),
+                    Some(l) => assert_eq!(p.label, l[i]),
+                }
+            }
         }
-        for p in &presets[2..] {
-            let bits = p.measured.map(|m| m.bits_per_coordinate).unwrap_or(0.0);
-            assert_eq!(p.label, format!("TQ {bits:.1}"));
-        }
+        assert_eq!(presets[8].specs.all, "q8_0/q4_0");
+        assert_eq!(presets[8].specs.full, "q8_0/q4_0@full");
         let options = cache_options();
         assert_eq!(
             options
@@ -508,7 +488,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [
                 "FP16", "TQ 8", "TQ 6", "TQ 5", "TQ 4.5", "TQ 4", "TQ 3.5", "TQ 3", "TQ 2.5",
-                "TQ 2"
+                "TQ 2", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"
             ]
         );
         // The UI names caches only through these; the suggested cache is the least lossy
@@ -520,9 +500,10 @@ mod tests {
             .iter()
             .map(|c| (c.spec.as_str(), c.label.as_str()))
             .collect();
-        assert_eq!(compare.len(), 8);
+        assert_eq!(compare.len(), 11);
         assert_eq!(compare[1], ("f16", "FP16"));
-        assert_eq!(compare[7], ("k4v3+qw", "TQ 3.6 full layers only"));
+        assert_eq!(compare[9], ("q4_0", "q4_0"));
+        assert_eq!(compare[10], ("k4v3+qw", "TQ 3.6 full layers only"));
     }
 
     #[test]

@@ -11,9 +11,15 @@
 //! TQ      := BASE ( "+" OPTION | "@" SCOPE )*
 //! BASE    := "tq" BITS                                keys and values at BITS
 //!          | "k" SIDE "v" SIDE                        keys and values apart
+//!          | TYPE                                     llama.cpp's type on both sides
+//!          | PSIDE "/" PSIDE                          keys/values, as -ctk/-ctv
 //! SIDE    := BITS | "f16"                             f16: that side stays dense f16
+//! PSIDE   := TYPE | "tq" BITS | "f16"
+//! TYPE    := "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "iq4_nl"   ggml's blocks
 //! BITS    := "1" | "2" | "2.5" | "3" | "3.5" | "4" | "4.5" | "5" | "5.5" | "6" | "7" | "8"
-//! SCOPE   := "full" (default) | "sliding" | "all"     which layers are quantized
+//! SCOPE   := "full" | "sliding" | "all"              which layers are quantized; the
+//!                                                     default is "all" when a side is a
+//!                                                     TYPE (as llama.cpp), else "full"
 //! OPTION  := "mse" (default) | "prod"                 TurboQuant variant
 //!          | "nc"                                     norm correction (mse only)
 //!          | "ub" | "plain"                            norm scale of both sides (below)
@@ -21,7 +27,15 @@
 //!          | "qw"                                     keys weighted by query energy (below)
 //!          | "hadamard" (default) | "haar"            rotation
 //!          | "seed=" N  | "s" N                       rotation seed (u64, default 0)
+//!          | "norot"                                  TYPE sides stored unrotated
 //! ```
+//!
+//! llama.cpp's types (`TYPE`) are stored as ggml stores them, block for block
+//! ([`kvlab_turboquant::ggml`]), and rotated as upstream does since April 2026 (PR #21038):
+//! when the head size is a multiple of 64, keys (and the queries scored against them) by the
+//! normalized Hadamard matrix of the largest power of two dividing it, values by 64-wide
+//! blocks, the attention output rotated back. `+norot` is `LLAMA_ATTN_ROT_DISABLE=1`. The
+//! options other than `norot` and `qw` tune TurboQuant sides and need one.
 //!
 //! Norm scale (mse only): by default keys store the unbiased scale (`Spec::unbiased`: a
 //! query aligned with a key sees all of it, where the plain norm shrinks every score by
@@ -64,6 +78,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use kvlab_turboquant::ggml::BlockType;
 use kvlab_turboquant::{Bits, RotationKind, Spec, Variant};
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
@@ -72,7 +87,7 @@ use super::storage::KvPrecision;
 use super::PrecisionPolicy;
 use crate::error::{EngineError, Result};
 
-/// How one side (keys or values) of a TurboQuant layer is stored.
+/// How one side (keys or values) of a quantized layer is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TqSide {
@@ -80,19 +95,39 @@ pub enum TqSide {
     F16,
     /// TurboQuant codes under this codec spec.
     Codes(Spec),
+    /// One of llama.cpp's block types (`q8_0`, `q4_0`, …), bit for bit as ggml stores it.
+    Block(BlockType),
 }
 
 impl TqSide {
-    /// The codec spec, if this side is quantized.
+    /// The codec spec, if this side is TurboQuant codes.
     pub fn spec(&self) -> Option<&Spec> {
         match self {
-            TqSide::F16 => None,
             TqSide::Codes(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The llama.cpp block type, if this side is one.
+    pub fn block(&self) -> Option<BlockType> {
+        match self {
+            TqSide::Block(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// The side's token in the `key/value` SPEC form (`f16`, `tq3.5`, `q8_0`).
+    fn token(&self) -> String {
+        match self {
+            TqSide::F16 => "f16".to_string(),
+            TqSide::Codes(c) => format!("tq{}", bits_str(c.bits)),
+            TqSide::Block(b) => b.name().to_string(),
         }
     }
 }
 
-/// The precision of one TurboQuant layer: keys and values each quantized or dense f16.
+/// The precision of one quantized layer: keys and values each TurboQuant codes, a llama.cpp
+/// block type or dense f16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TqPrecision {
     /// How keys are stored.
@@ -106,6 +141,14 @@ pub struct TqPrecision {
     /// doc).
     #[serde(default)]
     pub weigh_keys: bool,
+    /// Whether block-type sides are stored Hadamard-rotated as upstream llama.cpp does
+    /// (`+norot` turns it off; module doc). TurboQuant sides always rotate.
+    #[serde(default = "rotate_by_default")]
+    pub rotate: bool,
+}
+
+fn rotate_by_default() -> bool {
+    true
 }
 
 fn center_by_default() -> bool {
@@ -120,36 +163,65 @@ impl TqPrecision {
             value,
             center: true,
             weigh_keys: false,
+            rotate: true,
+        }
+    }
+
+    /// Whether a side is one of llama.cpp's block types (the SPEC then takes the
+    /// `key/value` form and covers every layer unless scoped).
+    pub fn has_block(&self) -> bool {
+        self.key.block().is_some() || self.value.block().is_some()
+    }
+
+    /// The layers a SPEC of this precision covers when it names no scope: every layer for
+    /// llama.cpp's types (what `-ctk`/`-ctv` do), the full-attention ones for TurboQuant.
+    pub fn default_scope(&self) -> LayerScope {
+        if self.has_block() {
+            LayerScope::All
+        } else {
+            LayerScope::Full
         }
     }
 }
 
 impl fmt::Display for TqPrecision {
-    /// The SPEC form without a scope (`tq4`, `k4vf16+nc`).
+    /// The SPEC form without a scope (`tq4`, `k4vf16+nc`, `q8_0/q4_0+norot`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let side = |s: &TqSide| match s {
-            TqSide::F16 => "f16".to_string(),
-            TqSide::Codes(c) => bits_str(c.bits).to_string(),
-        };
-        let same_bits = match (self.key.spec(), self.value.spec()) {
-            (Some(k), Some(v)) => k.bits == v.bits,
-            _ => false,
-        };
-        if same_bits {
-            write!(f, "tq{}", side(&self.key))?;
+        if self.has_block() {
+            let (k, v) = (self.key.token(), self.value.token());
+            if k == v {
+                f.write_str(&k)?;
+            } else {
+                write!(f, "{k}/{v}")?;
+            }
         } else {
-            write!(f, "k{}v{}", side(&self.key), side(&self.value))?;
+            let side = |s: &TqSide| match s {
+                TqSide::Codes(c) => bits_str(c.bits).to_string(),
+                _ => "f16".to_string(),
+            };
+            let same_bits = match (self.key.spec(), self.value.spec()) {
+                (Some(k), Some(v)) => k.bits == v.bits,
+                _ => false,
+            };
+            if same_bits {
+                write!(f, "tq{}", side(&self.key))?;
+            } else {
+                write!(f, "k{}v{}", side(&self.key), side(&self.value))?;
+            }
         }
-        // Options are shared by both sides; print those of the first quantized one.
+        // Options are shared by both sides; print those of the first TurboQuant one.
         if let Some(s) = self.key.spec().or(self.value.spec()) {
             write_options(f, s)?;
-        }
-        f.write_str(scale_option(&self.key, &self.value))?;
-        if !self.center {
-            f.write_str("+nocenter")?;
+            f.write_str(scale_option(&self.key, &self.value))?;
+            if !self.center {
+                f.write_str("+nocenter")?;
+            }
         }
         if self.weigh_keys {
             f.write_str("+qw")?;
+        }
+        if self.has_block() && !self.rotate {
+            f.write_str("+norot")?;
         }
         Ok(())
     }
@@ -218,6 +290,16 @@ impl CacheSpec {
         }
     }
 
+    /// One dense precision on the layers of `scope`, f16 elsewhere, in canonical form (f16
+    /// anywhere is f16 everywhere).
+    pub fn dense(precision: KvPrecision, scope: LayerScope) -> Self {
+        if scope == LayerScope::All || precision == KvPrecision::F16 {
+            CacheSpec::Dense(precision)
+        } else {
+            CacheSpec::DenseScoped { precision, scope }
+        }
+    }
+
     /// True for TurboQuant SPECs.
     pub fn is_turboquant(&self) -> bool {
         matches!(self, CacheSpec::TurboQuant { .. })
@@ -259,7 +341,7 @@ impl fmt::Display for CacheSpec {
             }
             CacheSpec::TurboQuant { precision, scope } => {
                 write!(f, "{precision}")?;
-                if *scope != LayerScope::Full {
+                if *scope != precision.default_scope() {
                     write!(f, "@{}", scope.name())?;
                 }
                 Ok(())
@@ -341,7 +423,7 @@ fn scale_option(key: &TqSide, value: &TqSide) -> &'static str {
 
 fn bad(spec: &str, why: impl fmt::Display) -> EngineError {
     EngineError::invalid(format!(
-        "invalid cache spec `{spec}`: {why} (expected e.g. f16, tq4, tq3.5@all, k4v3, k4vf16, tq3+nc+haar)"
+        "invalid cache spec `{spec}`: {why} (expected e.g. f16, tq4, tq3.5@all, k4v3, q8_0, q8_0/q4_0, f16/tq3)"
     ))
 }
 
@@ -410,37 +492,35 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
                 ))
             }
         };
-        // Layers outside the scope are f16, so f16 on any scope is f16 everywhere.
-        return Ok(if scope == LayerScope::All || p == KvPrecision::F16 {
-            CacheSpec::Dense(p)
-        } else {
-            CacheSpec::DenseScoped {
-                precision: p,
-                scope,
-            }
-        });
+        return Ok(CacheSpec::dense(p, scope));
     }
 
-    let (key, value) = if let Some(b) = base.strip_prefix("tq") {
-        let bits = parse_side(input, b)?;
-        if bits.is_none() {
-            return Err(bad(input, "use `f16` for a dense cache"));
+    let (key, value) = if let Some((k, v)) = base.split_once('/') {
+        (parse_pair_side(input, k)?, parse_pair_side(input, v)?)
+    } else if let Some(t) = BlockType::from_name(base) {
+        (SideTok::Block(t), SideTok::Block(t))
+    } else if let Some(b) = base.strip_prefix("tq") {
+        match parse_side(input, b)? {
+            Some(bits) => (SideTok::Bits(bits), SideTok::Bits(bits)),
+            None => return Err(bad(input, "use `f16` for a dense cache")),
         }
-        (bits, bits)
     } else if let Some(kv) = base.strip_prefix('k') {
         let Some((k, v)) = kv.split_once('v') else {
             return Err(bad(input, "`k…` must be followed by `v…`"));
         };
-        (parse_side(input, k)?, parse_side(input, v)?)
+        let tok = |b: Option<Bits>| b.map_or(SideTok::F16, SideTok::Bits);
+        (tok(parse_side(input, k)?), tok(parse_side(input, v)?))
     } else {
         return Err(bad(input, format!("unknown format `{base}`")));
     };
-    if key.is_none() && value.is_none() {
+    if key == SideTok::F16 && value == SideTok::F16 {
         return Err(bad(
             input,
             "neither keys nor values are quantized; use `f16`",
         ));
     }
+    let has_tq = matches!(key, SideTok::Bits(_)) || matches!(value, SideTok::Bits(_));
+    let has_block = matches!(key, SideTok::Block(_)) || matches!(value, SideTok::Block(_));
 
     let mut scope: Option<LayerScope> = None;
     let mut variant: Option<Variant> = None;
@@ -450,6 +530,7 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
     let mut center = true;
     let mut weigh_keys = false;
     let mut seed: Option<u64> = None;
+    let mut rotate = true;
     for (marker, body) in suffixes {
         let dup = || {
             bad(
@@ -468,6 +549,25 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
                 return Err(dup());
             }
             continue;
+        }
+        if body == "norot" {
+            if !has_block {
+                return Err(bad(
+                    input,
+                    "`+norot` turns off the rotation of llama.cpp's types; this cache has none",
+                ));
+            }
+            if !rotate {
+                return Err(dup());
+            }
+            rotate = false;
+            continue;
+        }
+        if !has_tq {
+            return Err(bad(
+                input,
+                format!("`+{body}` is a TurboQuant option; this cache has no TurboQuant side"),
+            ));
         }
         match body {
             "mse" | "prod" => {
@@ -506,8 +606,11 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
                 if weigh_keys {
                     return Err(dup());
                 }
-                if key.is_none() {
-                    return Err(bad(input, "`+qw` weighs coded keys; these keys are f16"));
+                if !matches!(key, SideTok::Bits(_)) {
+                    return Err(bad(
+                        input,
+                        "`+qw` weighs TurboQuant keys; these keys are not",
+                    ));
                 }
                 weigh_keys = true;
             }
@@ -529,9 +632,11 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
         }
     }
 
-    let make = |bits: Option<Bits>, is_key: bool| -> Result<TqSide> {
-        let Some(bits) = bits else {
-            return Ok(TqSide::F16);
+    let make = |side: SideTok, is_key: bool| -> Result<TqSide> {
+        let bits = match side {
+            SideTok::F16 => return Ok(TqSide::F16),
+            SideTok::Block(t) => return Ok(TqSide::Block(t)),
+            SideTok::Bits(bits) => bits,
         };
         let s = Spec {
             bits,
@@ -548,15 +653,42 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
         s.validate().map_err(|e| bad(input, e))?;
         Ok(TqSide::Codes(s))
     };
+    let precision = TqPrecision {
+        key: make(key, true)?,
+        value: make(value, false)?,
+        center,
+        weigh_keys,
+        rotate,
+    };
     Ok(CacheSpec::TurboQuant {
-        precision: TqPrecision {
-            key: make(key, true)?,
-            value: make(value, false)?,
-            center,
-            weigh_keys,
-        },
-        scope: scope.unwrap_or_default(),
+        scope: scope.unwrap_or(precision.default_scope()),
+        precision,
     })
+}
+
+/// One side of a SPEC before its options are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SideTok {
+    F16,
+    Bits(Bits),
+    Block(BlockType),
+}
+
+/// A side of the `key/value` form, as the registry names it: `f16`, `tq` BITS or one of
+/// llama.cpp's type names.
+fn parse_pair_side(spec: &str, s: &str) -> Result<SideTok> {
+    use super::format::{Kind, SideFormat};
+    match SideFormat::from_token(s).map(|f| (f, f.row().kind)) {
+        Some((SideFormat::F16, _)) => Ok(SideTok::F16),
+        Some((_, Kind::TurboQuant(bits))) => Ok(SideTok::Bits(bits)),
+        Some((_, Kind::Block(t))) => Ok(SideTok::Block(t)),
+        _ => Err(bad(
+            spec,
+            format!(
+                "`{s}` is not a side format (f16, tq BITS, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -684,6 +816,72 @@ mod tests {
             let back: CacheSpec =
                 serde_json::from_str(&json).map_err(|e| EngineError::invalid(e.to_string()))?;
             assert_eq!(back, s);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn llama_cpp_types_take_the_key_value_form() -> Result<()> {
+        use BlockType::*;
+        let pair = |s: &str| -> Result<(TqPrecision, LayerScope)> {
+            match CacheSpec::parse(s)? {
+                CacheSpec::TurboQuant { precision, scope } => Ok((precision, scope)),
+                other => Err(EngineError::invalid(format!("{other} is dense"))),
+            }
+        };
+        let (p, scope) = pair("q8_0")?;
+        assert_eq!((p.key, p.value), (TqSide::Block(Q8_0), TqSide::Block(Q8_0)));
+        // As -ctk/-ctv: every layer unless scoped, rotated unless told not to.
+        assert_eq!(scope, LayerScope::All);
+        assert!(p.rotate);
+        let (p, _) = pair("Q8_0/q4_0")?;
+        assert_eq!((p.key, p.value), (TqSide::Block(Q8_0), TqSide::Block(Q4_0)));
+        let (p, _) = pair("f16/iq4_nl+norot")?;
+        assert_eq!(
+            (p.key, p.value, p.rotate),
+            (TqSide::F16, TqSide::Block(Iq4Nl), false)
+        );
+        let (p, scope) = pair("q8_0/tq3@full")?;
+        assert_eq!(p.key, TqSide::Block(Q8_0));
+        assert_eq!(p.value, tq(Bits::B3));
+        assert_eq!(scope, LayerScope::Full);
+        let (p, _) = pair("tq4/q4_1+qw+nc")?;
+        assert!(p.weigh_keys);
+        assert_eq!(p.key.spec().map(|s| s.norm_correction), Some(true));
+        for (input, canonical) in [
+            ("q8_0", "q8_0"),
+            ("q8_0/q8_0@all", "q8_0"),
+            ("q4_0@full", "q4_0@full"),
+            ("q8_0/q4_0", "q8_0/q4_0"),
+            ("q4_0+norot", "q4_0+norot"),
+            ("q5_1/f16@sliding+norot", "q5_1/f16+norot@sliding"),
+            ("f16/q4_0", "f16/q4_0"),
+            ("q8_0/tq3", "q8_0/tq3"),
+            ("tq3.5/q5_0+qw", "tq3.5/q5_0+qw"),
+            // Without a llama.cpp side, the slash form is TurboQuant's.
+            ("tq4/tq3", "k4v3"),
+            ("f16/tq3@all", "kf16v3@all"),
+        ] {
+            let s = CacheSpec::parse(input)?;
+            assert_eq!(s.to_string(), canonical, "{input}");
+            assert_eq!(CacheSpec::parse(canonical)?, s, "{input}");
+        }
+        for bad in [
+            "q8_0+nc",
+            "q4_0+qw",
+            "f16/q4_0+nocenter",
+            "tq4+norot",
+            "q4_0+norot+norot",
+            "q9_0",
+            "q8_0/f32",
+            "f16/f16",
+            "q8_0/",
+            "/q4_0",
+            "q8_0/q4_0/q4_0",
+            "tqf16/q4_0",
+            "q4_k",
+        ] {
+            assert!(CacheSpec::parse(bad).is_err(), "{bad:?} should be rejected");
         }
         Ok(())
     }

@@ -184,3 +184,47 @@ fn a_plan_weighs_what_the_switched_cache_holds() -> Result<()> {
     assert!(cache.apply(&plan).is_err());
     Ok(())
 }
+
+#[test]
+fn switches_reach_and_leave_llama_cpp_types() -> Result<()> {
+    // The fixture's heads (16 wide) are not whole ggml blocks; 64 are, and rotate.
+    let mut cfg = config()?;
+    cfg.layers.iter_mut().for_each(|l| l.head_dim = 64);
+    let n = 700;
+    let mut cache = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
+    fill(&mut cache, &cfg, n, 300)?;
+    let full = 2;
+    let (k32, _) = dense(&cache, full)?;
+    let scale = k32.abs()?.max_all()?.to_scalar::<f32>()?;
+    let mut last = None;
+    for (to, bound) in [
+        ("q8_0", 0.02),
+        ("f16/q4_0", 0.02),
+        ("q8_0/tq3", 0.05),
+        ("q4_0+norot", 0.2),
+        ("f32", 0.2),
+    ] {
+        let plan = cache.plan(&spec(to)?)?;
+        cache.apply(&plan)?;
+        assert_eq!(cache.memory().total.0 as u64, plan.bytes_after(), "{to}");
+        let (k, v) = dense(&cache, full)?;
+        let rel = max_diff(&k, &k32)? / scale;
+        assert!(rel < bound, "{to}: keys off by {rel} of their scale");
+        if to == "f32" {
+            // Leaving a block type keeps exactly what it held.
+            let (pk, pv): (Tensor, Tensor) = last.take().expect("held before");
+            assert_eq!(max_diff(&k, &pk)?, 0.0);
+            assert_eq!(max_diff(&v, &pv)?, 0.0);
+        }
+        last = Some((k, v));
+    }
+    // q8_0 holds 8.5 bits a coordinate: 34 bytes per 32 against f32's 128.
+    let mut q8 = KvCache::new(&cfg, &spec("q8_0")?, &Device::Cpu)?;
+    let mut f32c = KvCache::new(&cfg, &spec("f32")?, &Device::Cpu)?;
+    fill(&mut q8, &cfg, 64, 64)?;
+    fill(&mut f32c, &cfg, 64, 64)?;
+    assert_eq!(q8.memory().total.0 * 128, f32c.memory().total.0 * 34);
+    fill(&mut cache, &cfg, 3, 1)?;
+    assert_eq!(cache.seq_len(), n + 3);
+    Ok(())
+}

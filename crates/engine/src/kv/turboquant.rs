@@ -1,7 +1,15 @@
-//! TurboQuant K/V storage: tokens are encoded as they are appended (no dense copy outlives
-//! the chunk that brought them), keys and values each under their own codec spec (or dense
-//! f16), one stream of code segments per kv head; attention reads the codes directly, on
-//! every device, and the held tokens are never decoded on the decode path.
+//! Quantized K/V storage: tokens are encoded as they are appended (no dense copy outlives
+//! the chunk that brought them), keys and values each in their own side format (TurboQuant
+//! codes under a codec spec, one of llama.cpp's block types, or dense f16; `kv::format`), one
+//! stream of segments per kv head; attention reads the stored form directly, on every
+//! device, and the held tokens are never decoded on the decode path.
+//!
+//! llama.cpp's block types are held as ggml holds them, rotated as upstream rotates them
+//! (`kv::spec`): the queries are rotated once per call, quantized to the keys' dot type and
+//! dotted per block in integers (`BlockType::dots`, ggml's products float for float); the
+//! value rows are dequantized and summed with fused adds (`BlockType::accumulate_rows`), the
+//! sum rotated back once. Prefill (many query rows) does both as matrix products over the
+//! dequantized rows instead: the same products, added in another order.
 //!
 //! Layout: every kv head holds its tokens in segments of [`SEGMENT_TOKENS`] (each a
 //! `CodeBlock`, or an f16 row buffer for a dense side); all segments but the last are full.
@@ -51,6 +59,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use half::f16;
+use kvlab_turboquant::ggml::{self, BlockType};
 use kvlab_turboquant::{CodeBlock, Codec, Scratch};
 use rayon::prelude::*;
 
@@ -77,16 +86,89 @@ const MIN_CENTER_ROWS: usize = 16;
 /// ~0.25 ms, far above the pool's dispatch cost.
 const PARALLEL_MIN_PAIRS: usize = 1 << 12;
 
+/// From this many query rows on (prefill), block sides score and sum by matrix products over
+/// their dequantized rows instead of ggml's per-key integer dots: the same products, added in
+/// another order (the difference is float rounding), at GEMM speed. Decode steps (a group's
+/// few heads) keep ggml's dots float for float.
+const BLOCK_GEMM_MIN_ROWS: usize = 16;
+
+/// `a` (`m × k`) times `b` (`k × n`), row-major, on the CPU's GEMM.
+fn matmul(a: Vec<f32>, m: usize, b: Vec<f32>, k: usize, n: usize) -> Result<Vec<f32>> {
+    let a = Tensor::from_vec(a, (m, k), &Device::Cpu)?;
+    let b = Tensor::from_vec(b, (k, n), &Device::Cpu)?;
+    Ok(a.matmul(&b)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// `a` (`m × k`) times the transpose of `b` (`n × k`), row-major.
+fn matmul_t(a: Vec<f32>, m: usize, b: Vec<f32>, n: usize, k: usize) -> Result<Vec<f32>> {
+    if n == 0 {
+        return Ok(vec![0.0; m]);
+    }
+    let a = Tensor::from_vec(a, (m, k), &Device::Cpu)?;
+    let b = Tensor::from_vec(b, (n, k), &Device::Cpu)?;
+    Ok(a.matmul(&b.t()?)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
 /// One segment of one side of one kv head.
 enum Seg {
     Codes(CodeBlock),
     /// Row-major `tokens × dim` half floats.
     Dense(Vec<f16>),
+    /// Row-major ggml blocks, `tokens × row_bytes`.
+    Blocks(Vec<u8>),
+}
+
+/// A side stored in one of llama.cpp's block types, rotated as upstream rotates it.
+#[derive(Debug, Clone, Copy)]
+struct BlockSide {
+    ty: BlockType,
+    /// Bytes of one stored vector.
+    row_bytes: usize,
+    /// Hadamard block width the vectors (and, for keys, the queries) are rotated in.
+    rot: Option<usize>,
+}
+
+impl BlockSide {
+    /// Rotates (when rotating) and quantizes `rows` (`n × dim`), appending the blocks.
+    fn encode(&self, rows: &[f32], dim: usize, out: &mut Vec<u8>) -> Result<()> {
+        let mut row = vec![0f32; dim];
+        for r in rows.chunks_exact(dim) {
+            row.copy_from_slice(r);
+            self.rotate(&mut row)?;
+            let at = out.len();
+            out.resize(at + self.row_bytes, 0);
+            self.ty.quantize_row(&row, &mut out[at..])?;
+        }
+        Ok(())
+    }
+
+    /// The floats of stored rows (in the rotated domain), row-major.
+    fn dequantize_rows(&self, bytes: &[u8], dim: usize) -> Result<Vec<f32>> {
+        // Each row through a buffer that stays in L1, appended: zeroing the whole output
+        // first cost as much as the dequantizing.
+        let mut out = Vec::with_capacity(bytes.len() / self.row_bytes * dim);
+        let mut row = vec![0f32; dim];
+        for q in bytes.chunks_exact(self.row_bytes) {
+            self.ty.dequantize_row(q, &mut row)?;
+            out.extend_from_slice(&row);
+        }
+        Ok(out)
+    }
+
+    /// Applies the side's rotation to `x` (its own inverse).
+    fn rotate(&self, x: &mut [f32]) -> Result<()> {
+        if let Some(w) = self.rot {
+            ggml::hadamard_rotate(x, w)?;
+        }
+        Ok(())
+    }
 }
 
 /// Keys or values of every kv head.
 struct Side {
     codec: Option<Arc<Codec>>,
+    /// Set for a side in one of llama.cpp's block types (then `codec` is `None`).
+    block: Option<BlockSide>,
     dim: usize,
     heads: Vec<Vec<Seg>>,
     /// Whether coded vectors are stored relative to a per-head offset.
@@ -115,15 +197,39 @@ impl fmt::Debug for Side {
 }
 
 impl Side {
-    fn new(side: TqSide, center: bool, weigh: bool, n_heads: usize, dim: usize) -> Result<Self> {
+    /// `rotate` and `is_key` choose a block side's rotation: keys in the widest Hadamard
+    /// block upstream uses, values in 64-wide ones, neither unless `dim` is a multiple of 64.
+    fn new(
+        side: TqSide,
+        p: &TqPrecision,
+        is_key: bool,
+        n_heads: usize,
+        dim: usize,
+    ) -> Result<Self> {
+        let (center, weigh) = (p.center, p.weigh_keys && is_key);
         let codec = match side {
-            TqSide::F16 => None,
             TqSide::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
+            _ => None,
+        };
+        let block = match side {
+            TqSide::Block(ty) => Some(BlockSide {
+                ty,
+                row_bytes: ty.row_bytes(dim)?,
+                rot: if !p.rotate {
+                    None
+                } else if is_key {
+                    ggml::key_rotation_width(dim)
+                } else {
+                    ggml::value_rotation_width(dim)
+                },
+            }),
+            _ => None,
         };
         let center = center && codec.is_some();
         let weigh = weigh && codec.is_some();
         Ok(Self {
             codec,
+            block,
             dim,
             heads: (0..n_heads).map(|_| Vec::new()).collect(),
             center,
@@ -154,9 +260,10 @@ impl Side {
     }
 
     fn bytes_per_vector(&self) -> usize {
-        match &self.codec {
-            Some(c) => c.bytes_per_vector(),
-            None => 2 * self.dim,
+        match (&self.codec, &self.block) {
+            (Some(c), _) => c.bytes_per_vector(),
+            (None, Some(b)) => b.row_bytes,
+            (None, None) => 2 * self.dim,
         }
     }
 
@@ -164,13 +271,15 @@ impl Side {
         match seg {
             Seg::Codes(b) => b.len(),
             Seg::Dense(v) => v.len() / self.dim,
+            Seg::Blocks(v) => v.len() / self.bytes_per_vector(),
         }
     }
 
     fn new_seg(&self) -> Seg {
-        match &self.codec {
-            Some(c) => Seg::Codes(c.new_block()),
-            None => Seg::Dense(Vec::new()),
+        match (&self.codec, &self.block) {
+            (Some(c), _) => Seg::Codes(c.new_block()),
+            (None, Some(_)) => Seg::Blocks(Vec::new()),
+            (None, None) => Seg::Dense(Vec::new()),
         }
     }
 
@@ -215,6 +324,7 @@ impl Side {
 
     fn append_rows(&mut self, h: usize, mut rows: &[f32]) -> Result<()> {
         let d = self.dim;
+        let row_bytes = self.bytes_per_vector();
         while !rows.is_empty() {
             let need_new = match self.heads[h].last() {
                 None => true,
@@ -230,6 +340,7 @@ impl Side {
             let have = match seg {
                 Seg::Codes(b) => b.len(),
                 Seg::Dense(v) => v.len() / d,
+                Seg::Blocks(v) => v.len() / row_bytes,
             };
             let take = (SEGMENT_TOKENS - have).min(rows.len() / d);
             let (now, rest) = rows.split_at(take * d);
@@ -242,6 +353,17 @@ impl Side {
                         v.reserve_exact(want.min(SEGMENT_TOKENS * d) - v.len());
                     }
                     v.extend(now.iter().map(|&x| f16::from_f32(x)));
+                }
+                (Seg::Blocks(v), _) => {
+                    let Some(b) = &self.block else {
+                        return Err(EngineError::invalid("block segment without a block type"));
+                    };
+                    let row = b.row_bytes;
+                    if v.capacity() < v.len() + take * row {
+                        let want = (v.len() + take * row).div_ceil(128 * row) * 128 * row;
+                        v.reserve_exact(want.min(SEGMENT_TOKENS * row) - v.len());
+                    }
+                    b.encode(now, d, v)?;
                 }
                 (Seg::Codes(_), None) => {
                     return Err(EngineError::invalid("code segment without a codec"));
@@ -261,11 +383,13 @@ impl Side {
         }
         let keep = total.div_ceil(SEGMENT_TOKENS);
         let in_last = total - keep.saturating_sub(1) * SEGMENT_TOKENS;
+        let row = self.bytes_per_vector();
         for segs in &mut self.heads {
             segs.truncate(keep);
             match segs.last_mut() {
                 Some(Seg::Codes(b)) => b.truncate(in_last),
                 Some(Seg::Dense(v)) => v.truncate(in_last * d),
+                Some(Seg::Blocks(v)) => v.truncate(in_last * row),
                 None => {}
             }
         }
@@ -294,8 +418,16 @@ impl Side {
                 .map(|s| match s {
                     Seg::Codes(b) => b.bytes_allocated(),
                     Seg::Dense(v) => 2 * v.capacity(),
+                    Seg::Blocks(v) => v.capacity(),
                 })
                 .sum::<usize>()
+    }
+
+    /// The block type of a block side.
+    fn block_side(&self) -> Result<&BlockSide> {
+        self.block
+            .as_ref()
+            .ok_or_else(|| EngineError::invalid("block segment without a block type"))
     }
 
     /// Decodes stored tokens `from..from + out.len() / dim` of head `h` into `out`.
@@ -326,6 +458,14 @@ impl Side {
                         *o = x.to_f32();
                     }
                 }
+                (Seg::Blocks(v), _) => {
+                    let b = self.block_side()?;
+                    let src = v
+                        .get(i * b.row_bytes..(i + 1) * b.row_bytes)
+                        .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
+                    b.ty.dequantize_row(src, row)?;
+                    b.rotate(row)?;
+                }
                 (Seg::Codes(_), None) => {
                     return Err(EngineError::invalid("code segment without a codec"));
                 }
@@ -348,6 +488,38 @@ impl Side {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
             (Seg::Codes(b), Some(c)) => c.scores_multi_range(queries, b, cols, scratch, out)?,
+            (Seg::Blocks(v), _) => {
+                // As ggml's flash attention: the (rotated) query quantized to the keys' dot
+                // type, integer dots per block.
+                let b = self.block_side()?;
+                let n = v.len() / b.row_bytes;
+                let g = queries.len() / d;
+                let qb = b.ty.query_bytes(d)?;
+                let mut qq = vec![0u8; qb * g];
+                // The queries arrive rotated (`attend_codes` rotates them once per call).
+                for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
+                    b.ty.quantize_query(q, out)?;
+                }
+                if g >= BLOCK_GEMM_MIN_ROWS && !b.ty.query_is_q8_1() {
+                    // Prefill: the same products as one matrix product of the quantized
+                    // queries' floats with the keys' (summed in another order). Not for
+                    // q4_1/q5_1, whose dots use the query's sum rounded to f16.
+                    let (lo, hi) = (cols.start.min(n), cols.end.min(n));
+                    let mut qf = vec![0f32; g * d];
+                    for (q, out) in qq.chunks_exact(qb).zip(qf.chunks_exact_mut(d)) {
+                        b.ty.dequantize_query(q, out)?;
+                    }
+                    let keys = b.dequantize_rows(&v[lo * b.row_bytes..hi * b.row_bytes], d)?;
+                    let prod = matmul_t(qf, g, keys, hi - lo, d)?;
+                    for (qi, p) in prod.chunks_exact((hi - lo).max(1)).enumerate().take(g) {
+                        out[qi * n + lo..qi * n + hi].copy_from_slice(&p[..hi - lo]);
+                    }
+                    return Ok(());
+                }
+                let (lo, hi) = (cols.start.min(n), cols.end.min(n));
+                let keys = &v[lo * b.row_bytes..hi * b.row_bytes];
+                b.ty.dots(keys, &qq, d, &mut out[lo..], n)?;
+            }
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
                 let mut row = vec![0f32; d];
@@ -379,6 +551,40 @@ impl Side {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
             (Seg::Codes(b), Some(c)) => c.accumulate_multi(weights, b, scratch, out)?,
+            (Seg::Blocks(v), _) => {
+                // Value rows converted to floats and summed, as ggml does; the sums stay in
+                // the rotated domain (`attend_block` rotates the total back once).
+                let b = self.block_side()?;
+                let n = v.len() / b.row_bytes;
+                let g = out.len() / d;
+                if g < BLOCK_GEMM_MIN_ROWS {
+                    // Decode: each row dequantized once and fused-added into the few
+                    // outputs (the codec's AVX2 kernel), never a whole dequantized copy.
+                    out.fill(0.0);
+                    b.ty.accumulate_rows(v, d, &weights[..g * n], out)?;
+                    return Ok(());
+                }
+                // Prefill: only the rows some query weighs (a sliding window's dropped front
+                // and a causal block's future are never read), as one matrix product.
+                let first = (0..n).find(|&t| (0..g).any(|qi| weights[qi * n + t] != 0.0));
+                let Some(first) = first else {
+                    out.fill(0.0);
+                    return Ok(());
+                };
+                let last = (first..n)
+                    .rev()
+                    .find(|&t| (0..g).any(|qi| weights[qi * n + t] != 0.0))
+                    .unwrap_or(first);
+                let m = last + 1 - first;
+                let values =
+                    b.dequantize_rows(&v[first * b.row_bytes..(last + 1) * b.row_bytes], d)?;
+                let w: Vec<f32> = weights
+                    .chunks_exact(n)
+                    .take(g)
+                    .flat_map(|r| r[first..=last].iter().copied())
+                    .collect();
+                out.copy_from_slice(&matmul(w, g, values, m, d)?);
+            }
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
                 out.fill(0.0);
@@ -515,14 +721,14 @@ impl TurboQuantStorage {
         Ok(Self {
             key: Side::new(
                 precision.key,
-                precision.center,
-                precision.weigh_keys,
+                &precision,
+                true,
                 shape.n_kv_heads,
                 shape.head_dim,
             )?,
             value: Side::new(
                 precision.value,
-                precision.center,
+                &precision,
                 false,
                 shape.n_kv_heads,
                 shape.head_dim,
@@ -623,6 +829,12 @@ impl TurboQuantStorage {
                         for ((o, &x), &s) in dst.iter_mut().zip(src).zip(&q_scale) {
                             *o = x * s;
                         }
+                    }
+                }
+                // Block keys are stored rotated: rotate the queries once, here.
+                if let Some(b) = &self.key.block {
+                    for row in qm.chunks_exact_mut(d) {
+                        b.rotate(row)?;
                     }
                 }
                 let res = self.attend_block(hk, &qm, group, &ranges)?;
@@ -753,6 +965,12 @@ impl TurboQuantStorage {
                 .map(|p| acc_seg(&mut sc, p))
                 .fold(Ok(vec![0f32; g * d]), add)
         }?;
+        // Block values were summed in their rotated domain: rotate the total back.
+        if let Some(b) = &self.value.block {
+            for row in out.chunks_exact_mut(d) {
+                b.rotate(row)?;
+            }
+        }
         // Values were coded relative to an offset: every row's weights sum to one, so the
         // offset comes back whole. (A key offset needs nothing: it shifts all of a query's
         // scores by the same q·μ, which the softmax ignores.)
@@ -793,6 +1011,7 @@ impl TurboQuantStorage {
 /// Segment kinds in a saved side.
 const SEG_CODES: u8 = 0;
 const SEG_DENSE: u8 = 1;
+const SEG_BLOCKS: u8 = 2;
 
 impl Side {
     /// Per head: the offset (flag, then `dim` f32), for a `+qw` side the weights (the same),
@@ -824,6 +1043,11 @@ impl Side {
                         w.u8(SEG_DENSE);
                         w.len(v.len() * 2);
                         w.u16s(v.iter().map(|x| x.to_bits()));
+                    }
+                    Seg::Blocks(v) => {
+                        w.u8(SEG_BLOCKS);
+                        w.len(v.len());
+                        w.bytes(v);
                     }
                 }
             }
@@ -865,9 +1089,13 @@ impl Side {
                 let kind = r.u8()?;
                 let len = r.len(r.remaining(), "a segment's size")?;
                 let bytes = r.take(len)?;
+                let row = self.bytes_per_vector();
                 let seg = match (kind, &self.codec) {
                     (SEG_CODES, Some(codec)) => Seg::Codes(CodeBlock::from_bytes(codec, bytes)?),
-                    (SEG_DENSE, None) if len % (2 * d) == 0 => Seg::Dense(
+                    (SEG_BLOCKS, None) if self.block.is_some() && len % row == 0 => {
+                        Seg::Blocks(bytes.to_vec())
+                    }
+                    (SEG_DENSE, None) if self.block.is_none() && len % (2 * d) == 0 => Seg::Dense(
                         bytes
                             .chunks_exact(2)
                             .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))

@@ -3,6 +3,7 @@
 //! sides), bytes follow the codec formula, and failed appends change nothing.
 
 use candle_core::{Device, Tensor};
+use kvlab_turboquant::ggml::BlockType;
 use kvlab_turboquant::{bytes_per_vector, Bits, RotationKind, Spec, Variant};
 
 use super::*;
@@ -155,8 +156,24 @@ fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
 fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
     let (n_kv, d) = (2, 64);
     for text in [
-        "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v3", "k3.5v2.5", "k4vf16", "kf16v2",
-        "tq4+prod", "tq3+nc", "tq3+haar",
+        "tq1",
+        "tq2",
+        "tq2.5",
+        "tq3",
+        "tq3.5",
+        "tq4",
+        "k4v3",
+        "k3.5v2.5",
+        "k4vf16",
+        "kf16v2",
+        "tq4+prod",
+        "tq3+nc",
+        "tq3+haar",
+        "q8_0",
+        "q8_0/q4_0",
+        "f16/iq4_nl",
+        "q5_1/tq3",
+        "q4_1+norot",
     ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
@@ -164,6 +181,7 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         let bpv = |s: &TqSide| match s {
             TqSide::F16 => 2 * d,
             TqSide::Codes(spec) => bytes_per_vector(d, spec).unwrap_or(0),
+            TqSide::Block(t) => t.row_bytes(d).unwrap_or(0),
         };
         let per_token = n_kv * (bpv(&precision.key) + bpv(&precision.value));
         // Each coded side keeps one f32 offset vector per head (centering, the default).
@@ -426,4 +444,201 @@ fn without_queries_weighted_keys_code_as_plain_ones() -> Result<()> {
     // No query energy (a switch before any query was seen): weights of one, the same codes.
     assert!((relative_error(weighted, &k)? - relative_error(plain, &k)?).abs() < 1e-7);
     Ok(())
+}
+
+/// Sylvester's Hadamard matrix of order `n`, normalized, written out entry by entry
+/// (`(-1)^popcount(i & j) / √n`): the reference the storage's fast rotation is held to.
+fn explicit_hadamard(n: usize) -> Vec<f32> {
+    let s = 1.0 / (n as f32).sqrt();
+    (0..n * n)
+        .map(|ij| {
+            let (i, j) = (ij / n, ij % n);
+            if (i & j).count_ones() % 2 == 0 {
+                s
+            } else {
+                -s
+            }
+        })
+        .collect()
+}
+
+/// `x` (a row of `d`) times the block-diagonal Hadamard of blocks `w`.
+fn rotate_explicitly(x: &[f32], w: usize) -> Vec<f32> {
+    let h = explicit_hadamard(w);
+    x.chunks_exact(w)
+        .flat_map(|b| {
+            (0..w)
+                .map(|i| (0..w).map(|j| h[i * w + j] * b[j]).sum::<f32>())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn block(t: BlockType) -> TqSide {
+    TqSide::Block(t)
+}
+
+#[test]
+fn block_sides_hold_ggml_bytes_of_upstreams_rotation() -> Result<()> {
+    // Head size 128: keys rotate in one 128-wide block, values in 64-wide ones.
+    let (n_kv, t, d) = (2, 5, 128);
+    let (k, v) = (tensor(1, n_kv, t, d)?, tensor(2, n_kv, t, d)?);
+    for (kt, vt, rotate) in [
+        (BlockType::Q8_0, BlockType::Q4_0, true),
+        (BlockType::Q5_1, BlockType::Iq4Nl, true),
+        (BlockType::Q4_1, BlockType::Q5_0, false),
+    ] {
+        let p = TqPrecision {
+            rotate,
+            ..tq(block(kt), block(vt))
+        };
+        let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
+        s.append(&k, &v)?;
+        let (dk, dv) = s.to_dense()?;
+        for (side, ty, width, src, held) in
+            [("keys", kt, 128, &k, &dk), ("values", vt, 64, &v, &dv)]
+        {
+            let src = src.flatten_all()?.to_vec1::<f32>()?;
+            let held = held.flatten_all()?.to_vec1::<f32>()?;
+            for (r, (x, got)) in src.chunks_exact(d).zip(held.chunks_exact(d)).enumerate() {
+                // H⁻¹ · dequantize(quantize(H · x)), H explicit (symmetric, orthonormal).
+                let rotated = if rotate {
+                    rotate_explicitly(x, width)
+                } else {
+                    x.to_vec()
+                };
+                let mut bytes = vec![0u8; ty.row_bytes(d)?];
+                ty.quantize_row(&rotated, &mut bytes)?;
+                let mut back = vec![0f32; d];
+                ty.dequantize_row(&bytes, &mut back)?;
+                let want = if rotate {
+                    rotate_explicitly(&back, width)
+                } else {
+                    back
+                };
+                let err = want
+                    .iter()
+                    .zip(got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                // The fast transform and the matrix product round differently; a code that
+                // flips shows as a whole quantization step, far above this.
+                assert!(err < 1e-4, "{p} {side} row {r}: {err}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn block_keys_score_as_ggml_with_the_query_in_the_dot_type() -> Result<()> {
+    let (n_kv, t, d) = (1, 40, 256);
+    for kt in BlockType::ALL {
+        let p = tq(block(kt), TqSide::F16);
+        let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
+        let k = tensor(3, n_kv, t, d)?;
+        s.append(&k, &tensor(4, n_kv, t, d)?)?;
+        // Two query rows take ggml's integer dots, twenty (prefill) a matrix product of
+        // the same floats: both must give ggml's products.
+        for g in [2, BLOCK_GEMM_MIN_ROWS + 4] {
+            let q = data(5, g * d);
+            let mut out = vec![0f32; g * t];
+            let mut scratch = s.key.scratch();
+            // `scores` takes the queries rotated, as `attend_codes` hands them over.
+            let rotated: Vec<f32> = q
+                .chunks_exact(d)
+                .flat_map(|r| rotate_explicitly(r, 256))
+                .collect();
+            s.key.scores(0, 0, &rotated, 0..t, &mut scratch, &mut out)?;
+            let keys = k.flatten_all()?.to_vec1::<f32>()?;
+            for (qi, qrow) in q.chunks_exact(d).enumerate() {
+                // The query rotated by the keys' 256-wide Hadamard, quantized to q8_0 (q8_1
+                // for q4_1/q5_1), dotted block by block by ggml's reference dot.
+                let mut qq = vec![0u8; kt.query_bytes(d)?];
+                kt.quantize_query(&rotate_explicitly(qrow, 256), &mut qq)?;
+                for (j, key) in keys.chunks_exact(d).enumerate() {
+                    let mut kb = vec![0u8; kt.row_bytes(d)?];
+                    kt.quantize_row(&rotate_explicitly(key, 256), &mut kb)?;
+                    let want = kt.dot(&kb, &qq)?;
+                    let got = out[qi * t + j];
+                    assert!(
+                        (want - got).abs() <= 1e-3 * want.abs().max(1.0),
+                        "{} query {qi} key {j}: {got} vs {want}",
+                        kt.name()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn block_sides_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
+    let chunks = [40, 1, 600, 1];
+    // Values are exact to what they hold (converted and summed in floats, rotated back).
+    for p in [
+        tq(TqSide::F16, block(BlockType::Q4_0)),
+        tq(TqSide::F16, block(BlockType::Q8_0)),
+        TqPrecision {
+            rotate: false,
+            ..tq(TqSide::F16, block(BlockType::Q5_1))
+        },
+    ] {
+        check_against_dense(p, 4, 2, 64, None, &chunks)?;
+        check_against_dense(p, 4, 2, 64, Some(30), &chunks)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
+    use crate::kv::wire::{WireReader, WireWriter};
+    let (n_kv, d) = (2, 64);
+    for text in ["q8_0", "q8_0/q4_0", "f16/iq4_nl+norot", "q5_1/tq3"] {
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+            panic!("{text} is dense");
+        };
+        let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        s.append(&tensor(1, n_kv, 600, d)?, &tensor(2, n_kv, 600, d)?)?;
+        s.drop_front(30)?;
+        let mut w = WireWriter::new();
+        s.write_state(&mut w)?;
+        let bytes = w.into_bytes();
+        let mut back = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        let mut r = WireReader::new(&bytes);
+        back.read_state(&mut r)?;
+        r.finish()?;
+        assert_eq!(back.len(), s.len(), "{text}");
+        assert_eq!(back.bytes_used(), s.bytes_used(), "{text}");
+        let (a, b) = (s.to_dense()?, back.to_dense()?);
+        assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0, "{text}");
+        assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0, "{text}");
+        // A file of another format is refused, not misread.
+        let CacheSpec::TurboQuant {
+            precision: other, ..
+        } = CacheSpec::parse("q4_1")?
+        else {
+            panic!("q4_1 is dense");
+        };
+        let mut wrong = TurboQuantStorage::new(other, shape(n_kv, d))?;
+        if text != "q4_1" && precision.key != other.key {
+            assert!(
+                wrong.read_state(&mut WireReader::new(&bytes)).is_err(),
+                "{text}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn block_types_refuse_heads_that_are_not_whole_blocks() {
+    let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("q8_0").expect("spec") else {
+        panic!("q8_0 is dense");
+    };
+    let e = TurboQuantStorage::new(precision, shape(1, 16))
+        .expect_err("16 is not a multiple of 32")
+        .to_string();
+    assert!(e.contains("multiple of 32"), "{e}");
 }

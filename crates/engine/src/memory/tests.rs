@@ -104,7 +104,10 @@ fn estimate_equals_a_filled_cache_and_splits_by_kind() {
 fn preset_costs_follow_the_codec_layout() {
     // 4 sliding and 2 full layers of 2 KV heads × 16 dims.
     let costs = token_costs(&tiny_config());
-    assert_eq!(costs.len(), presets().len());
+    // llama.cpp's types need heads of whole 32-wide blocks: on 16 they are not offered.
+    let fitting: Vec<_> = presets().into_iter().filter(|p| !p.llama_cpp).collect();
+    assert_eq!(costs.len(), fitting.len());
+    assert!(costs.iter().all(|c| c.spec != "q8_0"));
     let by = |spec: &str| costs.iter().find(|c| c.spec == spec).expect(spec);
     // f16: 2 heads × (16 + 16 values) × 2 B = 128 B per layer.
     assert_eq!(
