@@ -31,6 +31,10 @@
 # PyPI (its vendored llama.cpp; llama-bench and llama-quantize), into $KVLAB_CACHE/llama.cpp;
 # never committed.
 # BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
+# llama.cpp's cache types (BENCH_BLOCK_TYPES, default "q8_0 q4_0") get their own table:
+# our decode with --kv TYPE against llama-bench -ctk TYPE -ctv TYPE, and against our f16.
+# Last, scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache
+# types beside ours on the 270M (BENCH_KLD=0 skips it).
 # Above BENCH_FULL_DEPTH (default 4096) only the f16 decode rows and no profile are measured:
 # the targets ask no more there, and on the E2B each extra 16k-token prefill costs ~8 minutes.
 set -euo pipefail
@@ -42,28 +46,11 @@ THREADS="${BENCH_THREADS:-2}"
 ROUNDS="${BENCH_ROUNDS:-2}"
 FULL_DEPTH="${BENCH_FULL_DEPTH:-4096}"
 GEN=32
-LLAMA_DIR="$KVLAB_CACHE/llama.cpp"
-LLAMA_BENCH="$LLAMA_DIR/build/bin/llama-bench"
-SDIST_VERSION=0.3.36
-
-build_llama_cpp() {
-  [ -x "$LLAMA_BENCH" ] && [ -x "$LLAMA_DIR/build/bin/llama-quantize" ] && return 0
-  command -v cmake >/dev/null || as_root apt-get install -y -qq --no-install-recommends cmake >/dev/null
-  mkdir -p "$LLAMA_DIR"
-  local src="$LLAMA_DIR/llama_cpp_python-$SDIST_VERSION"
-  if [ ! -d "$src" ]; then
-    say "downloading the llama-cpp-python $SDIST_VERSION sdist (llama.cpp's sources)"
-    # --no-binary for this package only: `:all:` would build cmake itself from source.
-    python3 -m pip download --quiet --no-binary llama-cpp-python --no-deps \
-      "llama-cpp-python==$SDIST_VERSION" -d "$LLAMA_DIR"
-    tar -xzf "$LLAMA_DIR/llama_cpp_python-$SDIST_VERSION.tar.gz" -C "$LLAMA_DIR"
-  fi
-  say "building llama-bench and llama-quantize (once, -j2)"
-  cmake -S "$src/vendor/llama.cpp" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    >"$LLAMA_DIR/build.log"
-  cmake --build "$LLAMA_DIR/build" --target llama-bench llama-quantize -j2 >>"$LLAMA_DIR/build.log"
-}
+# llama.cpp's KV types measured beside f16 (decode against llama-bench -ctk/-ctv, prefill
+# against our f16) up to BENCH_FULL_DEPTH.
+BLOCK_TYPES=(${BENCH_BLOCK_TYPES:-q8_0 q4_0})
+source "$ROOT/scripts/bench/llama_cpp.sh"
+LLAMA_BENCH="$LLAMA_BIN/llama-bench"
 
 APP_BENCH="${BENCH_APP:-1}"
 # A fresh machine works too: system packages, the UI's npm packages and the offline assets
@@ -96,10 +83,11 @@ RESULTS="$(mktemp)"
 trap 'rm -f "$RESULTS"' EXIT
 
 # One line per measurement: "<model> <who> <what> <depth> <tok/s>".
-llama() { # model depth kind
-  local d="$2" kind="$3" args
+llama() { # model depth kind [cache type]
+  local d="$2" kind="$3" ty="${4:-f16}" args
   if [ "$kind" = decode ]; then args=(-p 0 -n "$GEN" -d "$d"); else args=(-p "$d" -n 0); fi
-  "$LLAMA_BENCH" -m "${PATHS[$1]}" -t "$THREADS" -fa on -r 1 -o json "${args[@]}" 2>/dev/null |
+  "$LLAMA_BENCH" -m "${PATHS[$1]}" -t "$THREADS" -fa on -r 1 -o json -ctk "$ty" -ctv "$ty" \
+    "${args[@]}" 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])'
 }
 kvlab() { # model depth kv -> "prefill decode"
@@ -121,6 +109,13 @@ for round in $(seq "$ROUNDS"); do
       read -r p t < <(kvlab "$m" "$d" tq4@all)
       echo "$m kvlab-tq4 prefill $d $p" >>"$RESULTS"
       echo "$m kvlab-tq4 decode $d $t" >>"$RESULTS"
+      # llama.cpp's own cache types on both sides, each program storing them its way.
+      for ty in "${BLOCK_TYPES[@]}"; do
+        echo "$m llama-$ty decode $d $(llama "$m" "$d" decode "$ty")" >>"$RESULTS"
+        read -r p t < <(kvlab "$m" "$d" "$ty")
+        echo "$m kvlab-$ty prefill $d $p" >>"$RESULTS"
+        echo "$m kvlab-$ty decode $d $t" >>"$RESULTS"
+      done
     done
   done
 done
@@ -191,6 +186,20 @@ for model in sys.argv[2:]:
         f = lambda x, fmt: format(x, fmt) if x else "–"
         r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
         print(f"| {d} | {f(ld, '.1f')} | {f(kd, '.1f')} | {r(kd, ld)} | {f(td, '.1f')} | {r(td, ld)} | {r(td, kd)} | {f(lp, '.0f')} | {f(kp, '.0f')} | {r(kp, lp)} | {r(tp, kp)} |")
+    types = sorted({k[1][len("llama-"):] for k in best if k[0] == model and k[1].startswith("llama-")})
+    if types:
+        print()
+        print("| depth | cache | llama.cpp decode | KV Lab decode | ratio | / KV Lab f16 decode | / KV Lab f16 prefill |")
+        print("|---|---|---|---|---|---|---|")
+        for d in depths:
+            for ty in types:
+                g = lambda who, what: best[(model, who, what, d)]
+                ld, kd = g(f"llama-{ty}", "decode"), g(f"kvlab-{ty}", "decode")
+                if not (ld or kd):
+                    continue
+                kf, kpf, kp = g("kvlab", "decode"), g("kvlab", "prefill"), g(f"kvlab-{ty}", "prefill")
+                r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
+                print(f"| {d} | {ty} | {ld:.1f} | {kd:.1f} | {r(kd, ld)} | {r(kd, kf)} | {r(kp, kpf)} |")
 app_rows = sorted({k[3] for k in best if k[0] == "app" and k[1] == "app"}, key=str)
 if app_rows:
     print()
@@ -202,3 +211,8 @@ if app_rows:
 EOF
 echo
 cat "$PROFILES"
+
+# llama.cpp's KL divergence beside ours, on the same GGUF and texts (BENCH_KLD=0 skips it).
+if [ "${BENCH_KLD:-1}" != 0 ]; then
+  KVLAB_BIN="$KVLAB" "$ROOT/scripts/bench/kld_llama_cpp.sh"
+fi

@@ -9,7 +9,7 @@
 # user's Q4_K_M or Q8_0 download took. The converter and its Python packages are the ones
 # crates/engine/tests/fixtures/gguf/make_gguf.sh pins (the llama-cpp-python 0.3.36 sdist,
 # requirements.txt); llama-quantize comes from scripts/bench.sh's llama.cpp build
-# ($LLAMA_DIR/build/bin). Needs about 30 GB of disk while it builds (the safetensors and the
+# (scripts/bench/llama_cpp.sh). Needs about 30 GB of disk while it builds (the safetensors and the
 # bf16 GGUF are removed once both quantized files exist) and about 15 minutes on 2 cores.
 set -euo pipefail
 source "$(dirname "$0")/../common.sh"
@@ -27,9 +27,9 @@ if [ -f "$OUT" ]; then
   exit 0
 fi
 
-LLAMA_DIR="$KVLAB_CACHE/llama.cpp"
-SRC="$LLAMA_DIR/llama_cpp_python-0.3.36/vendor/llama.cpp"
-QUANTIZE="$LLAMA_DIR/build/bin/llama-quantize"
+source "$ROOT/scripts/bench/llama_cpp.sh"
+SRC="$LLAMA_SRC/vendor/llama.cpp"
+QUANTIZE="$LLAMA_BIN/llama-quantize"
 VENV="$KVLAB_CACHE/convert-venv"
 [ -x "$QUANTIZE" ] || { say "llama-quantize is missing: run scripts/bench.sh (it builds it)"; exit 1; }
 if [ ! -x "$VENV/bin/python" ]; then

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# KL divergence of llama.cpp's KV cache types, measured twice on the same GGUF and text:
+# by llama.cpp itself (llama-perplexity --kl-divergence, against its own f16 cache's logits)
+# and by KV Lab (`kvlab fidelity sweep`, against its own f16 cache), on llama.cpp's
+# perplexity protocol (KLD_CTX-token windows from <bos>, second halves scored), and a table
+# of both with their ratio. A benchmark: it prints, it fails on nothing but a broken run.
+#
+#   scripts/bench/kld_llama_cpp.sh                 Gemma 3 270M Q4_K_M, Alice and Paradise Lost
+#   KLD_MODEL=/path/model.gguf KLD_TEXTS="alice" KLD_WINDOWS=4 KLD_CTX=2048 \
+#   KLD_CACHES="q8_0 q8_0/q4_0 q4_0 q4_0+norot" scripts/bench/kld_llama_cpp.sh
+#
+# A cache is written as KV Lab's SPEC (`key/value`, `+norot`); llama.cpp gets it as
+# `-ctk key -ctv value`, and `+norot` as LLAMA_ATTN_ROT_DISABLE=1.
+set -euo pipefail
+source "$(dirname "$0")/../common.sh"
+cd "$ROOT"
+source "$ROOT/scripts/bench/llama_cpp.sh"
+
+THREADS="${KLD_THREADS:-${BENCH_THREADS:-2}}"
+CTX="${KLD_CTX:-2048}"
+WINDOWS="${KLD_WINDOWS:-4}"
+CACHES=(${KLD_CACHES:-q8_0 q8_0/q4_0 q4_0 q4_0+norot})
+TEXTS=(${KLD_TEXTS:-alice paradise-lost})
+
+build_llama_cpp
+if [ -z "${KVLAB_BIN:-}" ]; then
+  say "building kvlab (release)"
+  cargo build --release --quiet -p kvlab-cli
+  KVLAB_BIN="$CARGO_TARGET_DIR/release/kvlab"
+fi
+MODEL="${KLD_MODEL:-$("$KVLAB_BIN" assets path gemma3-270m)}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+for text in "${TEXTS[@]}"; do
+  file="$("$KVLAB_BIN" assets path "$text" 2>/dev/null || echo "$text")"
+  ppl=("$LLAMA_BIN/llama-perplexity" -m "$MODEL" -f "$file" -c "$CTX" --chunks "$WINDOWS"
+    -t "$THREADS" -b 512 -fa on)
+  say "$text: llama.cpp's f16 logits"
+  "${ppl[@]}" --kl-divergence-base "$WORK/base.kld" >"$WORK/base.log" 2>&1
+  for c in "${CACHES[@]}"; do
+    body="${c%%+*}"
+    k="${body%%/*}" v="${body#*/}"
+    env=()
+    [[ "$c" == *+norot* ]] && env=(LLAMA_ATTN_ROT_DISABLE=1)
+    say "$text: llama.cpp -ctk $k -ctv $v ${env[*]}"
+    env "${env[@]}" "${ppl[@]}" --kl-divergence-base "$WORK/base.kld" --kl-divergence \
+      -ctk "$k" -ctv "$v" >"$WORK/run.log" 2>&1
+    kld="$(awk '/^Mean +KLD:/ {print $3; exit}' "$WORK/run.log")"
+    echo "$text llama $c ${kld:-nan}" >>"$WORK/results"
+  done
+  say "$text: kvlab fidelity sweep"
+  list="$(IFS=,; echo "${CACHES[*]}")"
+  "$KVLAB_BIN" --threads "$THREADS" fidelity sweep --model "$MODEL" --text "$text" \
+    --ctx "$CTX" --windows "$WINDOWS" --kv "$list" --json 2>/dev/null |
+    python3 -c '
+import json, sys
+for r in json.load(sys.stdin):
+    print(sys.argv[1], "kvlab", r["kv"], r["mean_kld"], r["bits_per_coordinate"])' "$text" \
+    >>"$WORK/results"
+done
+
+python3 - "$WORK/results" "$MODEL" "$CTX" "$WINDOWS" <<'PY'
+import sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    text, who, kv, kld, *bits = line.split()
+    # Both rows carry the SPEC as given (canonical, as the sweep prints it).
+    rows.setdefault((text, kv), {})[who] = (float(kld), float(bits[0]) if bits else None)
+    if (text, kv) not in order:
+        order.append((text, kv))
+print(f"\nKL divergence against each program's own f16 cache: {sys.argv[2]}, "
+      f"{sys.argv[4]} windows of {sys.argv[3]} tokens, second halves scored")
+print(f"{'text':<14} {'cache':<14} {'bits':>5} {'llama.cpp':>10} {'KV Lab':>10} {'ratio':>7} {'diff':>8}")
+for text, kv in order:
+    r = rows[(text, kv)]
+    if "llama" not in r or "kvlab" not in r:
+        continue
+    (l, _), (k, bits) = r["llama"], r["kvlab"]
+    ratio = k / l if l > 0 else float("nan")
+    print(f"{text:<14} {kv:<14} {bits:>5.2f} {l:>10.5f} {k:>10.5f} {ratio:>7.3f} {k - l:>+8.5f}")
+print("targets (issue 35): q4_0, q8_0/q4_0 and q4_0+norot within 10% (ratio 0.9-1.1); "
+      "q8_0 within 0.002")
+PY
