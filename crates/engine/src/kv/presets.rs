@@ -151,9 +151,9 @@ const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
 /// values, bits per coordinate, mean KLD, top-1; all layers, [`MEASURED_ON`], rotated as
 /// upstream does).
 const LLAMA_CPP_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 3] = [
-    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0032, 0.9624),
-    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0080, 0.9406),
-    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1328, 0.7754),
+    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0031, 0.9626),
+    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0080, 0.9472),
+    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1321, 0.7808),
 ];
 
 /// A cache a menu offers by its SPEC, with the label it shows.

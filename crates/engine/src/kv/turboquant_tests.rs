@@ -642,3 +642,44 @@ fn block_types_refuse_heads_that_are_not_whole_blocks() {
         .to_string();
     assert!(e.contains("multiple of 32"), "{e}");
 }
+
+#[test]
+fn block_keys_and_values_together_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
+    // Keys scored with the query quantized to q8_0: close to, not equal to, dense attention
+    // over the held (dequantized) keys and values (0.2–1.3% of the output's scale here,
+    // the same with q8_0 or q4_0 keys, rotated or not); values alone are exact.
+    let (n_heads, n_kv, d) = (4, 1, 256);
+    for text in [
+        "q8_0",
+        "q4_0",
+        "q4_0+norot",
+        "q8_0/q4_0",
+        "q4_0/f16",
+        "f16/q4_0",
+    ] {
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+            panic!("{text} is dense");
+        };
+        let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        let mut seq = 0;
+        for (step, c) in [300usize, 1, 40, 1].into_iter().enumerate() {
+            let seed = 2000 + step as u64;
+            s.append(&tensor(seed, n_kv, c, d)?, &tensor(seed + 500, n_kv, c, d)?)?;
+            let q = tensor(seed + 900, n_heads, c, d)?;
+            let spec = AttendSpec {
+                query_start: seq,
+                key_start: 0,
+                window: None,
+                scale: 0.0625,
+            };
+            let got = s.attend(&q, &spec)?;
+            let (k, v) = s.to_dense()?;
+            let want = attend_dense(&q, &k, &v, &spec)?;
+            let err = max_abs(&(&got - &want)?)?;
+            let scale = max_abs(&want)?.max(1.0);
+            assert!(err <= 2e-2 * scale, "{text} step {step}: {err} vs {scale}");
+            seq += c;
+        }
+    }
+    Ok(())
+}
