@@ -649,18 +649,9 @@ mod avx2 {
             .chunks_exact(t.block_bytes())
             .zip(query.chunks_exact(2 + BLOCK))
         {
-            // SAFETY: q holds 34 bytes, k 34 (q8_0) or 18 (q4_0): the loads stay inside.
-            let y = unsafe { _mm256_loadu_si256(q[2..].as_ptr().cast()) };
-            if t == BlockType::Q8_0 {
-                let x = unsafe { _mm256_loadu_si256(k[2..].as_ptr().cast()) };
-                sumf += t.block_term(k, q, sum_i8(x, y));
-            } else {
-                let packed = unsafe { _mm_loadu_si128(k[2..].as_ptr().cast()) };
-                let low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
-                let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0F));
-                let x = _mm256_sub_epi8(_mm256_set_m128i(high, low), _mm256_set1_epi8(8));
-                sumf += t.block_term(k, q, sum_i8(x, y));
-            }
+            // SAFETY: q holds 34 bytes, k a whole block of t: the loads stay inside.
+            let (x, y) = unsafe { (key_levels(t, k), _mm256_loadu_si256(q[2..].as_ptr().cast())) };
+            sumf += t.block_term(k, q, sum_i8(x, y));
         }
         sumf
     }

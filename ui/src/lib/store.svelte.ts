@@ -161,6 +161,17 @@ export class AppStore {
   /** Every conversation the engine holds, as the last sample listed them. */
   conversations: ConversationInfo[] = $state([]);
 
+  /** The SPECs (every preset's, at every scope) of the presets the loaded model cannot hold:
+   * the card prices exactly those it can (llama.cpp's types need heads of whole 32-wide
+   * blocks). Empty before a card. */
+  get unfitSpecs(): Set<string> {
+    if (!this.card) return new Set();
+    const priced = new Set(this.card.token_costs.map((t) => t.spec));
+    return new Set(
+      (this.cacheOptions?.presets ?? []).filter((p) => !priced.has(p.specs.all)).flatMap((p) => [p.specs.all, p.specs.full, p.specs.sliding]),
+    );
+  }
+
   /** This session's conversation in the engine, if it holds one. */
   get conversation(): ConversationInfo | undefined {
     return this.conversations.find((c) => c.id === this.sessionId);

@@ -175,6 +175,11 @@ impl SideFormat {
         matches!(self.row().kind, Kind::TurboQuant(_))
     }
 
+    /// Whether the side is one of llama.cpp's block types.
+    pub fn is_llama_cpp(self) -> bool {
+        matches!(self.row().kind, Kind::Block(_))
+    }
+
     /// Bits a coordinate takes as stored, before any per-layer offsets and weights.
     pub fn bits_per_coordinate(self) -> f64 {
         match self.row().kind {

@@ -241,7 +241,7 @@ pub fn presets() -> Vec<CachePreset> {
             };
             let all = at(LayerScope::All)?;
             Some(CachePreset {
-                llama_cpp: !keys.is_dense() && !keys.is_turboquant(),
+                llama_cpp: keys.is_llama_cpp() || values.is_llama_cpp(),
                 id: all.trim_end_matches("@all").to_string(),
                 label,
                 keys,
