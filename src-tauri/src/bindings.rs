@@ -6,14 +6,19 @@
 use std::path::Path;
 
 use kvlab_engine::budget::{FitOption, MemoryFit};
-use kvlab_engine::card::{HeadShape, LayerCounts, MemoryEstimate, ModelCard};
+use kvlab_engine::card::MemoryEstimate;
 use kvlab_engine::chat::{Message, Role, TemplateSource};
-use kvlab_engine::compare::{CompareEvent, CompareFidelity};
-use kvlab_engine::config::{AttentionKind, Family};
-use kvlab_engine::events::{
+use kvlab_engine::checkpoint::source::gguf_quants::GgufQuant;
+use kvlab_engine::contract::TokenCost;
+use kvlab_engine::contract::{
     Activity, CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason,
     ErrorCode, Event, GenStats, LoadPhase, MarkerKind, Tier,
 };
+use kvlab_engine::contract::{AttentionKind, Family};
+use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
+use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity};
+use kvlab_engine::generate::sampling::SamplingParams;
+use kvlab_engine::generate::sweep::SweepPoint;
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
 use kvlab_engine::kv::{
     CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
@@ -21,12 +26,12 @@ use kvlab_engine::kv::{
 };
 use kvlab_engine::memory::{
     ByteCount, ContextCost, DocumentFit, KindBytes, KvBytes, KvPart, LayerBytes, MemorySample,
-    SwitchEvent, TokenCost,
+    SwitchEvent,
 };
-use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::source::gguf_quants::GgufQuant;
-use kvlab_engine::sweep::SweepPoint;
-use kvlab_engine::{JobError, WeightFormat, WeightsChoice};
+use kvlab_engine::WeightsChoice;
+
+use crate::error::{AppCode, Code, CommandError};
+use kvlab_engine::contract::WeightFormat;
 use ts_rs::{Config, TS};
 
 use crate::api_server::ServerInfo;
@@ -86,7 +91,9 @@ pub fn typescript() -> String {
         decl::<LabeledSpec>(&cfg),
         decl::<HubModel>(&cfg),
         decl::<InspectedDocument>(&cfg),
-        decl::<JobError>(&cfg),
+        decl::<CommandError>(&cfg),
+        decl::<Code>(&cfg),
+        decl::<AppCode>(&cfg),
         decl::<KindBytes>(&cfg),
         decl::<KvBytes>(&cfg),
         decl::<KvPart>(&cfg),
@@ -200,7 +207,7 @@ fn facts() -> String {
         json(serde_json::json!(bytes)),
         json(serde_json::json!(repos)),
         json(serde_json::json!({
-            "sampling": kvlab_engine::sampling::SamplingParams::chat(),
+            "sampling": kvlab_engine::generate::sampling::SamplingParams::chat(),
             "max_tokens": kvlab_engine::generate::DEFAULT_MAX_TOKENS,
         })),
         crate::sessions::caches::DEFAULT_CACHE_BUDGET_BYTES,

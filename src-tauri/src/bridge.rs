@@ -4,17 +4,16 @@
 //! works; its blocking waits are meant for `spawn_blocking` threads (the commands run them
 //! there), never Tauri's async workers.
 
-use kvlab_engine::compare::{CompareEvent, CompareRequest as EngineCompare};
+use kvlab_engine::contract::ModelCard;
+use kvlab_engine::contract::{Activity, ConversationId, Event};
 use kvlab_engine::device::DeviceChoice;
-use kvlab_engine::events::{Activity, ConversationId, Event};
+use kvlab_engine::generate::compare::{CompareEvent, CompareRequest as EngineCompare};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{ActivityListener, LoadRequest, PoolSettings};
-use kvlab_engine::{
-    Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelCard, ModelSource, WeightsChoice,
-};
+use kvlab_engine::{Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelSource, WeightsChoice};
 use serde::Deserialize;
 use std::path::Path;
 use ts_rs::TS;
@@ -86,6 +85,7 @@ impl EngineBridge {
     ) -> Res<MemoryEstimate> {
         self.handle
             .estimate(path, &load_options(weights)?, context, cache)
+            .map_err(CommandError::from)
     }
 
     /// Loads `path` with the cache `cache` selects, checked against memory for the `context`
@@ -107,7 +107,10 @@ impl EngineBridge {
             policy: cache.policy()?,
             context,
         };
-        self.handle.submit(request)?.wait(|_| true)
+        self.handle
+            .submit(request)?
+            .wait(|_| true)
+            .map_err(CommandError::from)
     }
 
     /// Runs one chat turn; `on_event` gets the engine's events as they come (false: the UI
@@ -121,6 +124,7 @@ impl EngineBridge {
             .submit(request)?
             .wait(|ev| on_event(ev.clone()))
             .map(|_| ())
+            .map_err(CommandError::from)
     }
 
     /// Runs one prompt through two caches side by side, then fidelity. Blocks until it ends.
@@ -145,6 +149,7 @@ impl EngineBridge {
             .submit(request)?
             .wait(|ev| on_event(ev.clone()))
             .map(|_| ())
+            .map_err(CommandError::from)
     }
 
     /// Stops `conversation`'s generation (every request: `None`) before its next token.
@@ -160,12 +165,16 @@ impl EngineBridge {
         conversation: &ConversationId,
         cache: &CacheSelection,
     ) -> Res<SwitchEvent> {
-        self.handle.switch_cache(conversation, cache.policy()?)
+        self.handle
+            .switch_cache(conversation, cache.policy()?)
+            .map_err(CommandError::from)
     }
 
     /// The cache new conversations get (the user's choice for new chats).
     pub fn set_default_cache(&self, cache: &CacheSelection) -> Res<SwitchEvent> {
-        self.handle.set_default_policy(cache.policy()?)
+        self.handle
+            .set_default_policy(cache.policy()?)
+            .map_err(CommandError::from)
     }
 
     /// The engine's handle, for queries answered on the calling thread (token counts,
@@ -231,7 +240,7 @@ mod tests {
         let card = bridge.load(&tiny_gguf(), &f32, None, short)?;
         assert_eq!(card.name, "tiny_gemma3.f32.gguf");
         let refused = bridge.load(&tiny_gguf(), &f32, None, long).unwrap_err();
-        assert_eq!(refused.code, kvlab_engine::events::ErrorCode::OutOfMemory);
+        assert_eq!(refused.code, kvlab_engine::contract::ErrorCode::OutOfMemory);
         Ok(())
     }
 

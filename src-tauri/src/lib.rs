@@ -21,7 +21,7 @@ mod state;
 mod webview_guard;
 mod window;
 
-use kvlab_engine::events::Activity;
+use kvlab_engine::contract::Activity;
 use tauri::{Emitter, Manager, Runtime};
 
 /// The `engine-status` event: the engine's [`Activity`], emitted on every change.

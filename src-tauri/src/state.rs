@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crate::bridge::EngineBridge;
 use crate::documents::Reader;
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, CommandError};
 use crate::models::commands::DefaultModel;
 use crate::sessions::SessionStore;
 
@@ -39,13 +39,13 @@ pub fn default_model(env: Option<OsString>) -> Result<DefaultModel, CommandError
         .map(PathBuf::from)
         .ok_or_else(|| {
             CommandError::new(
-                ErrorCode::NoDefaultModel,
+                AppCode::NoDefaultModel,
                 "no default model: open a GGUF file or a model folder, or download one",
             )
         })?;
     if !path.exists() {
         return Err(CommandError::new(
-            ErrorCode::NoDefaultModel,
+            AppCode::NoDefaultModel,
             format!(
                 "the default model {} is missing — run `cargo run -p kvlab-assets -- fetch gemma3-270m`",
                 path.display()
@@ -80,10 +80,10 @@ mod tests {
     fn the_default_model_must_be_named_and_present() {
         assert_eq!(
             default_model(None).unwrap_err().code,
-            ErrorCode::NoDefaultModel
+            AppCode::NoDefaultModel
         );
         let missing = default_model(Some("/nonexistent/model.gguf".into())).unwrap_err();
-        assert_eq!(missing.code, ErrorCode::NoDefaultModel);
+        assert_eq!(missing.code, AppCode::NoDefaultModel);
         assert!(
             missing
                 .message

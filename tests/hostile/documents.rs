@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvlab_app::documents::{DocumentKind, Limits, Reader, MAX_BYTES};
-use kvlab_app::error::ErrorCode;
+use kvlab_app::error::AppCode;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,7 +23,7 @@ fn reader(limits: Limits) -> Reader {
 
 /// Reads `path` (named by its file name) and asserts the code and that it came back within
 /// `within`; returns the message.
-fn refused(reader: &Reader, path: &Path, code: ErrorCode, within: Duration) -> String {
+fn refused(reader: &Reader, path: &Path, code: AppCode, within: Duration) -> String {
     let start = Instant::now();
     let got = reader.inspect_path(path);
     let took = start.elapsed();
@@ -59,7 +59,7 @@ fn hostile_pdf_that_overflows_the_stack_crashes_only_the_reader() {
     let msg = refused(
         &r,
         &fixture("deep-recursion.pdf"),
-        ErrorCode::DocumentCrashed,
+        AppCode::DocumentCrashed,
         limits.wall,
     );
     assert!(msg.contains("stack overflow"), "{msg}");
@@ -77,7 +77,7 @@ fn hostile_pdf_that_makes_the_parser_loop_is_stopped_at_the_wall_clock() {
     let msg = refused(
         &r,
         &fixture("endless-loop.pdf"),
-        ErrorCode::DocumentTimeout,
+        AppCode::DocumentTimeout,
         limits.wall + Duration::from_secs(2),
     );
     assert!(msg.contains("longer than 2.0 s"), "{msg}");
@@ -92,7 +92,7 @@ fn hostile_decompression_bomb_hits_the_memory_limit() {
     let msg = refused(
         &r,
         &fixture("inflate-bomb.pdf"),
-        ErrorCode::DocumentOutOfMemory,
+        AppCode::DocumentOutOfMemory,
         limits.wall,
     );
     assert!(msg.contains("more than 512 MiB"), "{msg}");
@@ -109,34 +109,24 @@ fn hostile_empty_binary_and_non_utf8_files_get_their_own_codes() {
         std::fs::write(&p, bytes).unwrap();
         p
     };
-    let msg = refused(
-        &r,
-        &write("empty.txt", b""),
-        ErrorCode::DocumentEmpty,
-        within,
-    );
+    let msg = refused(&r, &write("empty.txt", b""), AppCode::DocumentEmpty, within);
     assert_eq!(msg, "empty.txt: the file is empty");
     // A real binary (the app's PNG icon) renamed as text, and as a PDF.
     let png = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("icons/32x32.png")).unwrap();
     let msg = refused(
         &r,
         &write("notes.txt", &png),
-        ErrorCode::DocumentBinary,
+        AppCode::DocumentBinary,
         within,
     );
     assert!(msg.contains("NUL bytes"), "{msg}");
-    let msg = refused(
-        &r,
-        &write("scan.pdf", &png),
-        ErrorCode::PdfUnreadable,
-        within,
-    );
+    let msg = refused(&r, &write("scan.pdf", &png), AppCode::PdfUnreadable, within);
     assert!(msg.contains("does not start with %PDF-"), "{msg}");
     // Latin-1 "café au lait": 0xE9 is no UTF-8 sequence.
     let msg = refused(
         &r,
         &write("latin1.txt", b"caf\xe9 au lait"),
-        ErrorCode::DocumentNotUtf8,
+        AppCode::DocumentNotUtf8,
         within,
     );
     assert!(msg.contains("offset 3"), "{msg}");
@@ -163,12 +153,7 @@ fn hostile_200_mb_text_file_is_refused_by_its_size_unread() {
     }
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 200_000_000);
     const { assert!(200_000_000 > 40 * MAX_BYTES) };
-    let msg = refused(
-        &r,
-        &path,
-        ErrorCode::DocumentTooLarge,
-        Duration::from_secs(1),
-    );
+    let msg = refused(&r, &path, AppCode::DocumentTooLarge, Duration::from_secs(1));
     assert!(
         msg.starts_with("huge.txt: 190.7 MiB is over the 4 MiB limit"),
         "{msg}"

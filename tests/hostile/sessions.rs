@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kvlab_app::error::ErrorCode;
+use kvlab_app::error::{AppCode, ErrorCode};
 use kvlab_app::sessions::SessionStore;
 use serde_json::{json, Value};
 
@@ -148,7 +148,7 @@ fn hostile_corrupt_session_files_are_set_aside_and_the_others_load() {
     assert_eq!(list.unreadable.len(), bad.len(), "{:?}", list.unreadable);
     for (file, bytes, why) in &bad {
         let u = list.unreadable.iter().find(|u| u.file == *file).unwrap();
-        assert_eq!(u.code, ErrorCode::SessionCorrupt);
+        assert_eq!(u.code, AppCode::SessionCorrupt);
         assert!(u.message.contains(why), "{}", u.message);
         let aside = u.set_aside_as.as_deref().unwrap();
         assert!(aside.starts_with(&format!("{file}.corrupt-")), "{aside}");
@@ -165,7 +165,7 @@ fn hostile_corrupt_session_files_are_set_aside_and_the_others_load() {
     // Opening a file that went bad since the list: a coded error, and it is set aside too.
     std::fs::write(dir.path().join("s.json"), &whole[..10]).unwrap();
     let e = store.load("s").unwrap_err();
-    assert_eq!(e.code, ErrorCode::SessionCorrupt, "{}", e.message);
+    assert_eq!(e.code, AppCode::SessionCorrupt, "{}", e.message);
     assert!(
         e.message.contains("set aside as s.json.corrupt-"),
         "{}",

@@ -14,10 +14,10 @@ use kvlab_engine::bench::decode::{
     DecodeBenchSpec, ProfileRow,
 };
 use kvlab_engine::bench::golden::{check_golden, GoldenReport};
+use kvlab_engine::checkpoint::source::find_tokenizer;
 use kvlab_engine::device::{preferred_dtype, select_device};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::source::find_tokenizer;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::WeightsChoice;
 use kvlab_engine::{LoadOptions, Model};

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use kvlab_engine::chat::Message;
-use kvlab_engine::events::{CacheOrigin, ConversationChoice, ConversationId, Event, GenStats};
+use kvlab_engine::contract::{CacheOrigin, ConversationChoice, ConversationId, Event, GenStats};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt};
 use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::PoolSettings;
 use kvlab_engine::{Engine, EngineHandle, PrecisionPolicy};
 use serde::Serialize;
@@ -125,12 +125,12 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     let last_len = longest + args.rounds * (args.answer_tokens + 40);
-    let inspection = kvlab_engine::card::inspect(
+    let checkpoint = kvlab_engine::checkpoint::Checkpoint::open(
         &args.model.resolve()?.weights,
         &kvlab_engine::LoadOptions::default(),
     )?;
     let one = kvlab_engine::memory::estimate_kv_bytes(
-        &inspection.config,
+        checkpoint.config(),
         &f16,
         last_len,
         kvlab_engine::REWIND_MARGIN,

@@ -15,9 +15,9 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvlab_engine::bench::decode::{bench_decode, BenchContext, DecodeBenchSpec};
 use kvlab_engine::card::inspect;
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::{peak_rss_bytes, release_free_memory, RssProbe};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::WeightsChoice;
 use serde::{Deserialize, Serialize};
 

@@ -7,9 +7,9 @@ use crate::model_args::{kv_policy, ModelArgs};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use kvlab_engine::chat::Message;
-use kvlab_engine::events::{DoneReason, Event, GenStats};
+use kvlab_engine::contract::{DoneReason, Event, GenStats};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::Engine;
 
 #[derive(Args, Debug)]
@@ -115,7 +115,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         Some(file) => {
             let r = engine
                 .restore_cache(
-                    &kvlab_engine::events::ConversationId::default_id(),
+                    &kvlab_engine::contract::ConversationId::default_id(),
                     Some(std::path::PathBuf::from(file)),
                 )
                 .map_err(|e| {
@@ -133,7 +133,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                 // A restore is in the file's precision; --kv converts it, as a switch does.
                 let marker = engine
                     .switch_cache(
-                        &kvlab_engine::events::ConversationId::default_id(),
+                        &kvlab_engine::contract::ConversationId::default_id(),
                         policy.clone(),
                     )
                     .map_err(|e| anyhow::anyhow!("converting the cache to {kv}: {e}"))?;
@@ -205,7 +205,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                     // Applied by the engine thread between this token and the next.
                     let marker = engine
                         .switch_cache(
-                            &kvlab_engine::events::ConversationId::default_id(),
+                            &kvlab_engine::contract::ConversationId::default_id(),
                             p.clone(),
                         )
                         .map_err(|e| anyhow::anyhow!("switching the cache to {to}: {e}"))?;
@@ -239,7 +239,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     if let Some(file) = &args.save_cache {
         let saved = engine
             .save_cache(
-                &kvlab_engine::events::ConversationId::default_id(),
+                &kvlab_engine::contract::ConversationId::default_id(),
                 Some(std::path::PathBuf::from(file)),
             )
             .map_err(|e| {

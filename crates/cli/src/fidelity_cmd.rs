@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use kvlab_engine::generate::sweep::{bits_per_coordinate, quantile, SweepPoint};
 use kvlab_engine::kv::{presets, CacheSpec, KvPrecision};
-use kvlab_engine::sweep::{bits_per_coordinate, quantile, SweepPoint};
 use kvlab_engine::Model;
 use serde::{Deserialize, Serialize};
 

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 
 use crate::fidelity_cmd::PeerPoint;
 use crate::plot::register_system_font;
-use kvlab_engine::sweep::SweepPoint as SweepRow;
+use kvlab_engine::generate::sweep::SweepPoint as SweepRow;
 
 /// Draws `kvlab fidelity sweep`'s rows (and any peer points) as KL divergence against bits.
 pub fn draw(rows: &[SweepRow], peers: &[PeerPoint], path: &Path) -> anyhow::Result<()> {

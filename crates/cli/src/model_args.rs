@@ -8,9 +8,10 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use kvlab_engine::checkpoint::source::ResolvedModel;
+use kvlab_engine::checkpoint::Checkpoint;
 use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
 use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::source::ResolvedModel;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::{LoadOptions, Model, ModelSource, PrecisionPolicy, WeightsChoice};
 
@@ -71,7 +72,7 @@ impl ModelArgs {
         engine: &kvlab_engine::EngineHandle,
         policy: PrecisionPolicy,
         context: usize,
-    ) -> anyhow::Result<kvlab_engine::card::ModelCard> {
+    ) -> anyhow::Result<kvlab_engine::contract::ModelCard> {
         let request = kvlab_engine::worker::LoadRequest {
             source: self.source()?,
             tokenizer: self.tokenizer.clone(),
@@ -83,7 +84,7 @@ impl ModelArgs {
             .submit(request)
             .and_then(|ticket| {
                 ticket.wait(|ev| {
-                    if let kvlab_engine::events::Event::Loading {
+                    if let kvlab_engine::contract::Event::Loading {
                         phase,
                         done: Some(d),
                         total: Some(t),
@@ -126,9 +127,13 @@ impl ModelArgs {
     /// template and stops), printing every warning.
     pub fn open(&self) -> anyhow::Result<OpenedModel> {
         let resolved = self.resolve()?;
-        let model = self.load(&resolved.weights)?;
+        let checkpoint = Checkpoint::open(&resolved.weights, &self.load_options()?)
+            .with_context(|| format!("opening {}", resolved.weights.display()))?;
+        let model = Model::from_checkpoint(&checkpoint)
+            .with_context(|| format!("loading {}", resolved.weights.display()))?;
+        print_warnings(&model.config().warnings);
         let (tokenizer, warnings) =
-            GemmaTokenizer::for_model(&resolved.tokenizer, &model, &resolved.name)?;
+            GemmaTokenizer::for_checkpoint(&resolved.tokenizer, &checkpoint, &resolved.name)?;
         print_warnings(&warnings);
         Ok(OpenedModel { model, tokenizer })
     }

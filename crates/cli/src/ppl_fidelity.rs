@@ -1,14 +1,14 @@
 //! `kvlab ppl --kv SPEC --reference SPEC`: the text's tokens run through a reference and a
 //! test cache in lockstep (teacher forcing), reporting both perplexities, mean KL(ref ‖ test)
-//! and top-1 agreement per position (engine: `kvlab_engine::fidelity`).
+//! and top-1 agreement per position (engine: `kvlab_engine::generate::fidelity`).
 
 use std::time::Instant;
 
 use anyhow::Context;
 use kvlab_engine::budget::MemoryBudget;
-use kvlab_engine::fidelity::{compare_many_from, FidelityReport, PositionFidelity};
+use kvlab_engine::generate::fidelity::{compare_many_from, FidelityReport, PositionFidelity};
+use kvlab_engine::generate::sweep::lockstep_batches;
 use kvlab_engine::kv::{CacheSpec, PrecisionPolicy};
-use kvlab_engine::sweep::lockstep_batches;
 use kvlab_engine::Model;
 use serde::Serialize;
 

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::card::inspect;
 use kvlab_engine::chat::{Message, Role};
+use kvlab_engine::checkpoint::Checkpoint;
 use kvlab_engine::generate::{preview_prompt, Prompt};
 use kvlab_engine::tokenizer::GemmaTokenizer;
 
@@ -69,13 +69,9 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not JSON", args.messages.display()))?;
     let messages = openai_messages(&v)?;
     let resolved = args.model.resolve()?;
-    let inspection = inspect(&resolved.weights, &args.model.load_options()?)?;
-    let (tokenizer, warnings) = GemmaTokenizer::for_checkpoint(
-        &resolved.tokenizer,
-        &inspection.config,
-        &inspection.chat_template,
-        &resolved.name,
-    )?;
+    let checkpoint = Checkpoint::open(&resolved.weights, &args.model.load_options()?)?;
+    let (tokenizer, warnings) =
+        GemmaTokenizer::for_checkpoint(&resolved.tokenizer, &checkpoint, &resolved.name)?;
     print_warnings(&warnings);
     // What the engine does with a conversation: the template when there is one, else the
     // conversation as plain text.

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::config::ModelConfig;
+use crate::checkpoint::config::ModelConfig;
 use crate::error::Result;
 use crate::kv::{presets, CacheSpec, ConvertPlan, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes};
@@ -278,7 +278,7 @@ mod tests {
     fn config() -> ModelConfig {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/tiny_gemma3/config.json");
-        crate::config::hf::load_config(&path).expect("fixture config")
+        crate::checkpoint::config::hf::load_config(&path).expect("fixture config")
     }
 
     #[test]

@@ -9,116 +9,38 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::budget::{MemoryBudget, MemoryFit, Plan};
-use crate::config::{AttentionKind, Family, KvSource, ModelConfig};
+use crate::checkpoint::config::KvSource;
+use crate::checkpoint::weights::{checkpoint_dir, WeightStore};
+use crate::checkpoint::{Checkpoint, LoadOptions};
+use crate::contract::AttentionKind;
+use crate::contract::WeightFormat;
+use crate::contract::{HeadShape, LayerCounts, ModelCard};
 use crate::error::Result;
 use crate::kv::CacheSelection;
-use crate::memory::{estimate_kv_bytes, token_costs, TokenCost};
-use crate::model::{read_config, LoadOptions};
-use crate::weights::{checkpoint_dir, WeightFormat, WeightStore};
+use crate::memory::{estimate_kv_bytes, token_costs};
 
-/// How many layers of each attention kind a model has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
-pub struct LayerCounts {
-    /// Sliding-window layers that own a cache.
-    pub sliding: usize,
-    /// Full-attention layers that own a cache.
-    pub full: usize,
-    /// Layers that read another layer's cache (Gemma 4 KV sharing).
-    pub shared: usize,
-}
-
-/// The attention heads of the layers of one kind (Gemma 4's full layers have wider heads
-/// than its sliding ones).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
-pub struct HeadShape {
-    /// Which layers.
-    pub kind: AttentionKind,
-    /// Query heads.
-    pub n_heads: usize,
-    /// Key/value heads.
-    pub n_kv_heads: usize,
-    /// Dimensions per head.
-    pub head_dim: usize,
-}
-
-/// What a model is: shown by the app and printed by the CLI.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
-pub struct ModelCard {
-    /// Display name (file or repository name).
-    pub name: String,
-    /// The weights' path (file or folder).
-    pub path: String,
-    /// Gemma 3 or Gemma 4.
-    pub architecture: Family,
-    /// GGUF or safetensors.
-    pub format: WeightFormat,
-    /// Parameters of the language model, counted from the weight headers.
-    pub params: u64,
-    /// Decoder layers.
-    pub layers: usize,
-    /// Layers by attention kind.
-    pub layer_counts: LayerCounts,
-    /// Residual stream width.
-    pub hidden_size: usize,
-    /// Vocabulary size.
-    pub vocab_size: usize,
-    /// Maximum context in tokens.
-    pub max_context: usize,
-    /// Sliding window (0 without sliding layers).
-    pub sliding_window: usize,
-    /// Head shapes, one entry per distinct shape, sliding layers first.
-    pub heads: Vec<HeadShape>,
-    /// Bytes the weights take in memory as loaded: quantized matrices at their block size,
-    /// the rest in `weights_dtype`. Estimated from the headers before loading, measured
-    /// after (see `weights_measured`).
-    pub weights_bytes: u64,
-    /// How the weights are held: for a safetensors checkpoint the weights choice (`q4_k`,
-    /// `q8_0`, `f16`, `bf16`, `f32`); for a GGUF file its own type as llama.cpp names it and
-    /// the block types of its matrices, most used first (`Q4_K_M: q5_0, q8_0, q4_k, q6_k`),
-    /// which it is held in as stored.
-    pub weights_dtype: String,
-    /// True once `weights_bytes` is what the loaded model holds.
-    pub weights_measured: bool,
-    /// Whether the model has a thinking mode.
-    pub supports_thinking: bool,
-    /// Whether the checkpoint ships a chat template (false: a base model, best prompted
-    /// with plain text; `None`: unknown).
-    pub has_chat_template: Option<bool>,
-    /// What one token of KV cache costs under each preset.
-    pub token_costs: Vec<TokenCost>,
-    /// Config fields that were ignored, defaulted or assumed.
-    pub warnings: Vec<String>,
-}
-
-/// A model read from its headers: the card and the configuration it came from.
-#[derive(Debug, Clone)]
+/// A model read from its headers: the card and the open checkpoint it came from (whose
+/// weights the decoder can then load without opening the files again).
+#[derive(Debug)]
 pub struct Inspection {
     /// The card (weights estimated).
     pub card: ModelCard,
-    /// The resolved configuration.
-    pub config: ModelConfig,
-    /// The chat template the checkpoint ships (see [`crate::chat::find_template`]).
-    pub chat_template: crate::model::ChatTemplateText,
+    /// The checkpoint: its configuration, weight store and chat template.
+    pub checkpoint: Checkpoint,
 }
 
 /// Reads the model at `path` (a `.gguf` file or a safetensors folder) without loading its
 /// weights: configuration, parameter count, chat template, and the bytes the weights will
 /// take when loaded with `opts`.
 pub fn inspect(path: &Path, opts: &LoadOptions) -> Result<Inspection> {
-    let ws = WeightStore::open(path, opts)?;
-    let config = read_config(&ws)?;
-    let card = build(&ws, path, &config);
-    let chat_template =
-        crate::chat::find_template(path, ws.gguf_content()).map_err(|e| e.to_string());
-    Ok(Inspection {
-        card,
-        config,
-        chat_template,
-    })
+    let checkpoint = Checkpoint::open(path, opts)?;
+    let card = build(&checkpoint);
+    Ok(Inspection { card, checkpoint })
 }
 
-/// The card of the checkpoint open in `ws`, with `config` read from it.
-fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
+/// The card of an open checkpoint.
+fn build(ckpt: &Checkpoint) -> ModelCard {
+    let (ws, path, config) = (ckpt.store(), ckpt.path(), ckpt.config());
     let mut counts = LayerCounts {
         sliding: 0,
         full: 0,
@@ -151,6 +73,7 @@ fn build(ws: &WeightStore, path: &Path, config: &ModelConfig) -> ModelCard {
         name,
         path: path.display().to_string(),
         architecture: config.family,
+        family_name: config.family.facts().display_name().to_string(),
         format: ws.format(),
         params: ws.param_count(),
         layers: config.num_layers(),
@@ -308,10 +231,11 @@ pub fn estimate(
 ) -> Result<MemoryEstimate> {
     let spec = selection.spec()?;
     let policy = spec.to_policy();
-    let Inspection { card, config, .. } = inspect(path, opts)?;
-    let kv_bytes = estimate_kv_bytes(&config, &policy, context, rewind_margin)?;
+    let Inspection { card, checkpoint } = inspect(path, opts)?;
+    let config = checkpoint.config();
+    let kv_bytes = estimate_kv_bytes(config, &policy, context, rewind_margin)?;
     let fit = Plan {
-        config: &config,
+        config,
         weights_bytes: card.weights_bytes,
         held_kv_bytes: 0,
         context,
@@ -348,7 +272,7 @@ mod tests {
             .expect("inspect")
             .card;
         assert_eq!(card.format, WeightFormat::Safetensors);
-        assert_eq!(card.architecture, Family::Gemma3);
+        assert_eq!(card.architecture, crate::contract::Family::Gemma3);
         assert_eq!((card.layers, card.sliding_window), (6, 8));
         assert_eq!(
             card.layer_counts,
@@ -368,6 +292,18 @@ mod tests {
         // Every preset these 16-wide heads can hold: not llama.cpp's 32-wide blocks.
         let fitting = crate::kv::presets().iter().filter(|p| !p.llama_cpp).count();
         assert_eq!(card.token_costs.len(), fitting);
+        assert_eq!(card.family_name, "Gemma 3");
+        // The card as the `loaded` event carries it, and back.
+        let loaded = crate::contract::Event::Loaded { card: card.clone() };
+        let v = serde_json::to_value(&loaded).unwrap();
+        assert_eq!(v["type"], "loaded");
+        assert_eq!(v["card"]["token_costs"][1]["spec"], "f16");
+        assert_eq!(v["card"]["architecture"], "gemma3");
+        assert_eq!(v["card"]["family_name"], "Gemma 3");
+        assert_eq!(
+            serde_json::from_value::<crate::contract::Event>(v).unwrap(),
+            loaded
+        );
     }
 
     #[test]

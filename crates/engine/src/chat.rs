@@ -13,14 +13,12 @@
 //! control tokens. A model's earlier answers are passed as they are: the template decides
 //! what of them it keeps (Gemma 4's strips earlier thinking).
 
-use std::path::Path;
-
 use aho_corasick::{AhoCorasick, MatchKind};
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::family::Family;
+use crate::contract::Family;
 
 /// Template instructions one render may run: far beyond any real template (Gemma 4's uses
 /// about 10k for a 100-turn conversation), reached within a fraction of a second.
@@ -143,6 +141,8 @@ pub enum TemplateSource {
     Builtin {
         /// Whose.
         family: Family,
+        /// The family as people write it (`Gemma 4`).
+        family_name: String,
     },
     /// Given by the caller.
     Custom,
@@ -155,7 +155,9 @@ impl std::fmt::Display for TemplateSource {
             TemplateSource::Jinja { path } | TemplateSource::TokenizerConfig { path } => {
                 f.write_str(path)
             }
-            TemplateSource::Builtin { family } => write!(f, "the built-in {family} template"),
+            TemplateSource::Builtin { family_name, .. } => {
+                write!(f, "the built-in {family_name} template")
+            }
             TemplateSource::Custom => f.write_str("a custom template"),
         }
     }
@@ -235,7 +237,10 @@ impl ChatTemplate {
     pub fn builtin(family: Family) -> Self {
         match Self::parse(
             family.facts().fallback_template(),
-            TemplateSource::Builtin { family },
+            TemplateSource::Builtin {
+                family,
+                family_name: family.facts().display_name().to_string(),
+            },
         ) {
             Ok(t) => t,
             // The built-in templates are parsed by the tests; this cannot happen.
@@ -442,71 +447,6 @@ pub fn unescape(text: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// The chat template a checkpoint ships, from its files alone: a GGUF file's
-/// `tokenizer.chat_template`, else `chat_template.jinja`, else `chat_template` in
-/// `tokenizer_config.json` (a string, or a list of named templates, the `default` one
-/// taken). `Ok(None)` for a checkpoint without one.
-pub fn find_template(
-    weights: &Path,
-    gguf: Option<&candle_core::quantized::gguf_file::Content>,
-) -> Result<Option<(String, TemplateSource)>, ChatError> {
-    if let Some(content) = gguf {
-        return Ok(match content.metadata.get("tokenizer.chat_template") {
-            Some(candle_core::quantized::gguf_file::Value::String(s)) => {
-                Some((s.clone(), TemplateSource::Gguf))
-            }
-            _ => None,
-        });
-    }
-    let dir = if weights.is_dir() {
-        weights.to_path_buf()
-    } else {
-        weights.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
-    let jinja = dir.join("chat_template.jinja");
-    if let Ok(text) = std::fs::read_to_string(&jinja) {
-        return Ok(Some((
-            text,
-            TemplateSource::Jinja {
-                path: display(&jinja),
-            },
-        )));
-    }
-    let config = dir.join("tokenizer_config.json");
-    let Ok(bytes) = std::fs::read(&config) else {
-        return Ok(None);
-    };
-    let bad = |reason: String| ChatError::BadTemplate {
-        origin: display(&config),
-        line: None,
-        reason,
-    };
-    let v: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let source = TemplateSource::TokenizerConfig {
-        path: display(&config),
-    };
-    Ok(match v.get("chat_template") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some((s.clone(), source)),
-        Some(serde_json::Value::Array(named)) => {
-            let pick = named
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .or_else(|| named.first())
-                .and_then(|t| t.get("template"))
-                .and_then(|t| t.as_str())
-                .ok_or_else(|| bad("chat_template holds no template".into()))?;
-            Some((pick.to_owned(), source))
-        }
-        Some(_) => return Err(bad("chat_template is neither text nor a list".into())),
-    })
-}
-
-fn display(p: &Path) -> String {
-    p.display().to_string()
 }
 
 /// Whether a checkpoint's name says it is instruction-tuned (`…-it…`, `…instruct…`): such a

@@ -55,14 +55,14 @@ pub fn preferred_dtype(device: &Device) -> DType {
     }
 }
 
-impl crate::model::LoadOptions {
+impl crate::checkpoint::LoadOptions {
     /// The device `choice` opens, with the dtype ([`preferred_dtype`]) and held weights
     /// ([`WeightsChoice::default_for`]) that suit it.
     pub fn on(choice: DeviceChoice) -> Result<Self> {
         let device = select_device(choice)?;
         Ok(Self {
             dtype: preferred_dtype(&device),
-            weights: crate::weights::WeightsChoice::default_for(&device),
+            weights: crate::checkpoint::weights::WeightsChoice::default_for(&device),
             device,
         })
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use common::max_diff;
-use kvlab_engine::config::AttentionKind;
+use kvlab_engine::contract::AttentionKind;
 use kvlab_engine::kv::KvLayout;
 use kvlab_engine::{
     EngineError, KvCache, KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy,

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use kvlab_engine::config::{hf, AttentionKind, Family, KvSource, RopeKind};
+use kvlab_engine::checkpoint::config::{hf, KvSource, RopeKind};
+use kvlab_engine::contract::{AttentionKind, Family};
 use kvlab_engine::EngineError;
 
 fn cfg_path(name: &str, file: &str) -> PathBuf {

@@ -14,13 +14,13 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use kvlab_engine::budget::MemoryBudget;
-use kvlab_engine::events::{
+use kvlab_engine::contract::{
     CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason, ErrorCode,
     Event, GenStats, MarkerKind, Tier,
 };
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt};
 use kvlab_engine::kv::{CacheSelection, CacheSpec};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{LoadRequest, PoolSettings};
 use kvlab_engine::{Engine, EngineHandle, ModelSource, PrecisionPolicy};
 
@@ -198,9 +198,10 @@ fn a_demoted_conversation_answers_as_one_switched_to_the_preset() {
     pooled.engine.set_pool_settings(settings.clone());
     let (a1, _) = ok_turn(&pooled.engine, "a", &prompt(1), 8);
     let a_bytes = info(&pooled.engine, "a").bytes;
-    let cfg =
-        kvlab_engine::config::hf::load_config(&common::fixture("tiny_gemma3").join("config.json"))
-            .expect("config");
+    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
+        &common::fixture("tiny_gemma3").join("config.json"),
+    )
+    .expect("config");
     let b_needs = kvlab_engine::memory::estimate_kv_bytes(&cfg, &policy("f32"), 12 + 8, MARGIN)
         .expect("estimate");
     settings.kv_budget = Some(a_bytes + b_needs - 1);
@@ -282,9 +283,10 @@ fn a_generating_conversation_is_never_demoted_or_spilled() {
     let mut settings = l.engine.pool_settings();
     settings.kv_budget = Some(1);
     // Room for A alone, grown to its whole turn.
-    let cfg =
-        kvlab_engine::config::hf::load_config(&common::fixture("tiny_gemma3").join("config.json"))
-            .expect("config");
+    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
+        &common::fixture("tiny_gemma3").join("config.json"),
+    )
+    .expect("config");
     let a_needs = kvlab_engine::memory::estimate_kv_bytes(&cfg, &policy("f32"), 12 + 100, MARGIN)
         .expect("estimate");
     settings.kv_budget = Some(a_needs);

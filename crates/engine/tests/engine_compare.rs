@@ -10,13 +10,14 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use kvlab_engine::chat::Message;
-use kvlab_engine::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use kvlab_engine::events::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::contract::Family;
+use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
 use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::memory::RssProbe;
-use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
 
@@ -318,7 +319,7 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
     let marker = s
         .engine
         .switch_cache(
-            &kvlab_engine::events::ConversationId::default_id(),
+            &kvlab_engine::contract::ConversationId::default_id(),
             policy("f16"),
         )
         .expect("switch");
@@ -385,7 +386,7 @@ fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
     );
     let chat = turn(&s.engine, conversation(), 1);
     s.engine
-        .forget(&kvlab_engine::events::ConversationId::default_id(), false)
+        .forget(&kvlab_engine::contract::ConversationId::default_id(), false)
         .expect("reset");
 
     let dir = copy(None);

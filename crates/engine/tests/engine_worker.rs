@@ -13,10 +13,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use kvlab_engine::chat::Message;
-use kvlab_engine::events::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::contract::Family;
+use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::sampling::SamplingParams;
-use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
 
@@ -463,9 +464,10 @@ const MARGIN: usize = 16;
 /// The KV bytes the engine's cache holds at `tokens` tokens of tiny_gemma3 in f32, with a
 /// rewind margin of [`MARGIN`].
 fn kv_at(tokens: usize) -> u64 {
-    let cfg =
-        kvlab_engine::config::hf::load_config(&common::fixture("tiny_gemma3").join("config.json"))
-            .expect("config");
+    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
+        &common::fixture("tiny_gemma3").join("config.json"),
+    )
+    .expect("config");
     let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
     kvlab_engine::memory::estimate_kv_bytes(&cfg, &f32, tokens, MARGIN).expect("estimate")
 }
@@ -687,7 +689,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     // A comparison's two fresh caches are checked too.
     let refused = s
         .engine
-        .submit(kvlab_engine::compare::CompareRequest {
+        .submit(kvlab_engine::generate::compare::CompareRequest {
             prompt: Prompt::Ids { ids: history },
             sampling: SamplingParams::greedy(),
             max_tokens: 200,
@@ -701,7 +703,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         .expect("send");
     let last = refused.events().last().expect("an answer");
     match last {
-        kvlab_engine::compare::CompareEvent::Error { code, message } => {
+        kvlab_engine::generate::compare::CompareEvent::Error { code, message } => {
             let _ = std::io::stderr().lock().write_all(
                 format!(
                     "{}\n",
@@ -866,7 +868,7 @@ fn hostile_panic_in_a_step_ends_that_request_and_the_engine_goes_on() {
         .engine
         .submit_with(
             GenerateRequest {
-                conversation: Some(kvlab_engine::events::ConversationChoice::Id {
+                conversation: Some(kvlab_engine::contract::ConversationChoice::Id {
                     id: ConversationId::new("victim").expect("id"),
                 }),
                 ..greedy(prompt(), 5)
@@ -901,7 +903,7 @@ fn hostile_panic_in_a_step_ends_that_request_and_the_engine_goes_on() {
     let victim = run(
         &s.engine,
         GenerateRequest {
-            conversation: Some(kvlab_engine::events::ConversationChoice::Id {
+            conversation: Some(kvlab_engine::contract::ConversationChoice::Id {
                 id: ConversationId::new("victim").expect("id"),
             }),
             ..greedy(prompt(), 3)

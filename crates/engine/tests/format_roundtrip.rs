@@ -13,7 +13,8 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::max_diff;
-use kvlab_engine::config::{hf, AttentionKind, KvSource};
+use kvlab_engine::checkpoint::config::{hf, KvSource};
+use kvlab_engine::contract::AttentionKind;
 use kvlab_engine::gguf_name;
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
@@ -277,7 +278,7 @@ fn gemma4_gguf_reads_proportional_rope_from_freq_factors() {
         .expect("full");
     assert_eq!(
         full.rope.kind,
-        kvlab_engine::config::RopeKind::Proportional {
+        kvlab_engine::checkpoint::config::RopeKind::Proportional {
             partial_rotary_factor: 0.5
         }
     );

@@ -4,10 +4,10 @@
 
 use std::sync::atomic::AtomicBool;
 
-use kvlab_engine::events::{DoneReason, Event};
+use kvlab_engine::contract::{DoneReason, Event};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
 use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
 use kvlab_engine::{Engine, KvPrecision, LoadOptions, Model, ModelSource, PrecisionPolicy};

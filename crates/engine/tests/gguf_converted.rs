@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use common::{fixture, golden, ids, max_diff};
-use kvlab_engine::config::{AttentionKind, KvSource};
-use kvlab_engine::tokenizer::{gguf as gguf_tok, Family as TokFamily, GemmaTokenizer};
+use kvlab_engine::checkpoint::config::KvSource;
+use kvlab_engine::contract::AttentionKind;
+use kvlab_engine::contract::Family as TokFamily;
+use kvlab_engine::tokenizer::{gguf as gguf_tok, GemmaTokenizer};
 use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
 
 const GEMMA4: [&str; 3] = ["tiny_e", "tiny_dense", "tiny_moe"];

@@ -19,13 +19,13 @@ use std::path::Path;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use kvlab_engine::compare::{CompareEvent, CompareRequest};
-use kvlab_engine::events::{DoneReason, ErrorCode, Event};
+use kvlab_engine::contract::{DoneReason, ErrorCode, Event};
+use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
+use kvlab_engine::generate::sampling::{Sampler, SamplingParams};
 use kvlab_engine::generate::{GenerateRequest, Prompt};
 use kvlab_engine::kv::presets::presets;
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::RssProbe;
-use kvlab_engine::sampling::{Sampler, SamplingParams};
 use kvlab_engine::worker::{LoadRequest, Submission, Ticket};
 use kvlab_engine::{
     Engine, EngineHandle, KvPrecision, LoadOptions, Logits, Model, ModelSource, PrecisionPolicy,
@@ -226,7 +226,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     let policy = policies[dice.below(policies.len())].clone();
                     let ev = engine
                         .switch_cache(
-                            &kvlab_engine::events::ConversationId::default_id(),
+                            &kvlab_engine::contract::ConversationId::default_id(),
                             policy.clone(),
                         )
                         .expect("switch");
@@ -331,7 +331,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
     let sample = engine.memory_sample(
         0,
         &mut RssProbe::new(),
-        Some(&kvlab_engine::events::ConversationId::default_id()),
+        Some(&kvlab_engine::contract::ConversationId::default_id()),
     );
     let status = engine.status();
     assert_eq!(sample.kv.total_used, status.kv.total_used);

@@ -14,9 +14,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use kvlab_engine::events::{ErrorCode, Event};
+use kvlab_engine::contract::{ErrorCode, Event};
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{JobError, LoadRequest};
 use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
 

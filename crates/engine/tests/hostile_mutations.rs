@@ -21,7 +21,7 @@ use std::cell::Cell;
 use std::io::Write as _;
 use std::path::Path;
 
-use kvlab_engine::events::ErrorCode;
+use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::{LoadOptions, Model};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};

@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvlab_engine::events::ErrorCode;
-use kvlab_engine::source::hub::{download_repo, DownloadProgress, HubOptions};
-use kvlab_engine::source::hub_retry::RetryPolicy;
-use kvlab_engine::source::SourceError;
+use kvlab_engine::checkpoint::source::hub::{download_repo, DownloadProgress, HubOptions};
+use kvlab_engine::checkpoint::source::hub_retry::RetryPolicy;
+use kvlab_engine::checkpoint::source::SourceError;
+use kvlab_engine::contract::ErrorCode;
 use sha2::{Digest, Sha256};
 
 const REPO: &str = "tiny/gemma3";

@@ -11,9 +11,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use kvlab_engine::events::ErrorCode;
-use kvlab_engine::source::hub::{download_model, list_gguf_quants, HubOptions};
-use kvlab_engine::source::{find_tokenizer, SourceError};
+use kvlab_engine::checkpoint::source::hub::{download_model, list_gguf_quants, HubOptions};
+use kvlab_engine::checkpoint::source::{find_tokenizer, SourceError};
+use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::{LoadOptions, Model};
 use sha2::{Digest, Sha256};
 

@@ -10,7 +10,7 @@ mod common;
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.
 use std::io::Write as _;
 
-use kvlab_engine::events::ErrorCode;
+use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::kv::persist::weights_identity;
 use kvlab_engine::kv::{CacheSpec, KvLayout};
 use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy, Session};

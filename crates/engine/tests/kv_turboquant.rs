@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use kvlab_engine::config::AttentionKind;
-use kvlab_engine::fidelity::compare_caches;
+use kvlab_engine::contract::AttentionKind;
+use kvlab_engine::generate::fidelity::compare_caches;
 use kvlab_engine::kv::{CacheSpec, KvCache, TqSide};
 use kvlab_engine::memory::{KvBytes, MemorySample, RssProbe};
 use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy};
@@ -253,7 +253,7 @@ fn scoring_from_a_position_equals_the_full_comparison_filtered() {
     let ids = prompt(40);
     let (f32p, tq) = (policy("f32"), policy("tq2@all"));
     let full = compare_caches(&model, &ids, &f32p, &tq, 7, &mut |_, _| {}).expect("full");
-    let tail = kvlab_engine::fidelity::compare_caches_from(
+    let tail = kvlab_engine::generate::fidelity::compare_caches_from(
         &model,
         &ids,
         &f32p,
@@ -280,7 +280,7 @@ fn caches_scored_in_lockstep_equal_each_scored_alone() {
     let reference = policy("f32");
     let tests = [policy("tq2@all"), policy("f32"), policy("k4v3@all")];
     let mut steps = Vec::new();
-    let together = kvlab_engine::fidelity::compare_many_from(
+    let together = kvlab_engine::generate::fidelity::compare_many_from(
         &model,
         &ids,
         &reference,
@@ -303,7 +303,7 @@ fn caches_scored_in_lockstep_equal_each_scored_alone() {
     assert_eq!(together[1].mean_kld, 0.0);
     assert!(together[0].mean_kld > together[2].mean_kld && together[2].mean_kld > 0.0);
     // Stopped after the second chunk: the positions scored so far.
-    let stopped = kvlab_engine::fidelity::compare_many_from(
+    let stopped = kvlab_engine::generate::fidelity::compare_many_from(
         &model,
         &ids,
         &reference,
@@ -391,8 +391,8 @@ fn metal_shaped_decode_crosses_with_queries_only_and_never_converts_to_dense() {
                 .iter()
                 .filter(|l| {
                     let owner = match l.kv_source {
-                        kvlab_engine::config::KvSource::Shared { producer } => producer,
-                        kvlab_engine::config::KvSource::Own => l.index,
+                        kvlab_engine::checkpoint::config::KvSource::Shared { producer } => producer,
+                        kvlab_engine::checkpoint::config::KvSource::Own => l.index,
                     };
                     !apart
                         .storage(owner)

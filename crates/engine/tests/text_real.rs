@@ -6,8 +6,9 @@
 
 use kvlab_assets::require_asset;
 use kvlab_engine::chat::{ChatOptions, Message};
-use kvlab_engine::detok::Detokenizer;
-use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::contract::Family;
+use kvlab_engine::generate::detok::Detokenizer;
+use kvlab_engine::tokenizer::GemmaTokenizer;
 
 fn tokenizer(family: Family) -> Option<GemmaTokenizer> {
     let path = require_asset!("gemma-tokenizer")?;

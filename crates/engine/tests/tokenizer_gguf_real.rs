@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
 use kvlab_assets::require_asset;
-use kvlab_engine::tokenizer::{Family, GemmaTokenizer};
+use kvlab_engine::contract::Family;
+use kvlab_engine::tokenizer::GemmaTokenizer;
 
 fn json(tok: &GemmaTokenizer) -> serde_json::Value {
     let text = tok.inner().to_string(false).expect("serialize");

@@ -4,7 +4,7 @@
 //! figures. Dropping an [`Answer`] (the client went away) drops its ticket, which cancels the
 //! request, queued or running, and frees its place at once.
 
-use kvlab_engine::events::{DoneReason, Event, GenStats};
+use kvlab_engine::contract::{DoneReason, Event, GenStats};
 use kvlab_engine::generate::GenerateRequest;
 use kvlab_engine::worker::Ticket;
 use kvlab_engine::EngineHandle;

@@ -5,13 +5,13 @@
 //! refused, not ignored; every list is bounded as it is read.
 
 use kvlab_engine::chat::{Message, Role};
-use kvlab_engine::events::{CacheOrigin, ConversationChoice, ConversationId, GenStats};
+use kvlab_engine::contract::{CacheOrigin, ConversationChoice, ConversationId, GenStats};
 use kvlab_engine::generate::stop::MAX_STOPS;
 use std::marker::PhantomData;
 
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
 use kvlab_engine::kv::CacheSelection;
-use kvlab_engine::sampling::SamplingParams;
 use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 

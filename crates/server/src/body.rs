@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use http_body_util::BodyExt;
-use kvlab_engine::events::ErrorCode;
+use kvlab_engine::contract::ErrorCode;
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 

@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kvlab_engine::events::ErrorCode;
+use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::worker::JobError;
 
 /// The longest error message sent: what a client sent is never echoed at length.

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvlab_engine::config::AttentionKind;
+use kvlab_engine::contract::AttentionKind;
 use kvlab_engine::worker::{EngineStatus, PoolCounters};
 
 /// Counters since the server started.

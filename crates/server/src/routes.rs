@@ -11,7 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, StreamExt};
-use kvlab_engine::events::ErrorCode;
+use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::JobError;
 use serde_json::{json, Value};
 

@@ -12,9 +12,9 @@ use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::{chat, connect, get, head, parse, post, read_reply, start, Reply, Server};
-use kvlab_engine::events::Event;
+use kvlab_engine::contract::Event;
+use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::sampling::SamplingParams;
 use kvlab_engine::worker::{Ticket, MAX_QUEUED};
 use kvlab_server::{Limits, ServerConfig};
 use serde_json::{json, Value};

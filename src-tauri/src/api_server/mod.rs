@@ -6,7 +6,8 @@
 
 use std::sync::Mutex;
 
-use kvlab_engine::{ErrorCode, JobError};
+use kvlab_engine::contract::ErrorCode;
+use kvlab_engine::JobError;
 use kvlab_server::ServerConfig;
 use serde::Serialize;
 use tauri::State;

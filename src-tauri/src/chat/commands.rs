@@ -3,8 +3,8 @@
 //! comparison, stop, and the cache: its menu, its costs, switching a conversation's and
 //! choosing new chats' (the marker goes back to the caller, which draws it on the timeline).
 
-use kvlab_engine::compare::CompareEvent;
-use kvlab_engine::events::{ConversationId, Event};
+use kvlab_engine::contract::{ConversationId, Event};
+use kvlab_engine::generate::compare::CompareEvent;
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview};
 use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
 use kvlab_engine::memory::{ContextCost, SwitchEvent};
@@ -31,7 +31,13 @@ pub async fn generate(
 #[tauri::command]
 pub async fn preview_prompt(state: State<'_, AppState>, prompt: Prompt) -> Res<PromptPreview> {
     let engine = state.engine.clone();
-    blocking(move || engine.handle().preview_prompt(prompt)).await
+    blocking(move || {
+        engine
+            .handle()
+            .preview_prompt(prompt)
+            .map_err(crate::error::CommandError::from)
+    })
+    .await
 }
 
 /// Runs one prompt through two caches side by side, with fidelity.
@@ -82,5 +88,9 @@ pub fn cache_options() -> CacheOptions {
 /// KV bytes of a context of `tokens` under every preset, on the loaded model.
 #[tauri::command]
 pub fn context_costs(state: State<'_, AppState>, tokens: usize) -> Res<Vec<ContextCost>> {
-    state.engine.handle().context_costs(tokens)
+    state
+        .engine
+        .handle()
+        .context_costs(tokens)
+        .map_err(crate::error::CommandError::from)
 }

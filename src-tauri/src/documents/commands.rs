@@ -16,7 +16,7 @@ use crate::state::AppState;
 #[tauri::command]
 pub fn document_fits(
     state: State<'_, AppState>,
-    conversation: Option<kvlab_engine::events::ConversationId>,
+    conversation: Option<kvlab_engine::contract::ConversationId>,
     documents: Vec<usize>,
     reserve: usize,
 ) -> Res<Vec<DocumentFit>> {
@@ -24,6 +24,7 @@ pub fn document_fits(
         .engine
         .handle()
         .document_fits(conversation.as_ref(), &documents, reserve)
+        .map_err(crate::error::CommandError::from)
 }
 
 /// A document with its token count (what the prompt will cost).
@@ -36,7 +37,13 @@ pub struct InspectedDocument {
 
 async fn with_tokens(state: &AppState, doc: Document) -> Res<InspectedDocument> {
     let (engine, text) = (state.engine.clone(), doc.text.clone());
-    let tokens = blocking(move || engine.handle().count_tokens(&text)).await?;
+    let tokens = blocking(move || {
+        engine
+            .handle()
+            .count_tokens(&text)
+            .map_err(crate::error::CommandError::from)
+    })
+    .await?;
     Ok(InspectedDocument { doc, tokens })
 }
 

@@ -14,7 +14,7 @@ use wait_timeout::ChildExt;
 
 use super::child::{Reply, FLAG};
 use super::{check_size, Document, MAX_BYTES};
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, CommandError, ErrorCode};
 
 /// How long and how much memory one document may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,7 @@ impl Reader {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        let refused = |why: String| CommandError::new(ErrorCode::DocumentRefused, why);
+        let refused = |why: String| CommandError::new(AppCode::DocumentRefused, why);
         let meta = std::fs::metadata(path).map_err(|e| refused(format!("{name}: {e}")))?;
         if !meta.is_file() {
             return Err(refused(format!("{name}: not a file")));
@@ -154,7 +154,7 @@ impl Reader {
                 })?,
             Waited::Exited(status) => Err(failure(name, status, &stderr, &self.limits)),
             Waited::TimedOut => Err(CommandError::new(
-                ErrorCode::DocumentTimeout,
+                AppCode::DocumentTimeout,
                 format!(
                     "{name}: reading it took longer than {} s, so the reader was stopped (a file \
                      that makes the parser loop?); the conversation is untouched",
@@ -227,7 +227,7 @@ fn secs(d: Duration) -> String {
 fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> CommandError {
     if stderr.contains("has overflowed its stack") {
         return CommandError::new(
-            ErrorCode::DocumentCrashed,
+            AppCode::DocumentCrashed,
             format!(
                 "{name}: the document reader crashed on it (a stack overflow: objects nested or \
                  referring to themselves too deeply); the conversation is untouched"
@@ -239,7 +239,7 @@ fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> Com
     }
     if killed_by(status, CPU_SIGNAL) {
         return CommandError::new(
-            ErrorCode::DocumentTimeout,
+            AppCode::DocumentTimeout,
             format!(
                 "{name}: reading it used up its CPU time, so the reader was stopped; the \
                  conversation is untouched"
@@ -248,7 +248,7 @@ fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> Com
     }
     let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
     CommandError::new(
-        ErrorCode::DocumentCrashed,
+        AppCode::DocumentCrashed,
         format!(
             "{name}: the document reader crashed on it ({status}{}); the conversation is \
              untouched",
@@ -259,7 +259,7 @@ fn failure(name: &str, status: ExitStatus, stderr: &str, limits: &Limits) -> Com
 
 fn out_of_memory(name: &str, limits: &Limits) -> CommandError {
     CommandError::new(
-        ErrorCode::DocumentOutOfMemory,
+        AppCode::DocumentOutOfMemory,
         format!(
             "{name}: reading it needed more than {} MiB of memory, so the reader was stopped \
              (a compressed stream that inflates without end?); the conversation is untouched",

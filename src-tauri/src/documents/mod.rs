@@ -13,7 +13,7 @@ mod pdf;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, CommandError};
 
 pub use isolated::{Limits, Reader};
 
@@ -78,7 +78,7 @@ fn extension(name: &str) -> String {
 pub fn check_size(name: &str, len: u64) -> Result<(), CommandError> {
     if len > MAX_BYTES as u64 {
         return Err(CommandError::new(
-            ErrorCode::DocumentTooLarge,
+            AppCode::DocumentTooLarge,
             format!(
                 "{name}: {} is over the {} MiB limit",
                 human(len),
@@ -92,17 +92,17 @@ pub fn check_size(name: &str, len: u64) -> Result<(), CommandError> {
 /// Accepts `bytes` named `name` as a text document, or says why not, each fault with its own
 /// code. This parses PDFs in the calling process: the app calls it only through [`Reader`].
 pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
-    let coded = |code: ErrorCode, why: String| CommandError::new(code, format!("{name}: {why}"));
+    let coded = |code: AppCode, why: String| CommandError::new(code, format!("{name}: {why}"));
     let ext = extension(name);
     check_size(name, bytes.len() as u64)?;
     if bytes.is_empty() {
-        return Err(coded(ErrorCode::DocumentEmpty, "the file is empty".into()));
+        return Err(coded(AppCode::DocumentEmpty, "the file is empty".into()));
     }
     if pdf::is_pdf(bytes) {
         let got = pdf::extract(name, bytes)?;
         if got.text.len() > MAX_BYTES {
             return Err(coded(
-                ErrorCode::DocumentTooLarge,
+                AppCode::DocumentTooLarge,
                 format!(
                     "the extracted text ({}) is over the {} MiB limit",
                     human(got.text.len() as u64),
@@ -120,7 +120,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
     }
     if ext == "pdf" {
         return Err(CommandError::new(
-            ErrorCode::PdfUnreadable,
+            AppCode::PdfUnreadable,
             format!(
                 "{name}: not a PDF (it does not start with {})",
                 String::from_utf8_lossy(pdf::MAGIC)
@@ -129,19 +129,19 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
     }
     if REFUSED_EXT.contains(&ext.as_str()) {
         return Err(coded(
-            ErrorCode::DocumentBinary,
+            AppCode::DocumentBinary,
             format!(".{ext} files are binary, not text"),
         ));
     }
     if bytes.iter().take(8192).any(|&b| b == 0) {
         return Err(coded(
-            ErrorCode::DocumentBinary,
+            AppCode::DocumentBinary,
             "binary content (NUL bytes), not text".into(),
         ));
     }
     let text = std::str::from_utf8(bytes).map_err(|e| {
         coded(
-            ErrorCode::DocumentNotUtf8,
+            AppCode::DocumentNotUtf8,
             format!(
                 "not UTF-8 text (invalid byte at offset {})",
                 e.valid_up_to()
@@ -196,19 +196,19 @@ mod tests {
     #[test]
     fn refuses_binary_unreadable_and_oversized_with_a_reason() {
         let e = inspect("blob.dat", &[1, 2, 0, 3]).unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentBinary);
+        assert_eq!(e.code, AppCode::DocumentBinary);
         assert!(e.message.contains("NUL"), "{}", e.message);
         let e = inspect("latin1.txt", &[b'c', b'a', 0xE9]).unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentNotUtf8);
+        assert_eq!(e.code, AppCode::DocumentNotUtf8);
         assert!(e.message.contains("offset 2"), "{}", e.message);
         let e = inspect("big.txt", &vec![b'a'; MAX_BYTES + 1]).unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentTooLarge);
+        assert_eq!(e.code, AppCode::DocumentTooLarge);
         assert!(e.message.contains("4 MiB limit"), "{}", e.message);
         let e = inspect("photo.png", b"abc").unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentBinary);
+        assert_eq!(e.code, AppCode::DocumentBinary);
         assert!(e.message.contains(".png"), "{}", e.message);
         let e = inspect("empty.pdf", b"").unwrap_err();
-        assert_eq!(e.code, ErrorCode::DocumentEmpty);
+        assert_eq!(e.code, AppCode::DocumentEmpty);
         assert!(e.message.contains("empty"), "{}", e.message);
     }
 
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn refuses_broken_and_textless_pdfs_with_their_codes() {
         let e = inspect("fake.pdf", b"just some text").unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfUnreadable);
+        assert_eq!(e.code, AppCode::PdfUnreadable);
         assert!(
             e.message.contains("does not start with %PDF-"),
             "{}",
@@ -247,11 +247,11 @@ mod tests {
         let scan = include_bytes!("../../../tests/fixtures/documents/scan.pdf");
         assert_eq!(
             inspect("scan.pdf", scan).unwrap_err().code,
-            ErrorCode::PdfNoText
+            AppCode::PdfNoText
         );
         let report = include_bytes!("../../../tests/fixtures/documents/report.pdf");
         let e = inspect("cut.pdf", &report[..report.len() / 2]).unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfUnreadable);
+        assert_eq!(e.code, AppCode::PdfUnreadable);
         // The size limit applies to PDFs as to any file.
         let mut big = report.to_vec();
         big.resize(MAX_BYTES + 1, b' ');

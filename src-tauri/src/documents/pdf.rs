@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pdf_extract::{Document as Pdf, OutputError, PlainTextOutput};
 
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, CommandError};
 
 /// What every PDF starts with (ISO 32000-1, 7.5.2). Files are told apart by this, not by name.
 pub const MAGIC: &[u8] = b"%PDF-";
@@ -35,7 +35,7 @@ enum Failure {
 pub fn extract(name: &str, bytes: &[u8]) -> Result<Extracted, CommandError> {
     let unreadable = |why: String| {
         CommandError::new(
-            ErrorCode::PdfUnreadable,
+            AppCode::PdfUnreadable,
             format!("{name}: not a readable PDF ({why})"),
         )
     };
@@ -43,7 +43,7 @@ pub fn extract(name: &str, bytes: &[u8]) -> Result<Extracted, CommandError> {
         Ok(Ok(pages)) => pages,
         Ok(Err(Failure::Locked)) => {
             return Err(CommandError::new(
-                ErrorCode::PdfEncrypted,
+                AppCode::PdfEncrypted,
                 format!(
                 "{name}: the PDF is password-protected; remove the password and attach it again"
             ),
@@ -58,7 +58,7 @@ pub fn extract(name: &str, bytes: &[u8]) -> Result<Extracted, CommandError> {
     };
     let text = normalize(&pages.join("\n\n"));
     if !text.chars().any(char::is_alphanumeric) {
-        return Err(CommandError::new(ErrorCode::PdfNoText,
+        return Err(CommandError::new(AppCode::PdfNoText,
             format!(
                 "{name}: the PDF has no text layer (a scan or images only?), so there is nothing to read"
             ),
@@ -166,7 +166,7 @@ mod tests {
             b"%PDF-1.7\nthis is not a PDF body at all\n%%EOF\n".as_slice(),
         ] {
             let e = extract("broken.pdf", bytes).unwrap_err();
-            assert_eq!(e.code, ErrorCode::PdfUnreadable, "{}", e.message);
+            assert_eq!(e.code, AppCode::PdfUnreadable, "{}", e.message);
             assert!(
                 e.message.starts_with("broken.pdf: not a readable PDF ("),
                 "{}",
@@ -214,24 +214,24 @@ mod tests {
     fn a_library_panic_becomes_an_unreadable_error() {
         // pdf-extract asserts that `Tm` has six operands: five make it panic.
         let e = extract("odd.pdf", &one_page_pdf("BT 1 0 0 1 0 Tm ET")).unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfUnreadable, "{}", e.message);
+        assert_eq!(e.code, AppCode::PdfUnreadable, "{}", e.message);
         assert!(e.message.contains("the PDF reader failed"), "{}", e.message);
         // The same file with a well-formed operator reads fine (and holds no text).
         let e = extract("ok.pdf", &one_page_pdf("BT 1 0 0 1 0 0 Tm ET")).unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfNoText, "{}", e.message);
+        assert_eq!(e.code, AppCode::PdfNoText, "{}", e.message);
     }
 
     #[test]
     fn a_pdf_without_text_is_refused() {
         let e = extract("scan.pdf", SCAN).unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfNoText);
+        assert_eq!(e.code, AppCode::PdfNoText);
         assert!(e.message.contains("no text layer"), "{}", e.message);
     }
 
     #[test]
     fn a_password_protected_pdf_is_refused() {
         let e = extract("locked.pdf", LOCKED).unwrap_err();
-        assert_eq!(e.code, ErrorCode::PdfEncrypted, "{}", e.message);
+        assert_eq!(e.code, AppCode::PdfEncrypted, "{}", e.message);
         assert!(e.message.contains("password"), "{}", e.message);
     }
 

@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
-use kvlab_engine::events::Activity;
+use kvlab_engine::contract::Activity;
+use kvlab_engine::contract::ModelCard;
 use kvlab_engine::kv::CacheSelection;
-use kvlab_engine::{MemoryEstimate, ModelCard, WeightsChoice};
+use kvlab_engine::{MemoryEstimate, WeightsChoice};
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 use tauri_plugin_dialog::DialogExt;

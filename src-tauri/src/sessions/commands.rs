@@ -11,10 +11,10 @@ use tauri_plugin_dialog::DialogExt;
 
 use super::caches::{CacheTransfer, SavedCache};
 use super::{SessionList, SessionSummary};
-use kvlab_engine::events::ConversationId;
+use kvlab_engine::contract::ConversationId;
 
 use crate::blocking::{blocking, Res};
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, CommandError, ErrorCode};
 use crate::state::AppState;
 
 /// The saved sessions, and the files that could not be read (a corrupt one is set aside).
@@ -36,7 +36,7 @@ pub fn save_session(state: State<'_, AppState>, session: Value) -> Res<SessionSu
 /// Session `id` as the engine's conversation.
 fn conversation(id: &str) -> Res<ConversationId> {
     ConversationId::new(id)
-        .map_err(|e| CommandError::new(ErrorCode::BadSession, format!("session `{id}`: {e}")))
+        .map_err(|e| CommandError::new(AppCode::BadSession, format!("session `{id}`: {e}")))
 }
 
 /// Saves the engine's cache as session `id`'s, then keeps all saved caches within

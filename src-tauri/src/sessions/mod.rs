@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 use ts_rs::TS;
 
-use crate::error::{CommandError, ErrorCode};
+use crate::error::{AppCode, Code, CommandError, ErrorCode};
 
 /// One line of the session list.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, TS)]
@@ -43,7 +43,7 @@ pub struct UnreadableSession {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub set_aside_as: Option<String>,
     /// `session_corrupt`, or `io` for a file that could not be read.
-    pub code: ErrorCode,
+    pub code: Code,
     pub message: String,
 }
 
@@ -105,7 +105,7 @@ fn check_id(id: &str) -> Result<(), CommandError> {
         Ok(())
     } else {
         Err(CommandError::new(
-            ErrorCode::BadSession,
+            AppCode::BadSession,
             format!("invalid session id `{id}`"),
         ))
     }
@@ -145,15 +145,12 @@ impl SessionStore {
     /// any failure the previous file is untouched and the temp file is removed.
     pub fn save(&self, session: &Value) -> Result<SessionSummary, CommandError> {
         let summary = summary_of(session).ok_or_else(|| {
-            CommandError::new(
-                ErrorCode::BadSession,
-                "a session needs a string id and title",
-            )
+            CommandError::new(AppCode::BadSession, "a session needs a string id and title")
         })?;
         let path = self.path(&summary.id)?;
         std::fs::create_dir_all(&self.dir).map_err(|e| write_failed(&self.dir, e))?;
         let bytes = serde_json::to_vec_pretty(session)
-            .map_err(|e| CommandError::new(ErrorCode::BadSession, e.to_string()))?;
+            .map_err(|e| CommandError::new(AppCode::BadSession, e.to_string()))?;
         let mut tmp = tempfile::Builder::new()
             .prefix(TEMP_PREFIX)
             .suffix(TEMP_SUFFIX)
@@ -174,7 +171,7 @@ impl SessionStore {
         let path = self.path(id)?;
         let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => {
-                CommandError::new(ErrorCode::SessionNotFound, format!("no session `{id}`"))
+                CommandError::new(AppCode::SessionNotFound, format!("no session `{id}`"))
             }
             _ => io(&path, e),
         })?;
@@ -210,7 +207,7 @@ impl SessionStore {
                 Err(e) => out.unreadable.push(UnreadableSession {
                     file: file_name(&path),
                     set_aside_as: None,
-                    code: ErrorCode::Io,
+                    code: ErrorCode::Io.into(),
                     message: format!("{}: {e}", file_name(&path)),
                 }),
             }
@@ -240,14 +237,14 @@ impl SessionStore {
                     ),
                     file,
                     set_aside_as: Some(aside),
-                    code: ErrorCode::SessionCorrupt,
+                    code: AppCode::SessionCorrupt.into(),
                 }
             }
             Err(e) => UnreadableSession {
                 message: format!("{file} is corrupt ({why}) and could not be set aside: {e}"),
                 file,
                 set_aside_as: None,
-                code: ErrorCode::SessionCorrupt,
+                code: AppCode::SessionCorrupt.into(),
             },
         }
     }
@@ -337,10 +334,7 @@ mod tests {
         assert_eq!(store.rename("a1", " Renamed ").unwrap().title, "Renamed");
         assert_eq!(store.load("a1").unwrap()["messages"][0]["content"], "hi");
         store.delete("a1").unwrap();
-        assert_eq!(
-            store.load("a1").unwrap_err().code,
-            ErrorCode::SessionNotFound
-        );
+        assert_eq!(store.load("a1").unwrap_err().code, AppCode::SessionNotFound);
         // No temp files are left behind next to the sessions.
         let names: Vec<_> = std::fs::read_dir(dir.path().join("sessions"))
             .unwrap()
@@ -370,7 +364,7 @@ mod tests {
         for bad in ["../x", "a/b", "", "a.json"] {
             assert_eq!(
                 store.load(bad).unwrap_err().code,
-                ErrorCode::BadSession,
+                AppCode::BadSession,
                 "{bad}"
             );
         }
@@ -379,7 +373,7 @@ mod tests {
                 .save(&json!({"id": "../evil", "title": "t"}))
                 .unwrap_err()
                 .code,
-            ErrorCode::BadSession
+            AppCode::BadSession
         );
         std::fs::write(dir.path().join("junk.json"), b"{not json").unwrap();
         assert!(store.list().sessions.is_empty());

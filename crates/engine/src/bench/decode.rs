@@ -10,10 +10,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::generate::sampling::{Sampler, SamplingParams};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::model::{Logits, Model};
 use crate::profile;
-use crate::sampling::{Sampler, SamplingParams};
 
 /// The context a benchmark prefills.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,128 +2,101 @@
 //! same string in events, command errors, CLI messages and (later) HTTP bodies. Depends on
 //! nothing else in the engine.
 
-use serde::{Deserialize, Serialize};
-use ts_rs::TS;
-
-/// Declares the codes: each one's documentation, variant and string, once. The enum, its
-/// serde names (the same strings), [`ErrorCode::ALL`] and [`ErrorCode::as_str`] are derived.
+/// Declares a code vocabulary: each code's documentation, variant and string, once. The enum,
+/// its serde names (the same strings), `ALL` and `as_str` are derived. The engine declares
+/// [`ErrorCode`] with it; the app declares its own codes (documents, sessions) the same way,
+/// so both serialize into one flat set of strings.
+#[macro_export]
 macro_rules! error_codes {
-    ($($(#[doc = $doc:expr])* $variant:ident = $name:literal,)*) => {
-        /// Stable, machine-readable error codes: the one vocabulary of the engine, the app and
-        /// the UI (which switches on them, so never rename one).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
+    ($(#[doc = $edoc:expr])* $name:ident { $($(#[doc = $doc:expr])* $variant:ident = $code:literal,)* }) => {
+        $(#[doc = $edoc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, ts_rs::TS)]
         #[non_exhaustive]
-        pub enum ErrorCode {
-            $($(#[doc = $doc])* #[serde(rename = $name)] $variant,)*
+        pub enum $name {
+            $($(#[doc = $doc])* #[serde(rename = $code)] $variant,)*
         }
 
-        impl ErrorCode {
+        impl $name {
             /// Every code, in declaration order, for exhaustive tests and documentation.
-            pub const ALL: [ErrorCode; [$($name),*].len()] = [$(ErrorCode::$variant),*];
+            pub const ALL: [$name; [$($code),*].len()] = [$($name::$variant),*];
 
             /// The code as its JSON string (e.g. `"context_overflow"`).
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(ErrorCode::$variant => $name,)*
+                    $($name::$variant => $code,)*
                 }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
             }
         }
     };
 }
 
 error_codes! {
-    /// The model path, asset or repository does not exist.
-    ModelNotFound = "model_not_found",
-    /// The model file exists but cannot be used (corrupt, unsupported, inconsistent).
-    BadModelFile = "bad_model_file",
-    /// No tokenizer could be found for the model.
-    TokenizerNotFound = "tokenizer_not_found",
-    /// The tokenizer file cannot be used.
-    BadTokenizer = "bad_tokenizer",
-    /// A job needs a loaded model and none is.
-    NoModel = "no_model",
-    /// The prompt does not fit in the model's context.
-    ContextOverflow = "context_overflow",
-    /// The engine is generating and cannot take this job now.
-    Busy = "busy",
-    /// The job was cancelled.
-    Cancelled = "cancelled",
-    /// The request is malformed (bad sampling values, bad conversation, bad cache spec).
-    InvalidRequest = "invalid_request",
-    /// The Hugging Face Hub could not be reached.
-    Network = "network",
-    /// The Hub wants a token, or the token has no access (a gated repository): the message
-    /// says how to set `HF_TOKEN`.
-    HubAuth = "hub_auth",
-    /// The Hub is rate-limiting this client (429); the message says how long to wait.
-    HubRateLimited = "hub_rate_limited",
-    /// The Hub kept failing (5xx) after retries with backoff.
-    HubUnavailable = "hub_unavailable",
-    /// A download ended before its last byte after retries; what arrived is kept for resume.
-    DownloadIncomplete = "download_incomplete",
-    /// A downloaded file is not what the Hub listed (checksum or size); it was discarded.
-    DownloadCorrupt = "download_corrupt",
-    /// The disk (or the file system's file-size limit) has no room for what is being written:
-    /// nothing was written, and the previous file is intact.
-    DiskFull = "disk_full",
-    /// The model, or its context, needs more memory than the machine has available.
-    OutOfMemory = "out_of_memory",
-    /// The model produced NaN or infinite logits (bad weights or an overflow).
-    NonFiniteLogits = "non_finite_logits",
-    /// The engine thread is gone.
-    EngineStopped = "engine_stopped",
-    /// The model's architecture is not one the engine implements.
-    UnsupportedModel = "unsupported_model",
-    /// A file could not be read or written.
-    Io = "io",
-    /// No default model is configured (`KVLAB_DEFAULT_MODEL`), or its file is missing.
-    NoDefaultModel = "no_default_model",
-    /// A document cannot go into the prompt (not a file, or a file type that is not text).
-    DocumentRefused = "document_refused",
-    /// A PDF that cannot be parsed.
-    PdfUnreadable = "pdf_unreadable",
-    /// A password-protected PDF.
-    PdfEncrypted = "pdf_encrypted",
-    /// A PDF without a text layer (scans, images only).
-    PdfNoText = "pdf_no_text",
-    /// No saved session has that id.
-    SessionNotFound = "session_not_found",
-    /// A saved session that cannot be read or written as given.
-    BadSession = "bad_session",
-    /// Anything else (a tensor operation failed).
-    Internal = "internal",
-    /// A document file holds no bytes.
-    DocumentEmpty = "document_empty",
-    /// A document is binary (NUL bytes, or a binary file type), not text.
-    DocumentBinary = "document_binary",
-    /// A document is not UTF-8 text.
-    DocumentNotUtf8 = "document_not_utf8",
-    /// A document, or the text it expands to, is over the size limit.
-    DocumentTooLarge = "document_too_large",
-    /// The document reader ran past its time limit (a file that makes the parser loop).
-    DocumentTimeout = "document_timeout",
-    /// The document reader ran past its memory limit (a decompression bomb).
-    DocumentOutOfMemory = "document_out_of_memory",
-    /// The document reader crashed (a stack overflow, an abort); the app is unharmed.
-    DocumentCrashed = "document_crashed",
-    /// A saved session file is truncated or corrupt; it was set aside, renamed, not deleted.
-    SessionCorrupt = "session_corrupt",
-    /// The model's chat template cannot be used (it fails to parse or render, or runs past
-    /// its limits): the message names the line; the model still continues plain text.
-    BadChatTemplate = "bad_chat_template",
-    /// The engine's request queue is full (it holds [`crate::worker::MAX_QUEUED`] waiting
-    /// requests); try again once one has finished.
-    QueueFull = "queue_full",
-    /// A saved KV cache file is damaged (truncated, a failed checksum, sizes that lie): it was
-    /// set aside; the conversation reads its prompt again.
-    CacheCorrupt = "cache_corrupt",
-    /// A saved KV cache file belongs to another model or policy, or to another format
-    /// version: the conversation reads its prompt again.
-    CacheMismatch = "cache_mismatch",
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+    /// Stable, machine-readable error codes: the one vocabulary of the engine, the app and
+    /// the UI (which switches on them, so never rename one).
+    ErrorCode {
+        /// The model path, asset or repository does not exist.
+        ModelNotFound = "model_not_found",
+        /// The model file exists but cannot be used (corrupt, unsupported, inconsistent).
+        BadModelFile = "bad_model_file",
+        /// No tokenizer could be found for the model.
+        TokenizerNotFound = "tokenizer_not_found",
+        /// The tokenizer file cannot be used.
+        BadTokenizer = "bad_tokenizer",
+        /// A job needs a loaded model and none is.
+        NoModel = "no_model",
+        /// The prompt does not fit in the model's context.
+        ContextOverflow = "context_overflow",
+        /// The engine is generating and cannot take this job now.
+        Busy = "busy",
+        /// The job was cancelled.
+        Cancelled = "cancelled",
+        /// The request is malformed (bad sampling values, bad conversation, bad cache spec).
+        InvalidRequest = "invalid_request",
+        /// The Hugging Face Hub could not be reached.
+        Network = "network",
+        /// The Hub wants a token, or the token has no access (a gated repository): the message
+        /// says how to set `HF_TOKEN`.
+        HubAuth = "hub_auth",
+        /// The Hub is rate-limiting this client (429); the message says how long to wait.
+        HubRateLimited = "hub_rate_limited",
+        /// The Hub kept failing (5xx) after retries with backoff.
+        HubUnavailable = "hub_unavailable",
+        /// A download ended before its last byte after retries; what arrived is kept for resume.
+        DownloadIncomplete = "download_incomplete",
+        /// A downloaded file is not what the Hub listed (checksum or size); it was discarded.
+        DownloadCorrupt = "download_corrupt",
+        /// The disk (or the file system's file-size limit) has no room for what is being written:
+        /// nothing was written, and the previous file is intact.
+        DiskFull = "disk_full",
+        /// The model, or its context, needs more memory than the machine has available.
+        OutOfMemory = "out_of_memory",
+        /// The model produced NaN or infinite logits (bad weights or an overflow).
+        NonFiniteLogits = "non_finite_logits",
+        /// The engine thread is gone.
+        EngineStopped = "engine_stopped",
+        /// The model's architecture is not one the engine implements.
+        UnsupportedModel = "unsupported_model",
+        /// A file could not be read or written.
+        Io = "io",
+        /// Anything else (a tensor operation failed).
+        Internal = "internal",
+        /// The model's chat template cannot be used (it fails to parse or render, or runs past
+        /// its limits): the message names the line; the model still continues plain text.
+        BadChatTemplate = "bad_chat_template",
+        /// The engine's request queue is full (it holds the engine's `MAX_QUEUED`
+        /// waiting requests); try again once one has finished.
+        QueueFull = "queue_full",
+        /// A saved KV cache file is damaged (truncated, a failed checksum, sizes that lie): it was
+        /// set aside; the conversation reads its prompt again.
+        CacheCorrupt = "cache_corrupt",
+        /// A saved KV cache file belongs to another model or policy, or to another format
+        /// version: the conversation reads its prompt again.
+        CacheMismatch = "cache_mismatch",
     }
 }

@@ -7,8 +7,7 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::card::ModelCard;
-
+use super::card::ModelCard;
 use super::code::ErrorCode;
 
 /// One thing that happened in the engine, sent to the sink of the job that caused it.
@@ -233,7 +232,7 @@ mod tests {
     }
 
     #[test]
-    fn stats_and_card_round_trip() {
+    fn stats_round_trip() {
         let stats = GenStats {
             prompt_tokens: 10,
             reused_tokens: 4,
@@ -258,19 +257,6 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<Event>(v).unwrap(),
             Event::Stats(stats)
-        );
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_gemma3");
-        let card = crate::card::inspect(&path, &crate::model::LoadOptions::default())
-            .unwrap()
-            .card;
-        let v = to_value(Event::Loaded { card: card.clone() }).unwrap();
-        assert_eq!(v["type"], "loaded");
-        assert_eq!(v["card"]["token_costs"][1]["spec"], "f16");
-        assert_eq!(v["card"]["architecture"], "gemma3");
-        assert_eq!(
-            serde_json::from_value::<Event>(v).unwrap(),
-            Event::Loaded { card }
         );
     }
 }

@@ -18,6 +18,9 @@ impl FamilyFacts for Gemma3 {
     fn name(&self) -> &'static str {
         "gemma3"
     }
+    fn display_name(&self) -> &'static str {
+        "Gemma 3"
+    }
     fn hf_model_types(&self) -> &'static [&'static str] {
         &["gemma3", "gemma3_text"]
     }

@@ -22,6 +22,9 @@ impl FamilyFacts for Gemma4 {
     fn name(&self) -> &'static str {
         "gemma4"
     }
+    fn display_name(&self) -> &'static str {
+        "Gemma 4"
+    }
     fn hf_model_types(&self) -> &'static [&'static str] {
         &["gemma4", "gemma4_text"]
     }

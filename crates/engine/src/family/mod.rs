@@ -8,18 +8,7 @@
 mod gemma3;
 mod gemma4;
 
-use serde::{Deserialize, Serialize};
-use ts_rs::TS;
-
-/// A model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    /// Gemma 3 text decoder.
-    Gemma3,
-    /// Gemma 4 text decoder (E2B, E4B, 31B, 26B-A4B).
-    Gemma4,
-}
+use crate::contract::Family;
 
 /// Every family.
 pub const FAMILIES: [Family; 2] = [Family::Gemma3, Family::Gemma4];
@@ -46,6 +35,8 @@ pub enum Control {
 pub trait FamilyFacts: Sync {
     /// Lower-case name (`gemma4`), as GGUF files name the architecture.
     fn name(&self) -> &'static str;
+    /// The name people write (`Gemma 4`), shown on the card.
+    fn display_name(&self) -> &'static str;
     /// Hugging Face `model_type` values of the family.
     fn hf_model_types(&self) -> &'static [&'static str];
     /// The text of every control token the engine reads or writes.

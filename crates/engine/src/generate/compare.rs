@@ -1,7 +1,7 @@
 //! Side-by-side generation: one prompt through two cache policies of the same model as two
 //! [`Sequence`]s in lockstep (each round advances both streams by one token, so both stream
 //! at once), then the test policy's fidelity against the reference, and any swept caches',
-//! teacher-forced on the reference's tokens in lockstep ([`crate::fidelity::Lockstep`]). All
+//! teacher-forced on the reference's tokens in lockstep ([`crate::generate::fidelity::Lockstep`]). All
 //! caches are fresh: no conversation is touched. A [`CompareRun`] advances one step at a time
 //! (a prefill chunk, a round of both panes, a scoring chunk) under the engine thread.
 
@@ -11,14 +11,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::events::{ErrorCode, Event};
-use crate::fidelity::{FidelityReport, Lockstep};
+use crate::contract::{ErrorCode, Event};
+use crate::generate::fidelity::{FidelityReport, Lockstep};
+use crate::generate::sampling::SamplingParams;
+use crate::generate::sweep::{self, SweepPoint};
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
 use crate::model::{Logits, Model};
-use crate::sampling::SamplingParams;
-use crate::sweep::{self, SweepPoint};
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).

@@ -85,7 +85,8 @@ impl Detokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::{tiny, Family};
+    use crate::contract::Family;
+    use crate::tokenizer::tiny;
 
     /// Pushes every id, collecting deltas; returns (deltas, held-back flags after each id).
     pub(crate) fn stream(tok: &GemmaTokenizer, ids: &[u32]) -> (Vec<String>, String) {

@@ -2,9 +2,9 @@
 //! maps to.
 
 use crate::chat::ChatError;
+use crate::contract::ErrorCode;
 use crate::error::EngineError;
-use crate::events::ErrorCode;
-use crate::sampling::SamplingError;
+use crate::generate::sampling::SamplingError;
 use crate::tokenizer::{RenderError, TokenizerError};
 
 /// A generation failure. Cancelling is not one: it ends with `done` / `cancelled`.

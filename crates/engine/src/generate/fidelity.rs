@@ -93,7 +93,7 @@ pub fn compare_caches_from(
 /// runs through the reference once and through every test cache, and each test's rows are
 /// scored against the reference's, so N caches cost N + 1 forward passes instead of 2N. A
 /// test equal to the reference reuses its logits. All `tests.len() + 1` caches are held at
-/// once: bound the count by memory ([`crate::sweep::lockstep_batches`]). Reports come back in
+/// once: bound the count by memory ([`crate::generate::sweep::lockstep_batches`]). Reports come back in
 /// `tests`' order. `on_chunk(done, total)` reports tokens run after each chunk and returns
 /// whether to go on: on `false` the reports hold the positions scored so far.
 pub fn compare_many_from(

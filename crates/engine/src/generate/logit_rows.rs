@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use crate::fidelity::PositionFidelity;
+use crate::generate::fidelity::PositionFidelity;
 use kvlab_cpu::vmath;
 use kvlab_cpu::widest;
 

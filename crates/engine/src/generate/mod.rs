@@ -28,10 +28,10 @@ pub use turn::{Step, Turn};
 
 use crate::chat::{ChatOptions, Message};
 use crate::contract::ConversationChoice;
-use crate::events::Event;
+use crate::contract::Event;
+use crate::generate::sampling::SamplingParams;
+use crate::generate::stream::Delta;
 use crate::model::Model;
-use crate::sampling::SamplingParams;
-use crate::stream::Delta;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 
 /// Default prefill chunk: bounds activation memory on long prompts.
@@ -305,9 +305,11 @@ pub fn preview_prompt(
                 add_generation_prompt: true,
             };
             let text = crate::chat::unescape(&tokenizer.render_text(&messages, opts)?);
+            let family = tokenizer.family();
             let source = tokenizer.template().map(|t| t.source().clone()).unwrap_or(
                 crate::chat::TemplateSource::Builtin {
-                    family: tokenizer.family(),
+                    family,
+                    family_name: family.facts().display_name().to_string(),
                 },
             );
             (text, Some(source))

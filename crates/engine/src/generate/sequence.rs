@@ -1,7 +1,7 @@
 //! One generated sequence, whatever runs it: its prompt ids and how far they are prefilled,
 //! its sampler, stop rules, detokenizing splitter (answer vs thinking) and timing. A chat
 //! turn ([`super::generate`]) drives one over the conversation's session; a comparison
-//! ([`crate::compare`]) drives two over fresh caches in lockstep. The caller owns the cache and
+//! ([`crate::generate::compare`]) drives two over fresh caches in lockstep. The caller owns the cache and
 //! runs the model; the sequence decides what to run next and when to stop, so every entry
 //! point stops, streams and counts the same way.
 
@@ -12,10 +12,10 @@ use candle_core::Tensor;
 use super::stop::StopMatcher;
 use super::{delta_event, per_second, GenerateError};
 use crate::contract::{CacheOrigin, ConversationId};
-use crate::events::{DoneReason, Event, GenStats};
+use crate::contract::{DoneReason, Event, GenStats};
+use crate::generate::sampling::{Sampler, SamplingParams};
+use crate::generate::stream::StreamSplitter;
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stream::StreamSplitter;
 use crate::tokenizer::GemmaTokenizer;
 
 /// How a sequence ended.
@@ -270,8 +270,9 @@ impl Sequence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::Family;
     use crate::kv::KvPrecision;
-    use crate::tokenizer::{tiny, Family};
+    use crate::tokenizer::tiny;
     use candle_core::Device;
 
     /// Logits that make `id` the greedy choice over a `vocab`-sized vocabulary.

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::detok::Detokenizer;
+use crate::generate::detok::Detokenizer;
 use crate::tokenizer::{Control, GemmaTokenizer, TokenizerError};
 
 /// A piece of generated text, tagged with the channel it belongs to.
@@ -136,7 +136,8 @@ fn push_delta(out: &mut Vec<Delta>, delta: Delta) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::{tiny, Family};
+    use crate::contract::Family;
+    use crate::tokenizer::tiny;
 
     /// Runs `ids` through a splitter; returns (thinking, answer, stopped-at index).
     fn run(tok: &GemmaTokenizer, ids: &[u32]) -> (String, String, Option<usize>, Vec<Delta>) {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::Result;
-use crate::fidelity::{compare_many_from, FidelityReport};
+use crate::generate::fidelity::{compare_many_from, FidelityReport};
 use crate::kv::{KvPrecision, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
 use crate::model::Model;

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use super::session::Session;
 use super::{GenerateError, GenerateRequest, Outcome, Sequence};
+use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
-use crate::events::Event;
 use crate::model::{Logits, Model};
 use crate::tokenizer::GemmaTokenizer;
 

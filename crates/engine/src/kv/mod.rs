@@ -35,7 +35,8 @@ pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
 /// Tokens converted per piece when a layer changes precision (bounds the f32 staging copy).
 pub const CONVERT_CHUNK: usize = 4096;
 
-use crate::config::{AttentionKind, KvSource, ModelConfig};
+use crate::checkpoint::config::{KvSource, ModelConfig};
+use crate::contract::AttentionKind;
 use crate::error::{EngineError, Result};
 
 /// How a layer's cache relates to token positions.

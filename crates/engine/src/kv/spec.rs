@@ -931,7 +931,7 @@ mod tests {
 
     #[test]
     fn policy_quantizes_the_scoped_layers_only() -> Result<()> {
-        use crate::config::AttentionKind;
+        use crate::contract::AttentionKind;
         let tq4 = KvPrecision::TurboQuant(TqPrecision::new(tk(Bits::B4), tq(Bits::B4)));
         let p = CacheSpec::parse("tq4")?.to_policy();
         assert_eq!(p.for_layer(0, AttentionKind::Sliding), KvPrecision::F16);

@@ -5,7 +5,7 @@
 //! exactly as it was.
 
 use super::{new_storage, KvCache, KvPrecision, PrecisionPolicy, CONVERT_CHUNK};
-use crate::config::AttentionKind;
+use crate::contract::AttentionKind;
 use crate::error::{EngineError, Result};
 
 /// What one cache-owning layer becomes.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 
 use super::*;
-use crate::config::hf::load_config;
+use crate::checkpoint::config::hf::load_config;
 
 fn config() -> Result<ModelConfig> {
     let p =

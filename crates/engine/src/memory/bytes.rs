@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::config::AttentionKind;
+use crate::contract::AttentionKind;
 use crate::kv::{KvCache, KvMemoryReport};
 
 /// Bytes holding live tokens and bytes reserved.

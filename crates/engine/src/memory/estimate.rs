@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::config::{AttentionKind, ModelConfig};
+use crate::checkpoint::config::ModelConfig;
+use crate::contract::AttentionKind;
+use crate::contract::TokenCost;
 use crate::error::Result;
 use crate::kv::{presets, PrecisionPolicy};
 
@@ -58,19 +60,6 @@ pub fn estimate_kv_bytes(
         total = total.saturating_add(precision.held_bytes(l.n_kv_heads, l.head_dim, held)?);
     }
     Ok(total)
-}
-
-/// What one token costs under one preset (applied to all layers), per attention kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
-pub struct TokenCost {
-    /// The preset's label (`TQ 3.5`).
-    pub label: String,
-    /// Its canonical SPEC on all layers.
-    pub spec: String,
-    /// Bytes per token over the full-attention layers (these grow with every token).
-    pub full_bytes_per_token: u64,
-    /// Bytes per token over the sliding layers (these stop growing at their window).
-    pub sliding_bytes_per_token: u64,
 }
 
 /// The per-token cost of every preset over `config`'s layers.

@@ -1,7 +1,8 @@
 //! Tests of the byte formulas, the estimate and the timeline against real storages.
 
 use super::*;
-use crate::config::{AttentionKind, ModelConfig};
+use crate::checkpoint::config::ModelConfig;
+use crate::contract::AttentionKind;
 use crate::kv::{
     new_storage, presets, CacheSpec, KvCache, KvPrecision, PrecisionPolicy, StorageShape,
 };
@@ -10,7 +11,7 @@ use candle_core::{Device, Tensor};
 fn tiny_config() -> ModelConfig {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/tiny_gemma3/config.json");
-    crate::config::hf::load_config(&path).expect("fixture config")
+    crate::checkpoint::config::hf::load_config(&path).expect("fixture config")
 }
 
 fn policy(spec: &str) -> PrecisionPolicy {

@@ -5,11 +5,11 @@ use candle_core::Tensor;
 
 use super::linear::{Linear, RmsNorm};
 use super::rope::RopeTables;
-use crate::config::{KvSource, LayerSpec, ModelConfig};
+use crate::checkpoint::config::{KvSource, LayerSpec, ModelConfig};
+use crate::checkpoint::weights::WeightStore;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::profile;
-use crate::weights::WeightStore;
 
 /// K/V projections of a cache-owning layer.
 #[derive(Debug, Clone)]

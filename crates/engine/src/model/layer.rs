@@ -8,11 +8,11 @@ use super::linear::RmsNorm;
 use super::mlp::{Mlp, Moe};
 use super::ple::PleLayer;
 use super::rope::RopeTables;
-use crate::config::{LayerSpec, ModelConfig};
+use crate::checkpoint::config::{LayerSpec, ModelConfig};
+use crate::checkpoint::weights::WeightStore;
 use crate::error::Result;
 use crate::kv::KvCache;
 use crate::profile;
-use crate::weights::WeightStore;
 
 /// A decoder layer's weights.
 #[derive(Debug, Clone)]

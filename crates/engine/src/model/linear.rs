@@ -5,9 +5,9 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
+use crate::checkpoint::weights::{Matrix, WeightStore};
 use crate::error::Result;
 use crate::profile;
-use crate::weights::{Matrix, WeightStore};
 
 /// Rows from which a quantized CPU matmul goes through a dequantized GEMM.
 const DEQUANT_MIN_ROWS: usize = 32;

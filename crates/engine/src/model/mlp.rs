@@ -5,10 +5,10 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use super::linear::{Linear, RmsNorm};
-use crate::config::{ModelConfig, MoeSpec};
+use crate::checkpoint::config::{ModelConfig, MoeSpec};
+use crate::checkpoint::weights::WeightStore;
 use crate::error::Result;
 use crate::profile;
-use crate::weights::WeightStore;
 
 /// GeGLU MLP.
 #[derive(Debug, Clone)]

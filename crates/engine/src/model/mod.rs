@@ -30,118 +30,15 @@ use candle_core::{DType, Device, Tensor};
 
 pub use linear::{Linear, RmsNorm};
 
-use crate::config::{self, ModelConfig, RopeSpec};
+use crate::checkpoint::config::{self, ModelConfig, RopeSpec};
+use crate::checkpoint::weights::{Table, WeightStore};
+use crate::checkpoint::{Checkpoint, LoadOptions};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, PrecisionPolicy};
 use crate::profile;
-use crate::weights::{checkpoint_dir, Table, WeightStore, WeightsChoice};
 use layer::DecoderLayer;
 use ple::{scale_in, PleInputs};
 use rope::RopeTables;
-
-/// llama.cpp stores Gemma 4's proportional RoPE as per-pair frequency divisors
-/// (`rope_freqs.weight`: 1 for rotated pairs, ~1e30 for the identity ones). Reads the rotated
-/// fraction from it instead of assuming 0.25; leaves the assumption (and its warning) if
-/// the factors are of another form.
-/// The resolved configuration of an open checkpoint, from its headers alone: GGUF metadata
-/// (plus the `rope_freqs` fix-up for Gemma 4), or the `config.json` beside safetensors.
-/// Loading and inspecting both read it here, so the two can never disagree.
-pub fn read_config(ws: &WeightStore) -> Result<ModelConfig> {
-    let cfg = match ws.gguf_content() {
-        Some(content) => {
-            let mut cfg = config::gguf::config_from_gguf(content)?;
-            if cfg.family.facts().rope_freq_factors() && ws.contains("rope_freqs.weight") {
-                proportional_from_freq_factors(&mut cfg, ws)?;
-            }
-            cfg
-        }
-        None => config::hf::load_config(&checkpoint_dir(ws.path()).join("config.json"))?,
-    };
-    check_layers_present(&cfg, ws)?;
-    Ok(cfg)
-}
-
-/// The config's layer count against the checkpoint's: each of its layers must have tensors,
-/// and no tensors may belong to a layer past them. Checked from the headers, before any
-/// weight is read or any per-layer state is built.
-fn check_layers_present(cfg: &ModelConfig, ws: &WeightStore) -> Result<()> {
-    let n = cfg.num_layers();
-    let present = ws.layer_indices();
-    let expected: std::collections::BTreeSet<usize> = (0..n).collect();
-    if present == expected {
-        return Ok(());
-    }
-    let span = match (present.first(), present.last()) {
-        (Some(a), Some(b)) => format!("layers {a} to {b}"),
-        _ => "no layer".into(),
-    };
-    Err(EngineError::ConfigContradiction(format!(
-        "the config declares {n} layers, but the checkpoint holds tensors for {} ({span})",
-        present.len()
-    )))
-}
-
-fn proportional_from_freq_factors(cfg: &mut ModelConfig, ws: &WeightStore) -> Result<()> {
-    let Some(full) = cfg
-        .layers
-        .iter()
-        .find(|l| l.kind == config::AttentionKind::Full)
-    else {
-        return Ok(());
-    };
-    let half = full.head_dim / 2;
-    let f: Vec<f32> = ws
-        .tensor_as("rope_freqs.weight", &[half], DType::F32)?
-        .to_vec1()?;
-    let rotated = f.iter().take_while(|x| **x == 1.0).count();
-    if rotated == 0 || f[rotated..].iter().any(|x| *x < 1e20) {
-        cfg.warnings.push(
-            "rope_freqs.weight is not of the proportional form; kept partial_rotary_factor 0.25"
-                .into(),
-        );
-        return Ok(());
-    }
-    let partial = (2 * rotated) as f64 / full.head_dim as f64;
-    for l in cfg
-        .layers
-        .iter_mut()
-        .filter(|l| l.kind == config::AttentionKind::Full)
-    {
-        if let config::RopeKind::Proportional {
-            partial_rotary_factor,
-        } = &mut l.rope.kind
-        {
-            *partial_rotary_factor = partial;
-        }
-    }
-    cfg.warnings
-        .retain(|w| !w.contains("partial_rotary_factor 0.25"));
-    Ok(())
-}
-
-/// Where, in which dtype and with which held weights to run.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Device for weights and activations.
-    pub device: Device,
-    /// Activation / dense-weight dtype (f32 on CPU; quantized GGUF matrices stay quantized).
-    pub dtype: DType,
-    /// How a safetensors checkpoint's matrices are held (quantized while loading, or dense);
-    /// GGUF files keep their own types.
-    pub weights: WeightsChoice,
-}
-
-impl Default for LoadOptions {
-    /// CPU, f32, dense f32 weights: the reference setting the parity tests use. The apps take
-    /// [`LoadOptions::on`], whose weights suit the device.
-    fn default() -> Self {
-        Self {
-            device: Device::Cpu,
-            dtype: DType::F32,
-            weights: WeightsChoice::F32,
-        }
-    }
-}
 
 /// Which logits [`Model::forward`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,25 +64,19 @@ pub struct Model {
     dtype: DType,
     /// Bytes of the weights as held (see [`Model::weights_bytes`]).
     weights_bytes: usize,
-    /// The chat template the checkpoint ships, with where it came from; `None` for a base
-    /// checkpoint; an error when it is there but unreadable.
-    chat_template: ChatTemplateText,
 }
-
-/// A checkpoint's chat template as found in its files (see [`crate::chat::find_template`]).
-pub type ChatTemplateText =
-    std::result::Result<Option<(String, crate::chat::TemplateSource)>, String>;
 
 impl Model {
     /// Loads a model from a `.gguf` file, a `.safetensors` file (with `config.json` beside
     /// it), a `model.safetensors.index.json`, or a Hugging Face model directory.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self> {
-        let ws = WeightStore::open(path, opts)?;
-        let cfg = read_config(&ws)?;
-        let mut model = Self::from_parts(cfg, &ws)?;
-        model.chat_template =
-            crate::chat::find_template(path, ws.gguf_content()).map_err(|e| e.to_string());
-        Ok(model)
+        Self::from_checkpoint(&Checkpoint::open(path, opts)?)
+    }
+
+    /// Loads the decoder of an open checkpoint (its configuration and weights; the chat
+    /// template is the tokenizer's).
+    pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self> {
+        Self::from_parts(ckpt.config().clone(), ckpt.store())
     }
 
     /// Loads Hugging Face weights with an explicit `config.json` (another spelling of the
@@ -233,13 +124,7 @@ impl Model {
             dtype: ws.dtype(),
             weights_bytes: ws.loaded_bytes(),
             config,
-            chat_template: Ok(None),
         })
-    }
-
-    /// The chat template the checkpoint ships, as text with its source (`Ok(None)`: none).
-    pub fn chat_template(&self) -> &ChatTemplateText {
-        &self.chat_template
     }
 
     /// The resolved configuration (incl. warnings).

@@ -4,9 +4,9 @@
 use candle_core::{DType, Tensor};
 
 use super::linear::{Linear, RmsNorm};
-use crate::config::{ModelConfig, PleSpec};
+use crate::checkpoint::config::{ModelConfig, PleSpec};
+use crate::checkpoint::weights::{Table, WeightStore};
 use crate::error::Result;
-use crate::weights::{Table, WeightStore};
 
 /// Model-level PLE weights: computes every layer's input for a chunk.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::RopeSpec;
+use crate::checkpoint::config::RopeSpec;
 use crate::error::Result;
 
 /// cos and sin `[t, head_dim / 2]` for positions `start..start + t`.

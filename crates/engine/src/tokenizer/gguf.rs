@@ -458,7 +458,7 @@ pub fn tokenizer_from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
         path: path.display().to_string(),
         reason,
     };
-    crate::weights::gguf_check::check_file(path)
+    crate::checkpoint::weights::gguf_check::check_file(path)
         .map_err(|e| load(format!("not a readable GGUF file: {e}")))?;
     let file = std::fs::File::open(path).map_err(|e| load(e.to_string()))?;
     let content = Content::read(&mut std::io::BufReader::new(file))

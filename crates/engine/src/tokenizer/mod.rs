@@ -12,7 +12,8 @@ mod memo;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use crate::family::{Control, Family};
+use crate::contract::Family;
+pub use crate::family::Control;
 
 use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, ControlStrings, Message};
 use memo::{Encoded, Memo, Span};
@@ -181,34 +182,24 @@ impl GemmaTokenizer {
         Self::wrap(inner, family).map_err(load)
     }
 
-    /// The tokenizer of a loaded model: the vocabulary at `path`, stopping also on the
+    /// The tokenizer of a checkpoint: the vocabulary at `path`, stopping also on the
     /// file's end-of-sequence ids, with the chat template the checkpoint ships. A template
     /// that cannot be used (it fails to parse, or to render a one-line conversation) is left
     /// out with a warning naming the line: the model then continues plain text, as a base
     /// model does. A checkpoint without one gets its family's built-in template only when
     /// its `name` says it is instruction-tuned (see [`crate::chat::looks_instruct`]), with a
     /// warning. Returns the warnings with the tokenizer.
-    pub fn for_model(
-        path: &Path,
-        model: &crate::model::Model,
-        name: &str,
-    ) -> Result<(Self, Vec<String>), TokenizerError> {
-        Self::for_checkpoint(path, model.config(), model.chat_template(), name)
-    }
-
-    /// [`GemmaTokenizer::for_model`] from a checkpoint's headers alone (its configuration and
-    /// the template found in its files, as [`crate::card::inspect`] reads them).
     pub fn for_checkpoint(
         path: &Path,
-        config: &crate::config::ModelConfig,
-        found: &crate::model::ChatTemplateText,
+        checkpoint: &crate::checkpoint::Checkpoint,
         name: &str,
     ) -> Result<(Self, Vec<String>), TokenizerError> {
+        let (config, found) = (checkpoint.config(), checkpoint.template());
         let tok = Self::from_file(path, config.family)?.with_stops(&config.eos_token_ids);
         let unusable = |e: &dyn std::fmt::Display| {
             format!(
                 "{}: {e}; the model continues plain text",
-                crate::events::ErrorCode::BadChatTemplate
+                crate::contract::ErrorCode::BadChatTemplate
             )
         };
         let mut warnings = Vec::new();

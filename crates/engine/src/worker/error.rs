@@ -4,10 +4,10 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
+use crate::checkpoint::source::SourceError;
+use crate::contract::{ErrorCode, Event};
 use crate::error::EngineError;
-use crate::events::{ErrorCode, Event};
 use crate::generate::GenerateError;
-use crate::source::SourceError;
 use crate::tokenizer::TokenizerError;
 
 /// Why a model could not be loaded.

@@ -37,11 +37,13 @@ pub use crate::budget::MemoryBudget;
 pub use crate::conversations::PoolSettings;
 
 use crate::card::MemoryEstimate;
-use crate::card::ModelCard;
-use crate::compare::CompareEvent;
-use crate::config::ModelConfig;
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::source::ModelSource;
+use crate::checkpoint::LoadOptions;
+use crate::contract::ModelCard;
+use crate::contract::{Activity, ErrorCode, Event};
 use crate::contract::{ConversationId, ConversationInfo};
-use crate::events::{Activity, ErrorCode, Event};
+use crate::generate::compare::CompareEvent;
 use crate::generate::session::REWIND_MARGIN;
 use crate::generate::{self, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, PrecisionPolicy};
@@ -49,8 +51,6 @@ use crate::memory::{
     context_costs, document_fits, ContextCost, DocumentFit, KvBytes, MemorySample, RssProbe,
     SwitchEvent,
 };
-use crate::model::LoadOptions;
-use crate::source::ModelSource;
 use crate::tokenizer::GemmaTokenizer;
 
 /// Where a job's events go. Called on the engine thread; keep it quick (forward, don't work).

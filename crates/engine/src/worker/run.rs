@@ -18,17 +18,18 @@ use super::{
     MARKERS_KEPT, MAX_RUNNING,
 };
 use crate::budget::{switch_fit, MemoryBudget, Plan};
-use crate::card::{inspect, ModelCard};
-use crate::compare::{CompareEvent, CompareRun, CompareStep};
+use crate::card::inspect;
+use crate::checkpoint::source::ModelSource;
+use crate::contract::ModelCard;
+use crate::contract::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
 use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, MarkerKind};
 use crate::conversations::{Need, Pool, PoolSettings, Shortfall, SpillDir};
-use crate::events::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
+use crate::generate::compare::{CompareEvent, CompareRun, CompareStep};
 use crate::generate::session::Session;
 use crate::generate::{Step, Turn};
 use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
 use crate::model::Model;
-use crate::source::ModelSource;
 use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {
@@ -37,7 +38,7 @@ struct Loaded {
     weights: PathBuf,
     tokenizer: Arc<GemmaTokenizer>,
     card: ModelCard,
-    config: Arc<crate::config::ModelConfig>,
+    config: Arc<crate::checkpoint::config::ModelConfig>,
 }
 
 /// A request in progress.
@@ -642,7 +643,7 @@ impl Worker {
 
     fn prepare_compare(
         &mut self,
-        request: crate::compare::CompareRequest,
+        request: crate::generate::compare::CompareRequest,
         prompt: Vec<u32>,
         tokenizer: &Arc<GemmaTokenizer>,
         arrived: Instant,
@@ -1203,14 +1204,19 @@ impl Worker {
         sink(loading(LoadPhase::Weights));
         let inspection = inspect(&resolved.weights, &request.options).map_err(LoadError::Model)?;
         self.admit_load(&inspection, &request, &resolved.name)?;
+        let model = Model::from_checkpoint(&inspection.checkpoint).map_err(LoadError::Model)?;
         let mut card = inspection.card;
-        let model = Model::load(&resolved.weights, &request.options).map_err(LoadError::Model)?;
         card.name = resolved.name.clone();
         card.weights_bytes = model.weights_bytes() as u64;
         card.weights_measured = true;
         sink(loading(LoadPhase::Tokenizer));
-        let (tokenizer, warnings) =
-            GemmaTokenizer::for_model(&resolved.tokenizer, &model, &resolved.name)?;
+        let (tokenizer, warnings) = GemmaTokenizer::for_checkpoint(
+            &resolved.tokenizer,
+            &inspection.checkpoint,
+            &resolved.name,
+        )?;
+        // The checkpoint's headers go now; the model holds its weights.
+        drop(inspection.checkpoint);
         // What loaded decides: a template that cannot be used leaves a base model.
         card.has_chat_template = Some(tokenizer.template().is_some());
         card.supports_thinking = tokenizer.supports_thinking();
@@ -1245,7 +1251,7 @@ impl Worker {
             request.context
         };
         let fit = Plan {
-            config: &inspection.config,
+            config: inspection.checkpoint.config(),
             weights_bytes: inspection.card.weights_bytes,
             held_kv_bytes: 0,
             context,

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{lock, CancelToken, EngineHandle, Job, JobError, LoadRequest, Shared};
-use crate::card::ModelCard;
-use crate::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use crate::events::Event;
+use crate::contract::Event;
+use crate::contract::ModelCard;
+use crate::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
 use crate::generate::{self, GenerateRequest, Prompt};
 use crate::tokenizer::GemmaTokenizer;
 

@@ -163,8 +163,8 @@ pub fn write_tiny_gguf(path: &Path, blocks: u32) {
 /// The default conversation as the engine reports it.
 pub fn default_conversation(
     engine: &kvlab_engine::EngineHandle,
-) -> kvlab_engine::events::ConversationInfo {
-    let id = kvlab_engine::events::ConversationId::default_id();
+) -> kvlab_engine::contract::ConversationInfo {
+    let id = kvlab_engine::contract::ConversationId::default_id();
     engine
         .status()
         .conversations

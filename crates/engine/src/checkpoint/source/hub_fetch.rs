@@ -412,7 +412,7 @@ mod tests {
             ErrorKind::FileTooLarge,
         ] {
             let e = write_error(Path::new("/x/y.part"), Error::from(kind), Some(10));
-            assert_eq!(e.code(), crate::events::ErrorCode::DiskFull, "{kind:?}");
+            assert_eq!(e.code(), crate::contract::ErrorCode::DiskFull, "{kind:?}");
             assert!(e.to_string().contains("KVLAB_CACHE"), "{e}");
         }
         let e = write_error(
@@ -420,7 +420,7 @@ mod tests {
             Error::from(ErrorKind::PermissionDenied),
             None,
         );
-        assert_eq!(e.code(), crate::events::ErrorCode::Io);
+        assert_eq!(e.code(), crate::contract::ErrorCode::Io);
     }
 
     #[test]

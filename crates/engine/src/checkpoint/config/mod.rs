@@ -8,21 +8,10 @@ mod resolve;
 pub mod rope;
 
 use serde::{Deserialize, Serialize};
-use ts_rs::TS;
 
 pub use rope::{RopeKind, RopeSpec};
 
-pub use crate::family::Family;
-
-/// Attention pattern of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
-#[serde(rename_all = "snake_case")]
-pub enum AttentionKind {
-    /// Local attention over the last `sliding_window` tokens (query included).
-    Sliding,
-    /// Causal attention over the whole sequence.
-    Full,
-}
+use crate::contract::{AttentionKind, Family};
 
 /// Where a layer's keys and values come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

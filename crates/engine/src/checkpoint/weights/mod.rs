@@ -19,16 +19,14 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use serde::{Deserialize, Serialize};
-use ts_rs::TS;
-
+use crate::contract::WeightFormat;
 use crate::error::{EngineError, Result};
 use crate::qmatmul::{from_qtensor, ggml_type, packed_bytes, PackedMatrix, QFormat};
 
 pub use choice::{Held, WeightsChoice, WEIGHTS_CHOICES};
 pub use gguf::gguf_name;
 
-use crate::model::LoadOptions;
+use crate::checkpoint::LoadOptions;
 
 /// Logical names of the lookup tables (row reads; the token table is also the tied output
 /// projection): held as [`WeightsChoice::table`] says.
@@ -135,16 +133,6 @@ impl std::fmt::Debug for WeightStore {
             .field("weights", &self.choice)
             .finish()
     }
-}
-
-/// The two checkpoint formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightFormat {
-    /// One `.gguf` file (config, tokenizer and tensors in one).
-    Gguf,
-    /// A Hugging Face folder: `config.json` beside `.safetensors` shards.
-    Safetensors,
 }
 
 /// Whether `path` names a GGUF file (by extension, as llama.cpp and LM Studio do).
@@ -310,7 +298,7 @@ impl WeightStore {
     }
 
     /// Opens a GGUF file; returns the store and its parsed header (metadata + tensor
-    /// directory), which [`crate::config::gguf::config_from_gguf`] turns into a config.
+    /// directory), which [`crate::checkpoint::config::gguf::config_from_gguf`] turns into a config.
     pub fn open_gguf(path: &Path, opts: &LoadOptions) -> Result<Self> {
         let io = |source| EngineError::Io {
             path: path.to_path_buf(),

@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::{ErrorCode, Event};
+use crate::contract::{ErrorCode, Event};
 
 /// A model as the user named it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,7 +383,7 @@ fn hub_download(
 ) -> Result<PathBuf, SourceError> {
     let mut forward = |p: &hub::DownloadProgress| {
         emit(Event::Loading {
-            phase: crate::events::LoadPhase::Downloading,
+            phase: crate::contract::LoadPhase::Downloading,
             done: Some(p.done),
             total: Some(p.total),
         })
