@@ -5,7 +5,7 @@ import EmptyState from "./EmptyState.svelte";
 import type { AppStore } from "./store.svelte";
 
 // The empty state reads the card and whether an answer is running, nothing else.
-const storeWith = (card: Partial<ModelCard> | null) => ({ card, generating: false }) as unknown as AppStore;
+const storeWith = (card: Partial<ModelCard> | null) => ({ model: { card }, chat: { generating: false } }) as unknown as AppStore;
 
 describe("the empty conversation", () => {
   it("introduces a base model and offers the two starters", () => {

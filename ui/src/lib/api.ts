@@ -21,7 +21,7 @@ import type {
   GgufQuant,
   HubModel,
   InspectedDocument,
-  JobError,
+  CommandError,
   MemoryEstimate,
   MemorySample,
   ModelCard,
@@ -40,7 +40,7 @@ export { CHAT_DEFAULTS, DEFAULT_CACHE_BUDGET_BYTES, WEIGHTS_CHOICES } from "./bi
 import { APP_EVENTS } from "./bindings";
 
 /** Whether `e` is a coded error as commands reject with. */
-export function isCommandError(e: unknown): e is JobError {
+export function isCommandError(e: unknown): e is CommandError {
   return typeof e === "object" && e !== null && "code" in e && "message" in e;
 }
 

@@ -19,6 +19,8 @@ model: string, } | { "state": "failed",
  */
 message: string, };
 
+export type AppCode = "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt";
+
 export type AttentionKind = "sliding" | "full";
 
 export type ByteCount = { 
@@ -122,6 +124,18 @@ secs: number,
  * Sessions whose saved caches were dropped to keep within the budget.
  */
 dropped: Array<string>, };
+
+export type Code = ErrorCode | AppCode;
+
+export type CommandError = { 
+/**
+ * Machine-readable code.
+ */
+code: Code, 
+/**
+ * Human-readable message.
+ */
+message: string, };
 
 export type CompareEvent = { "type": "pane", 
 /**
@@ -323,7 +337,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "no_default_model" | "document_refused" | "pdf_unreadable" | "pdf_encrypted" | "pdf_no_text" | "session_not_found" | "bad_session" | "internal" | "document_empty" | "document_binary" | "document_not_utf8" | "document_too_large" | "document_timeout" | "document_out_of_memory" | "document_crashed" | "session_corrupt" | "bad_chat_template" | "queue_full" | "cache_corrupt" | "cache_mismatch";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "internal" | "bad_chat_template" | "queue_full" | "cache_corrupt" | "cache_mismatch";
 
 export type Event = { "type": "loading", 
 /**
@@ -542,16 +556,6 @@ export type InspectedDocument = { tokens: number, name: string, kind: DocumentKi
  * Page count, for PDFs.
  */
 pages?: number, text: string, };
-
-export type JobError = { 
-/**
- * Machine-readable code.
- */
-code: ErrorCode, 
-/**
- * Human-readable message.
- */
-message: string, };
 
 export type KindBytes = { 
 /**
@@ -778,6 +782,10 @@ path: string,
  * Gemma 3 or Gemma 4.
  */
 architecture: Family, 
+/**
+ * The family as people write it (`Gemma 4`).
+ */
+family_name: string, 
 /**
  * GGUF or safetensors.
  */
@@ -1084,7 +1092,11 @@ path: string, } | { "kind": "builtin",
 /**
  * Whose.
  */
-family: Family, } | { "kind": "custom" };
+family: Family, 
+/**
+ * The family as people write it (`Gemma 4`).
+ */
+family_name: string, } | { "kind": "custom" };
 
 export type Tier = "held" | "demoted" | "on_disk" | "dropped";
 
@@ -1119,7 +1131,7 @@ set_aside_as?: string,
 /**
  * `session_corrupt`, or `io` for a file that could not be read.
  */
-code: ErrorCode, message: string, };
+code: Code, message: string, };
 
 export type WeightFormat = "gguf" | "safetensors";
 

@@ -1,7 +1,7 @@
 // The conversation's message model and the reducer that folds a generation's stream events
 // into it. Pure: no Tauri, no DOM, so it is unit-tested directly.
 
-import type { DoneReason, ErrorCode, Event, GenStats, Message } from "./api";
+import type { Code, DoneReason, Event, GenStats, Message } from "./api";
 
 export interface ChatMessage {
   id: string;
@@ -12,7 +12,7 @@ export interface ChatMessage {
   streaming: boolean;
   stats?: GenStats;
   stopReason?: DoneReason;
-  error?: { code: ErrorCode | string; message: string };
+  error?: { code: Code | string; message: string };
   /** Documents attached to a user message (names only; their text is in `content`). */
   attachments?: string[];
   /** What the user typed, when `content` also carries attached documents. */

@@ -103,6 +103,6 @@ describe("templateLabel", () => {
     expect(templateLabel(null)).toMatch(/^plain text/);
     expect(templateLabel({ kind: "gguf" })).toBe("the GGUF file's own chat template");
     expect(templateLabel({ kind: "jinja", path: "/m/chat_template.jinja" })).toBe("chat template from /m/chat_template.jinja");
-    expect(templateLabel({ kind: "builtin", family: "gemma4" })).toMatch(/built-in Gemma 4/);
+    expect(templateLabel({ kind: "builtin", family: "gemma4", family_name: "Gemma 4" })).toMatch(/built-in Gemma 4/);
   });
 });

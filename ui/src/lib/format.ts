@@ -1,4 +1,4 @@
-import type { Activity, CacheTransfer, Family, GenStats, TemplateSource } from "./api";
+import type { Activity, CacheTransfer, GenStats, TemplateSource } from "./api";
 
 // Human-readable numbers for the UI: bytes in binary units, rates, durations.
 
@@ -102,11 +102,6 @@ export function activityLabel(a: Activity): string {
   }
 }
 
-/** A model family as people write it ("Gemma 3"). */
-export function familyName(f: Family): string {
-  return f === "gemma3" ? "Gemma 3" : "Gemma 4";
-}
-
 /** Where a prompt's template came from, in words (`null`: plain text, no template). */
 export function templateLabel(t: TemplateSource | null): string {
   if (!t) return "plain text (no chat template: a base model continues it)";
@@ -117,7 +112,7 @@ export function templateLabel(t: TemplateSource | null): string {
     case "tokenizer_config":
       return `chat template from ${t.path}`;
     case "builtin":
-      return `the built-in ${familyName(t.family)} template (the checkpoint ships none)`;
+      return `the built-in ${t.family_name} template (the checkpoint ships none)`;
     case "custom":
       return "a custom chat template";
   }

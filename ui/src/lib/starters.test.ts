@@ -57,9 +57,9 @@ const starter = (id: string) => STARTERS.find((s) => s.id === id)!;
 function storeWithModel(): InstanceType<typeof AppStore> {
   const store = new AppStore();
   // What the engine's cache options name (see kv/presets.rs).
-  store.cacheOptions = { default_spec: "f16", suggested_spec: "tq3.5@all" } as CacheOptions;
-  store.cacheSpec = store.cacheOptions.default_spec;
-  store.card = { name: "gemma-3-270m", has_chat_template: false, supports_thinking: false } as ModelCard;
+  store.cache.options = { default_spec: "f16", suggested_spec: "tq3.5@all" } as CacheOptions;
+  store.cache.spec = store.cache.options.default_spec;
+  store.model.card = { name: "gemma-3-270m", has_chat_template: false, supports_thinking: false } as ModelCard;
   return store;
 }
 
@@ -89,9 +89,9 @@ describe("first-run starters", () => {
 
   it("send the document as an attachment chip whose text goes to the model", async () => {
     const store = storeWithModel();
-    await store.sendStarter(starter("document"));
-    expect(store.messages.map((m) => m.role)).toEqual(["user", "model"]);
-    const user = store.messages[0];
+    await store.chat.sendStarter(starter("document"));
+    expect(store.chat.messages.map((m) => m.role)).toEqual(["user", "model"]);
+    const user = store.chat.messages[0];
     expect(user.content).toBe(ALICE_OPENING);
     expect(user.display).toBe("");
     expect(user.attachments).toEqual(["Alice's Adventures in Wonderland, chapter I"]);
@@ -105,35 +105,35 @@ describe("first-run starters", () => {
   it("switch the cache mid-answer, after the starter's token count, and mark the timeline", async () => {
     const store = storeWithModel();
     const s = starter("switch");
-    await store.sendStarter(s);
+    await store.chat.sendStarter(s);
     expect(engine.switches).toHaveLength(1);
     const [sw] = engine.switches;
     expect(sw.spec).toBe("tq3.5@all");
     expect(sw.streaming).toBe(true);
     expect(sw.afterTokens).toBeGreaterThanOrEqual(s.switchAfter!);
     expect(sw.afterTokens).toBeLessThan(engine.tokens);
-    expect(store.timeline.markers.map((m) => [m.to, m.beforeBytes, m.afterBytes])).toEqual([["tq3.5@all", 1000, 250]]);
-    expect(store.cacheSpec).toBe("tq3.5@all");
-    expect(store.messages[1].content.trim().split(" ")).toHaveLength(engine.tokens);
-    expect(store.generating).toBe(false);
+    expect(store.timeline.series.markers.map((m) => [m.to, m.beforeBytes, m.afterBytes])).toEqual([["tq3.5@all", 1000, 250]]);
+    expect(store.cache.spec).toBe("tq3.5@all");
+    expect(store.chat.messages[1].content.trim().split(" ")).toHaveLength(engine.tokens);
+    expect(store.chat.generating).toBe(false);
   });
 
   it("start the switch demo from FP16, switching there first if the cache is elsewhere", async () => {
     const store = storeWithModel();
-    store.cacheSpec = "tq3.5@all";
-    await store.sendStarter(starter("switch"));
+    store.cache.spec = "tq3.5@all";
+    await store.chat.sendStarter(starter("switch"));
     expect(engine.switches.map((s) => [s.spec, s.afterTokens])).toEqual([
       ["f16", 0],
       ["tq3.5@all", engine.switches[1].afterTokens],
     ]);
     expect(engine.switches[1].afterTokens).toBeGreaterThanOrEqual(16);
-    expect(store.timeline.markers).toHaveLength(2);
+    expect(store.timeline.series.markers).toHaveLength(2);
   });
 
   it("still switch, after the answer, when it ends before the token count", async () => {
     engine.tokens = 5;
     const store = storeWithModel();
-    await store.sendStarter(starter("switch"));
+    await store.chat.sendStarter(starter("switch"));
     expect(engine.switches.map((s) => [s.spec, s.afterTokens, s.streaming])).toEqual([["tq3.5@all", 5, false]]);
   });
 });
