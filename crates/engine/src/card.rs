@@ -258,7 +258,7 @@ pub fn estimate(
 mod tests {
     use super::*;
     use crate::kv::KvCache;
-    use crate::model::Model;
+    use crate::models::common::Model;
 
     fn fixture(name: &str) -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

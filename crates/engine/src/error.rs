@@ -31,7 +31,8 @@ pub enum EngineError {
     ConfigContradiction(String),
     /// The model architecture is not one this engine implements.
     #[error(
-        "unsupported architecture `{0}` (supported: gemma3, gemma3_text, gemma4, gemma4_text)"
+        "unsupported architecture `{0}` (supported: {supported})",
+        supported = crate::models::supported_architectures()
     )]
     UnsupportedArchitecture(String),
     /// A weight the architecture needs is absent from the checkpoint.

@@ -5,9 +5,9 @@
 //! - **What a model is and costs:** [`checkpoint`] (a checkpoint read once: where it comes
 //!   from, its weights and [`LoadOptions`], its configuration and chat template, side by
 //!   side), [`card`] (the card and the pre-load [`MemoryEstimate`], from headers alone),
-//!   [`family`], [`device`], [`budget`] (whether a load, a context or a switch fits).
+//!   [`models`] (each family's facts in its folder, the shared decoder in `models::common`), [`device`], [`budget`] (whether a load, a context or a switch fits).
 //! - **Running it:** [`worker`] (the engine thread: [`Engine`], [`EngineHandle`], jobs in,
-//!   events out), [`model`] (the decoder, [`Model`]), [`generate`] (requests, prompts,
+//!   events out), [`Model`] (the decoder), [`generate`] (requests, prompts,
 //!   the one decode loop [`generate::Sequence`], and its parts: `compare`, `fidelity`,
 //!   `sampling`, `stream`, `detok`, `sweep`; a conversation's cache
 //!   and ids are a [`Session`] with the one [`REWIND_MARGIN`]), [`chat`], [`tokenizer`].
@@ -34,11 +34,10 @@ pub mod contract;
 mod conversations;
 pub mod device;
 mod error;
-pub mod family;
 pub mod generate;
 pub mod kv;
 pub mod memory;
-pub mod model;
+pub mod models;
 pub mod profile;
 pub(crate) mod qmatmul;
 pub mod threads;
@@ -55,5 +54,5 @@ pub use checkpoint::LoadOptions;
 pub use error::{EngineError, Result};
 pub use generate::session::{Session, REWIND_MARGIN};
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
-pub use model::{Logits, Model};
+pub use models::common::{Logits, Model};
 pub use worker::{Engine, EngineHandle, JobError};

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::generate::sampling::{Sampler, SamplingParams};
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 use crate::profile;
 
 /// The context a benchmark prefills.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 use crate::kv::PrecisionPolicy;
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 
 /// How far a model's logits are from the golden ones.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use crate::contract::{ConversationId, ErrorCode};
 use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
 use crate::kv::{CacheSpec, PrecisionPolicy};
-use crate::model::Model;
+use crate::models::common::Model;
 
 /// The extension of cache files.
 const EXT: &str = "kvc";

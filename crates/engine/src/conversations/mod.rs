@@ -17,7 +17,7 @@ use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
 use crate::kv::PrecisionPolicy;
 use crate::memory::{estimate_kv_bytes, unix_ms, ByteCount, RssProbe, SwitchEvent};
-use crate::model::Model;
+use crate::models::common::Model;
 
 pub(crate) use files::SpillDir;
 

@@ -18,7 +18,7 @@ use crate::generate::sweep::{self, SweepPoint};
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::generate::logit_rows::ReferenceRows;
 use crate::kv::{KvCache, PrecisionPolicy};
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 
 /// One scored position `i` (predicting token `i + 1`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

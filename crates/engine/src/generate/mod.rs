@@ -31,7 +31,7 @@ use crate::contract::ConversationChoice;
 use crate::contract::Event;
 use crate::generate::sampling::SamplingParams;
 use crate::generate::stream::Delta;
-use crate::model::Model;
+use crate::models::common::Model;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 
 /// Default prefill chunk: bounds activation memory on long prompts.

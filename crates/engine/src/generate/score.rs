@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::GenerateError;
 use crate::error::EngineError;
 use crate::kv::KvCache;
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 
 /// Chunk sizes: `first` once, then `cycle` repeated, the last chunk cut at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

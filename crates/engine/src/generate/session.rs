@@ -7,7 +7,7 @@
 use crate::error::Result;
 use crate::kv::{ConvertPlan, KvCache, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{switch_precision, RssProbe, SwitchEvent};
-use crate::model::Model;
+use crate::models::common::Model;
 
 /// Tokens sliding layers keep beyond their window, so regenerating an answer of up to this
 /// many tokens, or a turn whose re-rendered history differs near the end (re-tokenized
@@ -231,7 +231,7 @@ impl Session {
         &mut self,
         model: &Model,
         ids: &[u32],
-        which: crate::model::Logits,
+        which: crate::models::common::Logits,
     ) -> Result<candle_core::Tensor> {
         let out = model.forward(ids, &mut self.cache, which)?;
         self.history.extend_from_slice(ids);

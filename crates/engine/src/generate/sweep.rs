@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::generate::fidelity::{compare_many_from, FidelityReport};
 use crate::kv::{KvPrecision, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
-use crate::model::Model;
+use crate::models::common::Model;
 
 /// One cache's point of a sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]

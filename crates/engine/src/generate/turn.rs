@@ -10,7 +10,7 @@ use super::session::Session;
 use super::{GenerateError, GenerateRequest, Outcome, Sequence};
 use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
-use crate::model::{Logits, Model};
+use crate::models::common::{Logits, Model};
 use crate::tokenizer::GemmaTokenizer;
 
 /// What one step did.

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::contract::Family;
-pub use crate::family::Control;
+pub use crate::models::Control;
 
 use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, ControlStrings, Message};
 use memo::{Encoded, Memo, Span};

@@ -29,7 +29,7 @@ use crate::generate::session::Session;
 use crate::generate::{Step, Turn};
 use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
-use crate::model::Model;
+use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
 struct Loaded {

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use super::resolve::{LayerOverride, RawConfig};
-use super::{AttentionKind, Family, ModelConfig, MoeSpec, PleSpec, RopeKind, RopeSpec};
+use super::resolve::LayerOverride;
+use super::{Family, ModelConfig};
 use crate::error::{EngineError, Result};
 
 /// `{arch}.*` keys this parser reads or knowingly ignores.
@@ -40,12 +40,35 @@ const KNOWN_SUFFIXES: &[&str] = &[
     "expert_feed_forward_length",
 ];
 
-struct Meta<'a> {
-    md: &'a HashMap<String, Value>,
+pub(crate) struct Meta<'a> {
+    pub(crate) md: &'a HashMap<String, Value>,
     arch: String,
 }
 
-fn num(v: &Value) -> Option<f64> {
+/// What every family's GGUF metadata says alike, read once by [`config_from_gguf`]; a
+/// family's own keys and rules are read by its `gguf::raw_config` (in `models/<family>/`).
+pub(crate) struct GgufHeader<'a> {
+    pub(crate) m: Meta<'a>,
+    pub(crate) content: &'a Content,
+    pub(crate) family: Family,
+    /// Layers.
+    pub(crate) n: usize,
+    pub(crate) hidden: usize,
+    pub(crate) heads: usize,
+    /// KV heads per layer.
+    pub(crate) kv: Vec<usize>,
+    /// Feed-forward width per layer.
+    pub(crate) ff: Vec<usize>,
+    pub(crate) vocab: usize,
+    pub(crate) window: usize,
+    pub(crate) eps: f64,
+    pub(crate) theta_full: f64,
+    pub(crate) theta_swa: f64,
+    pub(crate) overrides: BTreeMap<usize, LayerOverride>,
+    pub(crate) warnings: Vec<String>,
+}
+
+pub(crate) fn num(v: &Value) -> Option<f64> {
     Some(match v {
         Value::U8(x) => *x as f64,
         Value::I8(x) => *x as f64,
@@ -63,16 +86,16 @@ fn num(v: &Value) -> Option<f64> {
 }
 
 impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
+    pub(crate) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
-    fn err(&self, k: &str, what: &str) -> EngineError {
+    pub(crate) fn err(&self, k: &str, what: &str) -> EngineError {
         EngineError::ConfigParse {
             origin: "GGUF metadata".into(),
             reason: format!("`{}`: {what}", self.key(k)),
         }
     }
-    fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
         match self.md.get(&self.key(k)) {
             None => Ok(None),
             Some(v) => num(v)
@@ -80,14 +103,14 @@ impl Meta<'_> {
                 .ok_or_else(|| self.err(k, "expected a number")),
         }
     }
-    fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
+    pub(crate) fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
         match self.f64_opt(k)? {
             Some(f) if f >= 0.0 && f.fract() == 0.0 => Ok(Some(f as usize)),
             Some(_) => Err(self.err(k, "expected a non-negative integer")),
             None => Ok(None),
         }
     }
-    fn usize_req(&self, k: &str) -> Result<usize> {
+    pub(crate) fn usize_req(&self, k: &str) -> Result<usize> {
         self.usize_opt(k)?.ok_or_else(|| self.err(k, "missing"))
     }
     /// A key that is either one integer or one integer per layer.
@@ -117,67 +140,13 @@ impl Meta<'_> {
     }
 }
 
-/// Gemma 3's layer kinds as llama.cpp's loader reads them: no sliding window means every layer
-/// is full; else `sliding_window_pattern` is either a per-layer bool array (true = sliding)
-/// or a period `p` (layer `i` full iff `i % p == p − 1`, every layer sliding for 0), 6 when
-/// absent, which the file cannot contradict and so gets a warning.
-fn gemma3_layer_types(
-    m: &Meta<'_>,
-    n: usize,
-    window: usize,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<AttentionKind>> {
-    let kind = |sliding: bool| {
-        if sliding {
-            AttentionKind::Sliding
-        } else {
-            AttentionKind::Full
-        }
-    };
-    if window == 0 {
-        return Ok(vec![AttentionKind::Full; n]);
-    }
-    let key = "attention.sliding_window_pattern";
-    if let Some(Value::Array(a)) = m.md.get(&m.key(key)) {
-        if a.len() != n {
-            return Err(EngineError::ConfigContradiction(format!(
-                "`{}` has {} entries but block_count is {n}",
-                m.key(key),
-                a.len()
-            )));
-        }
-        return a
-            .iter()
-            .map(|v| {
-                num(v)
-                    .map(|f| kind(f != 0.0))
-                    .ok_or_else(|| m.err(key, "expected booleans"))
-            })
-            .collect();
-    }
-    let period = match m.usize_opt(key)? {
-        Some(p) => p,
-        None => {
-            warnings.push(
-                "GGUF carries no layer types: every 6th layer assumed full attention, the rest \
-                 sliding, as llama.cpp does"
-                    .into(),
-            );
-            6
-        }
-    };
-    Ok((0..n)
-        .map(|i| kind(period == 0 || i % period < period - 1))
-        .collect())
-}
-
-fn token_id(md: &HashMap<String, Value>, key: &str) -> Option<u32> {
+pub(crate) fn token_id(md: &HashMap<String, Value>, key: &str) -> Option<u32> {
     md.get(key).and_then(num).map(|f| f as u32)
 }
 
 /// The file's end-of-sequence ids: `tokenizer.ggml.eos_token_id`, and the end-of-turn and
 /// end-of-message ids llama.cpp's converter writes when a tokenizer has them.
-fn end_ids(md: &HashMap<String, Value>) -> Vec<u32> {
+pub(crate) fn end_ids(md: &HashMap<String, Value>) -> Vec<u32> {
     let mut ids: Vec<u32> = ["eos", "eot", "eom"]
         .iter()
         .filter_map(|k| token_id(md, &format!("tokenizer.ggml.{k}_token_id")))
@@ -250,199 +219,43 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         .unwrap_or(1e-6);
     let theta_full = m.f64_opt("rope.freq_base")?.unwrap_or(1e6);
     let theta_swa = m.f64_opt("rope.freq_base_swa")?.unwrap_or(1e4);
-    let mut overrides = BTreeMap::new();
+    // Every family's files give each layer its own KV head count.
+    let overrides = kv
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let o = LayerOverride {
+                head_dim: None,
+                n_kv_heads: Some(k),
+            };
+            (i, o)
+        })
+        .collect();
 
-    let raw = match family {
-        Family::Gemma3 => {
-            let layer_types = gemma3_layer_types(&m, n, window, &mut warnings)?;
-            let head_dim = m
-                .usize_opt("attention.key_length")?
-                .unwrap_or(hidden / heads.max(1));
-            let full_kind = match content.metadata.get(&m.key("rope.scaling.type")) {
-                Some(Value::String(t)) if t == "linear" => RopeKind::Linear {
-                    factor: m.f64_opt("rope.scaling.factor")?.unwrap_or(1.0),
-                },
-                Some(Value::String(t)) if t == "none" => RopeKind::Default,
-                None => RopeKind::Default,
-                Some(other) => {
-                    return Err(m.err("rope.scaling.type", &format!("unsupported value {other:?}")))
-                }
-            };
-            // llama.cpp's rule: query_pre_attn_scalar is head_dim, except for the 27B model
-            // (62 layers) where it is hidden/heads. GGUF carries no key for it.
-            let qpas = if n == 62 {
-                warnings.push(
-                    "GGUF carries no query_pre_attn_scalar: attention scale 1/√(hidden/heads) \
-                     assumed for the 62-layer Gemma 3 27B, as llama.cpp does"
-                        .into(),
-                );
-                (hidden / heads.max(1)) as f64
-            } else {
-                warnings.push(format!(
-                    "GGUF carries no query_pre_attn_scalar: attention scale 1/√head_dim \
-                     (1/√{head_dim}) assumed, as llama.cpp does"
-                ));
-                head_dim as f64
-            };
-            for (i, &k) in kv.iter().enumerate() {
-                overrides.insert(
-                    i,
-                    LayerOverride {
-                        head_dim: None,
-                        n_kv_heads: Some(k),
-                    },
-                );
-            }
-            RawConfig {
-                family,
-                vocab_size: vocab,
-                hidden_size: hidden,
-                num_heads: heads,
-                num_kv_heads: kv[0],
-                head_dim,
-                global_head_dim: None,
-                num_global_kv_heads: None,
-                overrides,
-                layer_types,
-                num_layers: n,
-                sliding_window: window,
-                intermediate_size: ff,
-                double_wide_mlp: false,
-                k_eq_v: false,
-                num_kv_shared_layers: 0,
-                ple: None,
-                moe: None,
-                rope_sliding: RopeSpec {
-                    theta: theta_swa,
-                    kind: RopeKind::Default,
-                },
-                rope_full: RopeSpec {
-                    theta: theta_full,
-                    kind: full_kind,
-                },
-                rms_norm_eps: eps,
-                final_logit_softcap: m.f64_opt("final_logit_softcapping")?.filter(|c| *c > 0.0),
-                query_pre_attn_scalar: Some(qpas),
-                max_position_embeddings: m.usize_opt("context_length")?.unwrap_or(0),
-                tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-                norm_weight_offset: 0.0, // llama.cpp's converter already added Gemma 3's +1
-                bos_token_id: token_id(&content.metadata, "tokenizer.ggml.bos_token_id"),
-                eos_token_ids: end_ids(&content.metadata),
-                warnings,
-            }
-        }
-        Family::Gemma4 => {
-            let swa: Vec<bool> = match content.metadata.get(&m.key("attention.sliding_window_pattern")) {
-                Some(Value::Array(a)) if a.len() == n => a
-                    .iter()
-                    .map(|v| num(v).map(|f| f != 0.0).ok_or_else(|| m.err("attention.sliding_window_pattern", "expected booleans")))
-                    .collect::<Result<_>>()?,
-                Some(Value::Array(a)) => {
-                    return Err(EngineError::ConfigContradiction(format!(
-                        "`gemma4.attention.sliding_window_pattern` has {} entries but block_count is {n}",
-                        a.len()
-                    )))
-                }
-                _ => return Err(m.err("attention.sliding_window_pattern", "missing or not a list")),
-            };
-            let layer_types = swa
-                .iter()
-                .map(|&s| {
-                    if s {
-                        AttentionKind::Sliding
-                    } else {
-                        AttentionKind::Full
-                    }
-                })
-                .collect::<Vec<_>>();
-            let full_dim = m.usize_req("attention.key_length")?;
-            let swa_dim = m.usize_opt("attention.key_length_swa")?.unwrap_or(full_dim);
-            for (i, &k) in kv.iter().enumerate() {
-                overrides.insert(
-                    i,
-                    LayerOverride {
-                        head_dim: None,
-                        n_kv_heads: Some(k),
-                    },
-                );
-            }
-            // k_eq_v: the full layers come without attn_v in llama.cpp's conversion.
-            let k_eq_v = layer_types.iter().enumerate().any(|(i, t)| {
-                *t == AttentionKind::Full
-                    && content
-                        .tensor_infos
-                        .contains_key(&format!("blk.{i}.attn_k.weight"))
-                    && !content
-                        .tensor_infos
-                        .contains_key(&format!("blk.{i}.attn_v.weight"))
-            });
-            let ple = match m.usize_opt("embedding_length_per_layer_input")? {
-                Some(p) if p > 0 => Some(PleSpec {
-                    dim: p,
-                    vocab_size: content
-                        .tensor_infos
-                        .get("per_layer_token_embd.weight")
-                        .map(|t| t.shape.dims()[0])
-                        .unwrap_or(vocab),
-                }),
-                _ => None,
-            };
-            let moe = match m.usize_opt("expert_count")? {
-                Some(e) if e > 0 => Some(MoeSpec {
-                    num_experts: e,
-                    top_k: m.usize_req("expert_used_count")?,
-                    expert_width: m.usize_req("expert_feed_forward_length")?,
-                }),
-                _ => None,
-            };
-            warnings.push("Gemma 4 GGUF: full-layer RoPE assumed proportional with partial_rotary_factor 0.25".into());
-            RawConfig {
-                family,
-                vocab_size: vocab,
-                hidden_size: hidden,
-                num_heads: heads,
-                num_kv_heads: kv[0],
-                head_dim: swa_dim,
-                global_head_dim: Some(full_dim),
-                num_global_kv_heads: None,
-                overrides,
-                layer_types,
-                num_layers: n,
-                sliding_window: window,
-                intermediate_size: ff,
-                double_wide_mlp: false, // the per-layer feed_forward_length already carries it
-                k_eq_v,
-                num_kv_shared_layers: m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0),
-                ple,
-                moe,
-                rope_sliding: RopeSpec {
-                    theta: theta_swa,
-                    kind: RopeKind::Default,
-                },
-                rope_full: RopeSpec {
-                    theta: theta_full,
-                    kind: RopeKind::Proportional {
-                        partial_rotary_factor: 0.25,
-                    },
-                },
-                rms_norm_eps: eps,
-                final_logit_softcap: m.f64_opt("final_logit_softcapping")?.filter(|c| *c > 0.0),
-                query_pre_attn_scalar: None,
-                max_position_embeddings: m.usize_opt("context_length")?.unwrap_or(0),
-                tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-                norm_weight_offset: 0.0,
-                bos_token_id: token_id(&content.metadata, "tokenizer.ggml.bos_token_id"),
-                eos_token_ids: end_ids(&content.metadata),
-                warnings,
-            }
-        }
+    let header = GgufHeader {
+        m,
+        content,
+        family,
+        n,
+        hidden,
+        heads,
+        kv,
+        ff,
+        vocab,
+        window,
+        eps,
+        theta_full,
+        theta_swa,
+        overrides,
+        warnings,
     };
-    raw.resolve()
+    crate::models::gguf_config(header)?.resolve()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::AttentionKind;
     use candle_core::quantized::gguf_file::{TensorInfo, VersionedMagic};
     use candle_core::quantized::GgmlDType;
 

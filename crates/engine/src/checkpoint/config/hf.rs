@@ -443,9 +443,10 @@ impl Fields<'_> {
         };
         let layer_types = self.layer_types(num_layers, &mut warnings)?;
         let (rope_sliding, rope_full) = self.ropes(&mut warnings)?;
-        let gemma4 = family == Family::Gemma4;
+        let traits = family.facts().decoder();
+        let extensions = traits.extensions;
         let ple = match self.usize_opt("hidden_size_per_layer_input")? {
-            Some(p) if p > 0 && gemma4 => Some(PleSpec {
+            Some(p) if p > 0 && extensions => Some(PleSpec {
                 dim: p,
                 vocab_size: self
                     .usize_opt("vocab_size_per_layer_input")?
@@ -453,7 +454,7 @@ impl Fields<'_> {
             }),
             _ => None,
         };
-        let moe = if gemma4 && self.bool_opt("enable_moe_block")? == Some(true) {
+        let moe = if extensions && self.bool_opt("enable_moe_block")? == Some(true) {
             Some(MoeSpec {
                 num_experts: self.usize_req("num_experts")?,
                 top_k: self.usize_req("top_k_experts")?,
@@ -463,7 +464,7 @@ impl Fields<'_> {
             None
         };
         let query_pre_attn_scalar = self.f64_opt("query_pre_attn_scalar")?;
-        if !gemma4 && query_pre_attn_scalar.is_none() {
+        if !traits.unit_attention_scale && query_pre_attn_scalar.is_none() {
             warnings.push("query_pre_attn_scalar missing: attention scale 1/sqrt(head_dim)".into());
         }
         let sliding_window = self.usize_opt("sliding_window")?.unwrap_or(0);
@@ -474,12 +475,12 @@ impl Fields<'_> {
             num_heads,
             num_kv_heads,
             head_dim,
-            global_head_dim: if gemma4 {
+            global_head_dim: if extensions {
                 self.usize_opt("global_head_dim")?
             } else {
                 None
             },
-            num_global_kv_heads: if gemma4 {
+            num_global_kv_heads: if extensions {
                 self.usize_opt("num_global_key_value_heads")?
             } else {
                 None
@@ -489,9 +490,9 @@ impl Fields<'_> {
             num_layers,
             sliding_window,
             intermediate_size,
-            double_wide_mlp: gemma4 && self.bool_opt("use_double_wide_mlp")?.unwrap_or(false),
-            k_eq_v: gemma4 && self.bool_opt("attention_k_eq_v")?.unwrap_or(false),
-            num_kv_shared_layers: if gemma4 {
+            double_wide_mlp: extensions && self.bool_opt("use_double_wide_mlp")?.unwrap_or(false),
+            k_eq_v: extensions && self.bool_opt("attention_k_eq_v")?.unwrap_or(false),
+            num_kv_shared_layers: if extensions {
                 self.usize_opt("num_kv_shared_layers")?.unwrap_or(0)
             } else {
                 0
@@ -507,7 +508,7 @@ impl Fields<'_> {
             query_pre_attn_scalar,
             max_position_embeddings: self.usize_opt("max_position_embeddings")?.unwrap_or(0),
             tie_word_embeddings: self.bool_opt("tie_word_embeddings")?.unwrap_or(true),
-            norm_weight_offset: if gemma4 { 0.0 } else { 1.0 },
+            norm_weight_offset: traits.norm_weight_offset,
             bos_token_id: self.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: self.token_ids("eos_token_id")?,
             warnings,

@@ -4,7 +4,7 @@
 
 pub mod gguf;
 pub mod hf;
-mod resolve;
+pub(crate) mod resolve;
 pub mod rope;
 
 use serde::{Deserialize, Serialize};

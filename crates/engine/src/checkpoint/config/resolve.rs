@@ -163,7 +163,9 @@ impl RawConfig {
                 "per_layer_config names layer {bad} but the model has {l} layers"
             )));
         }
-        if self.family == Family::Gemma4 && self.layer_types[l - 1] != AttentionKind::Full {
+        if self.family.facts().decoder().last_layer_full
+            && self.layer_types[l - 1] != AttentionKind::Full
+        {
             // transformers forces the last Gemma 4 layer to full attention; follow it, visibly.
             self.warnings.push(format!(
                 "layer_types[{}] is sliding_attention; Gemma 4 forces the last layer to full_attention",
@@ -207,7 +209,7 @@ impl RawConfig {
                 .rev()
                 .find(|&i| self.layer_types[i] == kind)
         };
-        let gemma4 = self.family == Family::Gemma4;
+        let traits = self.family.facts().decoder();
         let mut layers = Vec::with_capacity(l);
         for i in 0..l {
             let kind = self.layer_types[i];
@@ -223,7 +225,7 @@ impl RawConfig {
                 (None, Some(b)) => b,
                 (None, None) => self.head_dim,
             };
-            let k_eq_v = gemma4 && full && self.k_eq_v;
+            let k_eq_v = traits.extensions && full && self.k_eq_v;
             let n_kv_heads = if k_eq_v {
                 match (ov.n_kv_heads, self.num_global_kv_heads) {
                     (Some(a), Some(b)) if a != b => {
@@ -271,7 +273,7 @@ impl RawConfig {
             } else {
                 base_width
             };
-            let attn_scale = if gemma4 {
+            let attn_scale = if traits.unit_attention_scale {
                 1.0
             } else {
                 match self.query_pre_attn_scalar {
@@ -294,7 +296,7 @@ impl RawConfig {
                 kv_source,
                 mlp_width,
                 k_eq_v,
-                v_norm: gemma4,
+                v_norm: traits.v_norm,
                 attn_scale,
             });
         }
@@ -320,7 +322,7 @@ impl RawConfig {
             sliding_window: if has_sliding { self.sliding_window } else { 0 },
             ple: self.ple,
             moe: self.moe,
-            layer_scalar: gemma4,
+            layer_scalar: traits.layer_scalar,
             norm_weight_offset: self.norm_weight_offset,
             tie_word_embeddings: self.tie_word_embeddings,
             bos_token_id: self.bos_token_id,

@@ -1,7 +1,9 @@
 //! Gemma 3: `<start_of_turn>`/`<end_of_turn>` turns, the system prompt folded into the first
 //! user turn, roles alternating, no thinking channel.
 
-use super::{Control, FamilyFacts};
+pub(crate) mod gguf;
+
+use super::{Control, DecoderTraits, FamilyFacts};
 
 /// Gemma 3's facts.
 pub struct Gemma3;
@@ -35,9 +37,19 @@ impl FamilyFacts for Gemma3 {
     }
     /// The Gemma 3 instruct template (transformers' conversion script).
     fn fallback_template(&self) -> &'static str {
-        include_str!("gemma3.jinja")
+        include_str!("chat_template.jinja")
     }
     fn rope_freq_factors(&self) -> bool {
         false
+    }
+    fn decoder(&self) -> DecoderTraits {
+        DecoderTraits {
+            last_layer_full: false,
+            unit_attention_scale: false,
+            v_norm: false,
+            layer_scalar: false,
+            norm_weight_offset: 1.0,
+            extensions: false,
+        }
     }
 }

@@ -2,9 +2,11 @@
 //! tokens the engine reads and writes (by their text: ids come from the loaded vocabulary),
 //! what ends a turn, the thinking channel's markers, the built-in chat template an instruct
 //! checkpoint without one falls back to, and the names the checkpoint formats give the
-//! architecture. Adding a family means a module here implementing [`FamilyFacts`], plus its
-//! weight names in the loaders; nothing else matches on [`Family`].
+//! architecture, and how its GGUF files describe it (`<family>/gguf.rs`). Each family is a
+//! folder here implementing [`FamilyFacts`]; the decoder they share is [`common`]. Adding a
+//! family means a folder here, plus its `config.json` and weight names in the loaders.
 
+pub mod common;
 mod gemma3;
 mod gemma4;
 
@@ -54,6 +56,30 @@ pub trait FamilyFacts: Sync {
     /// Whether GGUF files of this family carry RoPE frequency factors (`rope_freqs.weight`)
     /// that say which pairs rotate (Gemma 4's proportional RoPE).
     fn rope_freq_factors(&self) -> bool;
+    /// How its decoder differs from the plain Gemma layer stack.
+    fn decoder(&self) -> DecoderTraits;
+}
+
+/// How a family's decoder differs from the plain Gemma layer stack. The configuration
+/// readers and resolver read these instead of asking which family it is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecoderTraits {
+    /// The last layer attends to the whole sequence whatever the config says
+    /// (transformers forces it for Gemma 4).
+    pub last_layer_full: bool,
+    /// Attention logits are not scaled (scale 1: the query and key norms carry it) instead of
+    /// 1/√`query_pre_attn_scalar`.
+    pub unit_attention_scale: bool,
+    /// Values are RMS-normalized (without weights) before they are cached.
+    pub v_norm: bool,
+    /// Each layer's output is multiplied by a learned scalar.
+    pub layer_scalar: bool,
+    /// What `config.json` checkpoints store RMSNorm weights offset by (Gemma 3 stores w − 1).
+    pub norm_weight_offset: f64,
+    /// Whether a config may switch on Gemma 4's extensions: per-layer inputs, a mixture of
+    /// experts, wider full-layer heads, keys reused as values, KV shared across layers,
+    /// double-wide MLPs on the sharing layers.
+    pub extensions: bool,
 }
 
 impl Family {
@@ -98,9 +124,44 @@ impl std::fmt::Display for Family {
     }
 }
 
+/// Every architecture name the checkpoint formats may give a family the engine runs
+/// (`gemma3, gemma3_text, …`), for messages.
+pub(crate) fn supported_architectures() -> String {
+    let mut names: Vec<&str> = FAMILIES
+        .iter()
+        .flat_map(|f| {
+            std::iter::once(f.facts().name()).chain(f.facts().hf_model_types().iter().copied())
+        })
+        .collect();
+    names.dedup();
+    names.join(", ")
+}
+
+/// The configuration a GGUF file describes, read by its family's rules.
+pub(crate) fn gguf_config(
+    header: crate::checkpoint::config::gguf::GgufHeader<'_>,
+) -> crate::error::Result<crate::checkpoint::config::resolve::RawConfig> {
+    match header.family {
+        Family::Gemma3 => gemma3::gguf::raw_config(header),
+        Family::Gemma4 => gemma4::gguf::raw_config(header),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsupported_architecture_is_told_every_name_the_engine_reads() {
+        let e = crate::error::EngineError::UnsupportedArchitecture("llama".into());
+        assert_eq!(
+            e.to_string(),
+            "unsupported architecture `llama` (supported: gemma3, gemma3_text, gemma4, gemma4_text)"
+        );
+        // Gemma 3 checkpoints in config.json store norm weights less one; Gemma 4's do not.
+        assert_eq!(Family::Gemma3.facts().decoder().norm_weight_offset, 1.0);
+        assert!(Family::Gemma4.facts().decoder().extensions);
+    }
 
     #[test]
     fn names_and_control_texts() {

@@ -2,7 +2,9 @@
 //! `<|channel>thought\n…<channel|>` switched on by `<|think|>` in the system turn, and a stop
 //! on `<|tool_response>` besides the end of the turn.
 
-use super::{Control, FamilyFacts};
+pub(crate) mod gguf;
+
+use super::{Control, DecoderTraits, FamilyFacts};
 
 /// Gemma 4's facts.
 pub struct Gemma4;
@@ -40,9 +42,19 @@ impl FamilyFacts for Gemma4 {
     /// The E2B/E4B template as published on Jul 14, 2026 (the 26B-A4B/31B one adds an empty
     /// thought channel after the generation prompt when thinking is off).
     fn fallback_template(&self) -> &'static str {
-        include_str!("gemma4.jinja")
+        include_str!("chat_template.jinja")
     }
     fn rope_freq_factors(&self) -> bool {
         true
+    }
+    fn decoder(&self) -> DecoderTraits {
+        DecoderTraits {
+            last_layer_full: true,
+            unit_attention_scale: true,
+            v_norm: true,
+            layer_scalar: true,
+            norm_weight_offset: 0.0,
+            extensions: true,
+        }
     }
 }
