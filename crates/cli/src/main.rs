@@ -1,22 +1,13 @@
 //! `kvlab`: the headless command line over KV Lab's engine, for benchmarks and scripts.
 
 mod asset_names;
-mod bench_attention_cmd;
-mod bench_cmd;
-mod bench_conversations_cmd;
-mod bench_load_cmd;
-mod bench_matmul_cmd;
-mod bench_memory_cmd;
-mod bench_persist_cmd;
+mod bench;
 mod chat_cmd;
 mod codec_cmd;
-mod fidelity_cmd;
-mod fidelity_plot;
+mod fidelity;
 mod logits_cmd;
 mod model_args;
-mod plot;
 mod ppl_cmd;
-mod ppl_fidelity;
 mod serve_cmd;
 mod template_cmd;
 
@@ -49,13 +40,13 @@ enum Command {
     /// TurboQuant codec: distortion (`eval`) and speed (`bench`).
     Codec(codec_cmd::CodecArgs),
     /// Model speed: `bench decode` (prefill then decode tok/s).
-    Bench(bench_cmd::BenchArgs),
+    Bench(bench::BenchArgs),
     /// Chat: one user turn, streamed to stdout (stats on stderr).
     Chat(chat_cmd::ChatArgs),
     /// Perplexity of a text (chunked prefill through the KV cache).
     Ppl(ppl_cmd::PplArgs),
     /// Cache fidelity against bits: `kvlab fidelity sweep`.
-    Fidelity(fidelity_cmd::FidelityArgs),
+    Fidelity(fidelity::FidelityArgs),
     /// All-position logits of token ids under a chunk schedule, to .safetensors.
     Logits(logits_cmd::LogitsArgs),
     /// A conversation as the model reads it (its own chat template), ids and stops.
@@ -76,10 +67,10 @@ fn main() -> anyhow::Result<()> {
         Command::Version => println!("kvlab {}", env!("CARGO_PKG_VERSION")),
         Command::Assets(args) => kvlab_assets::cli::run(args.command)?,
         Command::Codec(args) => codec_cmd::run(args)?,
-        Command::Bench(args) => bench_cmd::run(args)?,
+        Command::Bench(args) => bench::run(args)?,
         Command::Chat(args) => chat_cmd::run(args)?,
         Command::Ppl(args) => ppl_cmd::run(args)?,
-        Command::Fidelity(args) => fidelity_cmd::run(args)?,
+        Command::Fidelity(args) => fidelity::run(args)?,
         Command::Logits(args) => logits_cmd::run(args)?,
         Command::Template(args) => template_cmd::run(args)?,
         Command::Serve(args) => serve_cmd::run(args)?,

@@ -120,12 +120,14 @@ pub fn run(args: PplArgs) -> anyhow::Result<()> {
             bail!("--windows must be at least 1 and --score-from below --ctx − 1");
         }
         let all = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx * args.windows)?;
-        let windows = crate::ppl_fidelity::cut_windows(&all, args.ctx);
-        let cut = crate::ppl_fidelity::Windows {
+        let windows = crate::fidelity::lockstep::cut_windows(&all, args.ctx);
+        let cut = crate::fidelity::lockstep::Windows {
             windows: &windows,
             score_from: args.score_from,
         };
-        return crate::ppl_fidelity::run(&model, cut, &args.kv, reference, args.chunk, args.json);
+        return crate::fidelity::lockstep::run(
+            &model, cut, &args.kv, reference, args.chunk, args.json,
+        );
     }
     let ids = text_tokens(&tokenizer, &text_path(&args.text)?, args.ctx)?;
     let t0 = Instant::now();

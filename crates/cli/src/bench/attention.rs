@@ -12,7 +12,7 @@ use kvlab_engine::kv::{new_storage, AttendSpec, CacheSpec, StorageShape};
 use kvlab_engine::KvPrecision;
 use serde::Serialize;
 
-use crate::bench_memory_cmd::parse_contexts;
+use crate::bench::memory::parse_contexts;
 
 /// `kvlab bench attention` options (defaults: a Gemma 3 270M full layer).
 #[derive(Args, Debug)]

@@ -5,6 +5,9 @@
 //! count), mean and 99th-percentile KL divergence, top-1 agreement and perplexity; `--plot`
 //! draws KL divergence against bits, with any peer figures from `--peer` beside them.
 
+pub(crate) mod lockstep;
+mod plot;
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -14,9 +17,9 @@ use kvlab_engine::kv::{presets, CacheSpec, KvPrecision};
 use kvlab_engine::Model;
 use serde::{Deserialize, Serialize};
 
+use crate::fidelity::lockstep::{cut_windows, measure_many, Labelled, Windows};
 use crate::model_args::ModelArgs;
 use crate::ppl_cmd::{text_path, text_tokens};
-use crate::ppl_fidelity::{cut_windows, measure_many, Labelled, Windows};
 
 /// `kvlab fidelity` subcommands.
 #[derive(Args, Debug)]
@@ -331,7 +334,7 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &args.plot {
-        crate::fidelity_plot::draw(&rows, &peers, path)?;
+        crate::fidelity::plot::draw(&rows, &peers, path)?;
         if !args.json {
             println!("plot: {}", path.display());
         }

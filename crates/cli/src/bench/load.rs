@@ -21,7 +21,7 @@ use kvlab_engine::memory::{peak_rss_bytes, release_free_memory, RssProbe};
 use kvlab_engine::WeightsChoice;
 use serde::{Deserialize, Serialize};
 
-use crate::bench_memory_cmd::{model_flags, parse_contexts};
+use crate::bench::memory::{model_flags, parse_contexts};
 use crate::model_args::ModelArgs;
 
 const GIB: f64 = (1u64 << 30) as f64;

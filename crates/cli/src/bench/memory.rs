@@ -268,7 +268,7 @@ pub fn run(args: BenchMemoryArgs) -> anyhow::Result<()> {
         eprintln!("{failed} configuration(s) failed (see above)");
     }
     if let Some(p) = &args.plot {
-        crate::plot::draw(&rows, p)?;
+        crate::bench::memory_plot::draw(&rows, p)?;
         eprintln!("plot written to {}", p.display());
     }
     Ok(())

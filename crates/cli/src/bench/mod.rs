@@ -4,6 +4,14 @@
 //! cache's decode side by side in alternating rounds, as ratios to the first. A thin face over
 //! `kvlab_engine::bench::decode`.
 
+mod attention;
+mod conversations;
+mod load;
+mod matmul;
+mod memory;
+pub(crate) mod memory_plot;
+mod persist;
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -50,27 +58,27 @@ enum SamplingArg {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// KV bytes, peak memory and speed per context and cache SPEC (one process each).
-    Memory(crate::bench_memory_cmd::BenchMemoryArgs),
+    Memory(crate::bench::memory::BenchMemoryArgs),
     /// One configuration of `bench memory`, in this process (used by `bench memory`).
     #[command(hide = true)]
-    MemoryRun(crate::bench_memory_cmd::MemoryRunArgs),
+    MemoryRun(crate::bench::memory::MemoryRunArgs),
     /// Load time, peak and resident memory against the byte formula, and prefill / decode
     /// speed, per `--choices` weights choice (one process each).
-    Load(crate::bench_load_cmd::BenchLoadArgs),
+    Load(crate::bench::load::BenchLoadArgs),
     /// One configuration of `bench load`, in this process (used by `bench load`).
     #[command(hide = true)]
-    LoadRun(crate::bench_load_cmd::LoadRunArgs),
+    LoadRun(crate::bench::load::LoadRunArgs),
     /// Time of one decode-step attention call per context and cache SPEC.
-    Attention(crate::bench_attention_cmd::BenchAttentionArgs),
+    Attention(crate::bench::attention::BenchAttentionArgs),
     /// Saving and restoring a KV cache per SPEC: file bytes, save and restore time, and
     /// restore against re-reading the prompt.
-    Persist(crate::bench_persist_cmd::BenchPersistArgs),
+    Persist(crate::bench::persist::BenchPersistArgs),
     /// Many conversations taking turns under a KV budget of two f16 ones: where each turn's
     /// cache came from, its time to first token and the bytes held, against llama-server's
     /// f16 oldest-first policy in the same run.
-    Conversations(crate::bench_conversations_cmd::BenchConversationsArgs),
+    Conversations(crate::bench::conversations::BenchConversationsArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
-    Matmul(crate::bench_matmul_cmd::BenchMatmulArgs),
+    Matmul(crate::bench::matmul::BenchMatmulArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
     /// `--profile`, the time per kind of operation).
     Decode {
@@ -149,14 +157,14 @@ fn model_path(spec: &str) -> anyhow::Result<PathBuf> {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        BenchCommand::Memory(a) => crate::bench_memory_cmd::run(a),
-        BenchCommand::MemoryRun(a) => crate::bench_memory_cmd::run_one(a),
-        BenchCommand::Load(a) => crate::bench_load_cmd::run(a),
-        BenchCommand::LoadRun(a) => crate::bench_load_cmd::run_one(a),
-        BenchCommand::Attention(a) => crate::bench_attention_cmd::run(a),
-        BenchCommand::Matmul(a) => crate::bench_matmul_cmd::run(a),
-        BenchCommand::Persist(a) => crate::bench_persist_cmd::run(a),
-        BenchCommand::Conversations(a) => crate::bench_conversations_cmd::run(a),
+        BenchCommand::Memory(a) => crate::bench::memory::run(a),
+        BenchCommand::MemoryRun(a) => crate::bench::memory::run_one(a),
+        BenchCommand::Load(a) => crate::bench::load::run(a),
+        BenchCommand::LoadRun(a) => crate::bench::load::run_one(a),
+        BenchCommand::Attention(a) => crate::bench::attention::run(a),
+        BenchCommand::Matmul(a) => crate::bench::matmul::run(a),
+        BenchCommand::Persist(a) => crate::bench::persist::run(a),
+        BenchCommand::Conversations(a) => crate::bench::conversations::run(a),
         BenchCommand::Decode {
             model,
             ctx,

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::bench_memory_cmd::MemoryRow;
+use crate::bench::memory::MemoryRow;
 
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -16,7 +16,7 @@ use kvlab_engine::kv::CacheSpec;
 use kvlab_engine::{Logits, Session};
 use serde::Serialize;
 
-use crate::bench_memory_cmd::{parse_contexts, tiled_tokens};
+use crate::bench::memory::{parse_contexts, tiled_tokens};
 use crate::model_args::ModelArgs;
 use crate::ppl_cmd::text_path;
 

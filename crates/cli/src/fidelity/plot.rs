@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use plotters::prelude::*;
 
-use crate::fidelity_cmd::PeerPoint;
-use crate::plot::register_system_font;
+use crate::bench::memory_plot::register_system_font;
+use crate::fidelity::PeerPoint;
 use kvlab_engine::generate::sweep::SweepPoint as SweepRow;
 
 /// Draws `kvlab fidelity sweep`'s rows (and any peer points) as KL divergence against bits.
