@@ -29,8 +29,11 @@ pub fn tanh(x: f32) -> f32 {
 }
 
 /// Softmax numerators: `x ← e^(x − m)` in place, a masked score (−∞) becoming exactly 0 (so
-/// callers may skip it), and returns their sum. Both passes vectorize: the exponentials as a
-/// plain map, the sum in 16 lanes added pairwise at the end.
+/// callers may skip it), and returns their sum. A numerator below e^-87 (f32's normal range
+/// ends at e^-87.3) is 0 too: it weighs less than 1e-38 of the largest, and kept (`exp`
+/// clamps it to e^-87) it turns the weighted value sums' FMAs subnormal, which x86 runs
+/// through microcode assists. Both passes vectorize: the exponentials as a plain map, the sum
+/// in 16 lanes added pairwise at the end.
 pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
     crate::widest!(exp_shifted_sum_body(x, m))
 }
@@ -38,8 +41,13 @@ pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
 #[inline(always)]
 fn exp_shifted_sum_body(x: &mut [f32], m: f32) -> f32 {
     for v in x.iter_mut() {
-        let e = exp(*v - m);
-        *v = if *v == f32::NEG_INFINITY { 0.0 } else { e };
+        let y = *v - m;
+        let e = exp(y);
+        *v = if *v == f32::NEG_INFINITY || y < -87.0 {
+            0.0
+        } else {
+            e
+        };
     }
     let mut lanes = [0f32; 16];
     let mut chunks = x.chunks_exact(16);
@@ -88,6 +96,23 @@ mod tests {
         v.extend((-300..=300).map(|i| i as f32 * 0.5));
         v.extend([f32::INFINITY, f32::NEG_INFINITY, 1e-30, -1e-30, 0.0]);
         v
+    }
+
+    #[test]
+    fn numerators_that_would_underflow_are_zero_and_the_rest_stay_normal() {
+        // 86.9 below the largest is kept (a normal float), 87.1 and 300 below are not.
+        let mut x = vec![100.0, 100.0 - 86.9, 100.0 - 87.1, -200.0, f32::NEG_INFINITY];
+        let want = ((x[1] - 100.0) as f64).exp();
+        let sum = exp_shifted_sum(&mut x, 100.0);
+        assert_eq!(x[0], 1.0);
+        assert!(x[1].is_normal(), "{}", x[1]);
+        assert!(
+            (x[1] as f64 - want).abs() < 3e-7 * want,
+            "{} vs {want}",
+            x[1]
+        );
+        assert_eq!(&x[2..], &[0.0, 0.0, 0.0]);
+        assert_eq!(sum, 1.0 + x[1]);
     }
 
     #[test]

@@ -72,6 +72,14 @@ use kvlab_cpu::vmath::exp_shifted_sum;
 /// Tokens per code segment (per kv head and side).
 pub const SEGMENT_TOKENS: usize = 512;
 
+/// One segment's share of an attention call: per query row, the segment's largest score,
+/// the sum of its softmax numerators against that maximum, and the values weighted by them.
+struct SegPartial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
 /// Upper bound on the floats of one query block's score buffer (4 MiB): long prefills are
 /// cut into blocks of query rows so the scores never grow with `t × context`.
 const SCORE_BUDGET: usize = 1 << 20;
@@ -474,13 +482,32 @@ impl Side {
         Ok(())
     }
 
+    /// The queries as a block side's keys are dotted with (each row quantized to the type's
+    /// dot type, as ggml's flash attention does), once per attention call for every segment;
+    /// `None` for other sides.
+    fn block_queries(&self, queries: &[f32]) -> Result<Option<Vec<u8>>> {
+        let Some(b) = &self.block else {
+            return Ok(None);
+        };
+        let d = self.dim;
+        let qb = b.ty.query_bytes(d)?;
+        let mut qq = vec![0u8; qb * (queries.len() / d)];
+        for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
+            b.ty.quantize_query(q, out)?;
+        }
+        Ok(Some(qq))
+    }
+
     /// `out[qi·n + t] = ⟨q_qi, x̂_t⟩` for the tokens `cols` of the `n` of segment `s` of head
-    /// `h`; the other columns are left as they were (the caller masks them).
+    /// `h`; the other columns are left as they were (the caller masks them). A block side
+    /// takes its queries as [`Side::block_queries`] made them (`qq`).
+    #[allow(clippy::too_many_arguments)]
     fn scores(
         &self,
         h: usize,
         s: usize,
         queries: &[f32],
+        qq: Option<&[u8]>,
         cols: std::ops::Range<usize>,
         scratch: &mut Scratch,
         out: &mut [f32],
@@ -495,11 +522,9 @@ impl Side {
                 let n = v.len() / b.row_bytes;
                 let g = queries.len() / d;
                 let qb = b.ty.query_bytes(d)?;
-                let mut qq = vec![0u8; qb * g];
-                // The queries arrive rotated (`attend_codes` rotates them once per call).
-                for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
-                    b.ty.quantize_query(q, out)?;
-                }
+                // The queries arrive rotated (`attend_codes` rotates them once per call) and
+                // quantized (`block_queries`, once per call).
+                let qq = qq.ok_or_else(|| EngineError::invalid("block keys without queries"))?;
                 if g >= BLOCK_GEMM_MIN_ROWS && !b.ty.query_is_q8_1() {
                     // Prefill: the same products as one matrix product of the quantized
                     // queries' floats with the keys' (summed in another order). Not for
@@ -518,7 +543,7 @@ impl Side {
                 }
                 let (lo, hi) = (cols.start.min(n), cols.end.min(n));
                 let keys = &v[lo * b.row_bytes..hi * b.row_bytes];
-                b.ty.dots(keys, &qq, d, &mut out[lo..], n)?;
+                b.ty.dots(keys, qq, d, &mut out[lo..], n)?;
             }
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
@@ -875,8 +900,12 @@ impl TurboQuantStorage {
         let segs: Vec<usize> = (lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS)).collect();
         let parallel = g * (hi - lo) >= PARALLEL_MIN_PAIRS && segs.len() > 1;
 
-        // Phase 1: masked scores per segment.
-        let score_seg = |scratch: &mut Scratch, s: usize| -> Result<Vec<f32>> {
+        // One pass per segment, all segments in parallel: masked scores, their softmax
+        // numerators against the segment's own maximum, and the values weighted by them.
+        // The segments' partial sums are then rescaled to the overall maximum and added, as
+        // flash attention does: one dispatch to the compute pool per call.
+        let qq = self.key.block_queries(qm)?;
+        let seg_pass = |scratch: &mut (Scratch, Scratch), s: usize| -> Result<SegPartial> {
             let n = self.key.seg_len(&self.key.heads[hk][s]);
             let base = s * SEGMENT_TOKENS;
             // Row r sees the segment's tokens `cols(r)`; only their union is scored (a sliding
@@ -887,84 +916,73 @@ impl TurboQuantStorage {
             };
             let lo = ranges.iter().map(|&r| cols(r).0).min().unwrap_or(0);
             let hi = ranges.iter().map(|&r| cols(r).1).max().unwrap_or(0);
-            let mut buf = vec![0f32; g * n];
-            self.key
-                .scores(hk, s, qm, lo..hi.max(lo), scratch, &mut buf)?;
-            for (qi, row) in buf.chunks_exact_mut(n.max(1)).enumerate().take(g) {
+            let mut w = vec![0f32; g * n];
+            self.key.scores(
+                hk,
+                s,
+                qm,
+                qq.as_deref(),
+                lo..hi.max(lo),
+                &mut scratch.0,
+                &mut w,
+            )?;
+            let mut max = vec![f32::NEG_INFINITY; g];
+            let mut sum = vec![0f32; g];
+            for (qi, row) in w.chunks_exact_mut(n.max(1)).enumerate().take(g) {
                 let (from, to) = cols(ranges[qi / group]);
+                if from == to {
+                    // No token of this segment is visible to the row: it weighs none.
+                    row.fill(0.0);
+                    continue;
+                }
                 row[..from].fill(f32::NEG_INFINITY);
                 row[to..].fill(f32::NEG_INFINITY);
+                let m = row[from..to]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                // Unscaled numerators e^(x − m) (masked ones exactly 0, so the value sums
+                // skip records no row weighs); each output row is divided by its total once.
+                sum[qi] = exp_shifted_sum(row, m);
+                max[qi] = m;
             }
-            Ok(buf)
+            let mut out = vec![0f32; g * d];
+            self.value.accumulate(hk, s, &w, &mut scratch.1, &mut out)?;
+            Ok(SegPartial { max, sum, out })
         };
-        let mut scores: Vec<Vec<f32>> = if parallel {
-            super::pool::map_on_compute_pool(
-                &segs,
-                || self.key.scratch(),
-                |sc, &s| score_seg(sc, s),
-            )
-            .into_iter()
-            .collect::<Result<_>>()?
+        let scratch = || (self.key.scratch(), self.value.scratch());
+        let partials: Vec<SegPartial> = if parallel {
+            super::pool::map_on_compute_pool(&segs, scratch, |sc, &s| seg_pass(sc, s))
+                .into_iter()
+                .collect::<Result<_>>()?
         } else {
-            let mut sc = self.key.scratch();
+            let mut sc = scratch();
             segs.iter()
-                .map(|&s| score_seg(&mut sc, s))
+                .map(|&s| seg_pass(&mut sc, s))
                 .collect::<Result<_>>()?
         };
-
-        // Phase 2: softmax of each query across all segments.
-        for qi in 0..g {
-            let mut max = f32::NEG_INFINITY;
-            for buf in &scores {
-                let n = buf.len() / g;
-                for &x in &buf[qi * n..(qi + 1) * n] {
-                    max = max.max(x);
+        let mut out = vec![0f32; g * d];
+        for (qi, row) in out.chunks_exact_mut(d).enumerate() {
+            let m = partials
+                .iter()
+                .map(|p| p.max[qi])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0f32;
+            for p in &partials {
+                // A segment far below the row's maximum weighs nothing (see exp_shifted_sum).
+                let f = p.max[qi] - m;
+                if p.max[qi] == f32::NEG_INFINITY || f < -87.0 {
+                    continue;
+                }
+                let f = f.exp();
+                total += f * p.sum[qi];
+                for (o, x) in row.iter_mut().zip(&p.out[qi * d..(qi + 1) * d]) {
+                    *o = f.mul_add(*x, *o);
                 }
             }
-            let mut sum = 0f32;
-            for buf in scores.iter_mut() {
-                let n = buf.len() / g;
-                // Masked scores become exactly 0: the value sums skip records no row weighs.
-                sum += exp_shifted_sum(&mut buf[qi * n..(qi + 1) * n], max);
-            }
-            let inv = 1.0 / sum;
-            for buf in scores.iter_mut() {
-                let n = buf.len() / g;
-                for x in &mut buf[qi * n..(qi + 1) * n] {
-                    *x *= inv;
-                }
-            }
+            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            row.iter_mut().for_each(|x| *x *= inv);
         }
-
-        // Phase 3: weighted value sums per segment, added up.
-        let acc_seg = |scratch: &mut Scratch, (s, w): (&usize, &Vec<f32>)| -> Result<Vec<f32>> {
-            let mut o = vec![0f32; g * d];
-            self.value.accumulate(hk, *s, w, scratch, &mut o)?;
-            Ok(o)
-        };
-        let add = |a: Result<Vec<f32>>, b: Result<Vec<f32>>| -> Result<Vec<f32>> {
-            let (mut a, b) = (a?, b?);
-            for (x, y) in a.iter_mut().zip(&b) {
-                *x += y;
-            }
-            Ok(a)
-        };
-        let mut out = if parallel {
-            let pairs: Vec<(&usize, &Vec<f32>)> = segs.iter().zip(scores.iter()).collect();
-            super::pool::map_on_compute_pool(
-                &pairs,
-                || self.value.scratch(),
-                |sc, &p| acc_seg(sc, p),
-            )
-            .into_iter()
-            .fold(Ok(vec![0f32; g * d]), add)
-        } else {
-            let mut sc = self.value.scratch();
-            segs.iter()
-                .zip(scores.iter())
-                .map(|p| acc_seg(&mut sc, p))
-                .fold(Ok(vec![0f32; g * d]), add)
-        }?;
         // Block values were summed in their rotated domain: rotate the total back.
         if let Some(b) = &self.value.block {
             for row in out.chunks_exact_mut(d) {
