@@ -34,6 +34,25 @@ function drop(name, bytes) {
   );
 }
 
+// A precision button is disabled while the previous switch is being applied and its session
+// saved; the sample that shows the new policy can arrive before that ends, so a click must
+// wait for the button rather than land on a disabled one (and be dropped).
+async function choosePrecision(id) {
+  const button = await $(`[data-testid="precision-${id}"]`);
+  await button.waitForEnabled({ timeout: 30_000 });
+  await button.click();
+}
+
+/** Waits until the cache on screen is `spec`; on a timeout says why the switch did not apply. */
+async function waitForPolicy(spec, timeout = 10_000) {
+  const current = await $('[data-testid="cache-current"]');
+  await app.browser.waitUntil(async () => (await current.getAttribute("data-policy")) === spec, { timeout }).catch(async (e) => {
+    const error = await $('[data-testid="switch-error"]');
+    const why = (await error.isExisting()) ? await error.getText() : "no switch error shown";
+    throw new Error(`the cache is ${await current.getAttribute("data-policy")}, not ${spec}: ${why} (${e.message})`);
+  });
+}
+
 async function answers() {
   return $$('[data-testid="message"][data-role="model"]');
 }
@@ -145,20 +164,20 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   // The stopped answer of the test before may still be leaving the engine: a switch asked
   // while it generates is refused (as it should be), so wait for it to be idle first.
   await waitForReady(app.browser, 30_000);
-  await (await $('[data-testid="precision-f32"]')).click();
-  await app.browser.waitUntil(async () => (await policy()) === "f32", { timeout: 10_000 });
+  await choosePrecision("f32");
+  await waitForPolicy("f32");
   const wide = await kvBytes();
   assert.ok(wide > 0, "the conversation holds KV bytes");
-  await (await $('[data-testid="precision-f16"]')).click();
-  await app.browser.waitUntil(async () => (await policy()) === "f16", { timeout: 10_000 });
+  await choosePrecision("f16");
+  await waitForPolicy("f16");
   const half = await kvBytes();
   assert.equal(half * 2, wide, `f16 holds half of f32 (${half} vs ${wide})`);
   // llama.cpp's q8_0, stored as ggml stores it: 34 bytes for every 32 coordinates.
-  await (await $('[data-testid="precision-q8_0"]')).click();
+  await choosePrecision("q8_0");
   await app.browser.waitUntil(async () => (await policy()) === "q8_0", { timeout: 30_000 });
   const q8 = await kvBytes();
   assert.equal(q8 * 64, half * 34, `q8_0 holds 34/64 of f16 (${q8} vs ${half})`);
-  await (await $('[data-testid="precision-k4v3+qw"]')).click();
+  await choosePrecision("k4v3+qw");
   // The engine's canonical SPEC: TurboQuant on every layer, as the "all" scope asks.
   await app.browser.waitUntil(async () => (await policy()) === "k4v3+qw@all", { timeout: 30_000 });
   const tq = await kvBytes();
@@ -449,9 +468,11 @@ test("many conversations, one memory: the app's chat keeps its cache across Loca
   };
   // Back to FP16 from TQ 3.6: the next answer reads the history again rather than keep rows
   // decoded from codes, and says so.
-  const current = await $('[data-testid="cache-current"]');
-  await (await $('[data-testid="precision-f16"]')).click();
-  await app.browser.waitUntil(async () => (await current.getAttribute("data-policy")) === "f16", { timeout: 10_000 });
+  // The relaunched session's last answer may still be leaving the engine: a switch asked
+  // while it generates is refused (as it should be).
+  await waitForReady(app.browser, 30_000);
+  await choosePrecision("f16");
+  await waitForPolicy("f16");
   const first = await promptOf(await send("Tell me about the sea."));
   assert.equal(first.cached, 0, first.text);
   assert.match(first.text, /history read again \(its rows had been coded lossily\)/);
