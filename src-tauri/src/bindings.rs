@@ -16,7 +16,7 @@ use kvlab_engine::contract::{
 };
 use kvlab_engine::contract::{AttentionKind, Family};
 use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
-use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity};
+use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
 use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::sweep::SweepPoint;
 use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
@@ -35,7 +35,6 @@ use kvlab_engine::contract::WeightFormat;
 use ts_rs::{Config, TS};
 
 use crate::api_server::ServerInfo;
-use crate::bridge::CompareRequest;
 use crate::documents::commands::InspectedDocument;
 use crate::documents::{Document, DocumentKind};
 use crate::downloads::{DownloadUpdate, Downloaded, HubModel};

@@ -7,38 +7,17 @@
 use kvlab_engine::contract::ModelCard;
 use kvlab_engine::contract::{Activity, ConversationId, Event};
 use kvlab_engine::device::DeviceChoice;
-use kvlab_engine::generate::compare::{CompareEvent, CompareRequest as EngineCompare};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
+use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
+use kvlab_engine::generate::GenerateRequest;
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
 use kvlab_engine::worker::{ActivityListener, LoadRequest, PoolSettings};
 use kvlab_engine::{Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelSource, WeightsChoice};
-use serde::Deserialize;
 use std::path::Path;
-use ts_rs::TS;
 
 use crate::error::CommandError;
 
 type Res<T> = Result<T, CommandError>;
-
-/// A side-by-side run as the UI sends it: one prompt through two caches.
-#[derive(Debug, Clone, Deserialize, TS)]
-#[serde(deny_unknown_fields)]
-pub struct CompareRequest {
-    /// What both panes continue from.
-    pub prompt: Prompt,
-    /// Sampling, the same for both.
-    #[serde(default)]
-    pub sampling: SamplingParams,
-    /// Most tokens per pane.
-    pub max_tokens: usize,
-    /// The reference cache (pane 0) and the one tested against it (pane 1).
-    pub caches: [CacheSelection; 2],
-    /// Caches to sweep on the reference's tokens afterwards (the KLD-against-bits chart).
-    #[serde(default)]
-    pub sweep: Vec<CacheSelection>,
-}
 
 /// The engine thread's handle. Cheap to clone.
 #[derive(Clone)]
@@ -133,17 +112,9 @@ impl EngineBridge {
         req: CompareRequest,
         mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
     ) -> Res<()> {
-        let request = EngineCompare {
-            prompt: req.prompt,
-            sampling: req.sampling,
+        let request = CompareRequest {
             max_tokens: req.max_tokens.max(1),
-            policies: [req.caches[0].policy()?, req.caches[1].policy()?],
-            prefill_chunk: PREFILL_CHUNK,
-            sweep: req
-                .sweep
-                .iter()
-                .map(CacheSelection::spec)
-                .collect::<Result<_, _>>()?,
+            ..req
         };
         self.handle
             .submit(request)?

@@ -15,7 +15,7 @@ use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenSt
 use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
 use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
-use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::kv::{CacheSelection, CacheSpec};
 use kvlab_engine::memory::RssProbe;
 use kvlab_engine::tokenizer::GemmaTokenizer;
 use kvlab_engine::worker::LoadRequest;
@@ -85,9 +85,12 @@ fn compare_sweeping(
         prompt: Prompt::Ids { ids: ids.to_vec() },
         sampling: SamplingParams::greedy(),
         max_tokens: 20,
-        policies,
+        caches: policies.map(|p| CacheSelection::Spec(p.spec_string())),
         prefill_chunk: 5,
-        sweep,
+        sweep: sweep
+            .iter()
+            .map(|s| CacheSelection::Spec(s.to_string()))
+            .collect(),
     };
     let rx = match engine.submit(request) {
         Ok(rx) => rx,

@@ -693,9 +693,9 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
             prompt: Prompt::Ids { ids: history },
             sampling: SamplingParams::greedy(),
             max_tokens: 200,
-            policies: [
-                PrecisionPolicy::uniform(KvPrecision::F32),
-                PrecisionPolicy::uniform(KvPrecision::F16),
+            caches: [
+                kvlab_engine::kv::CacheSelection::Spec("f32".into()),
+                kvlab_engine::kv::CacheSelection::Spec("f16".into()),
             ],
             prefill_chunk: 512,
             sweep: Vec::new(),

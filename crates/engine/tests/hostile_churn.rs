@@ -132,7 +132,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
         },
         sampling: SamplingParams::greedy(),
         max_tokens: 12,
-        policies,
+        caches: policies.map(|p| CacheSelection::Spec(p.spec_string())),
         prefill_chunk: 512,
         sweep: Vec::new(),
     };
@@ -253,7 +253,8 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                         prompt: Prompt::Ids { ids: vec![2, 5] },
                         sampling: SamplingParams::greedy(),
                         max_tokens: 4,
-                        policies: [start.clone(), policies[1].clone()],
+                        caches: [&start, &policies[1]]
+                            .map(|p| CacheSelection::Spec(p.spec_string())),
                         prefill_chunk: 512,
                         sweep: Vec::new(),
                     };

@@ -12,8 +12,8 @@ use tauri::ipc::Channel;
 use tauri::State;
 
 use crate::blocking::{blocking, Res};
-use crate::bridge::CompareRequest;
 use crate::state::AppState;
+use kvlab_engine::generate::compare::CompareRequest;
 
 /// Runs one chat turn; the engine's events stream over `on_event`.
 #[tauri::command]

@@ -207,19 +207,20 @@ export type CompareRequest = {
  */
 prompt: Prompt, 
 /**
- * Sampling, the same for both.
+ * Sampling settings, the same for both (greedy makes the panes comparable).
  */
 sampling: SamplingParams, 
 /**
- * Most tokens per pane.
+ * Most tokens each pane generates (the stop token included).
  */
 max_tokens: number, 
 /**
- * The reference cache (pane 0) and the one tested against it (pane 1).
+ * The reference cache (pane 0) and the tested one (pane 1).
  */
 caches: [CacheSelection, CacheSelection], 
 /**
- * Caches to sweep on the reference's tokens afterwards (the KLD-against-bits chart).
+ * Caches to sweep after the comparison: each scored against the reference on the
+ * reference's tokens, as `sweep_point` events (the compare view's KLD-against-bits chart).
  */
 sweep: Array<CacheSelection>, };
 

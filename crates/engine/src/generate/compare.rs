@@ -16,7 +16,7 @@ use crate::generate::fidelity::{FidelityReport, Lockstep};
 use crate::generate::sampling::SamplingParams;
 use crate::generate::sweep::{self, SweepPoint};
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
-use crate::kv::{CacheSpec, KvCache, PrecisionPolicy};
+use crate::kv::{CacheSelection, CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
 use crate::models::common::{Logits, Model};
 use crate::tokenizer::GemmaTokenizer;
@@ -32,8 +32,9 @@ fn default_chunk() -> usize {
     crate::generate::PREFILL_CHUNK
 }
 
-/// One comparison: a prompt, and the reference and test cache policies it runs under.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One comparison: a prompt, and the reference and test caches it runs under, as every front
+/// end sends them (a SPEC or a menu choice each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct CompareRequest {
     /// What both panes continue from.
@@ -44,15 +45,23 @@ pub struct CompareRequest {
     /// Most tokens each pane generates (the stop token included).
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
-    /// The reference policy (pane 0) and the tested one (pane 1).
-    pub policies: [PrecisionPolicy; 2],
-    /// Prefill chunk size.
+    /// The reference cache (pane 0) and the tested one (pane 1).
+    pub caches: [CacheSelection; 2],
+    /// Prefill chunk size (the engine's unless a caller measures another).
     #[serde(default = "default_chunk")]
+    #[ts(skip)]
     pub prefill_chunk: usize,
     /// Caches to sweep after the comparison: each scored against the reference on the
     /// reference's tokens, as `sweep_point` events (the compare view's KLD-against-bits chart).
     #[serde(default)]
-    pub sweep: Vec<CacheSpec>,
+    pub sweep: Vec<CacheSelection>,
+}
+
+impl CompareRequest {
+    /// The two panes' policies (a SPEC that does not parse is an invalid request).
+    fn policies(&self) -> Result<[PrecisionPolicy; 2], GenerateError> {
+        Ok([self.caches[0].policy()?, self.caches[1].policy()?])
+    }
 }
 
 /// Fidelity of the tested cache against the reference, and both caches' bytes.
@@ -134,6 +143,10 @@ struct Pane {
 /// A comparison in progress (see the module doc).
 pub struct CompareRun {
     req: CompareRequest,
+    /// The panes' policies, as `req.caches` select them.
+    policies: [PrecisionPolicy; 2],
+    /// The swept caches, as `req.sweep` selects them.
+    sweep: Vec<CacheSpec>,
     panes: Vec<Pane>,
     kv_bytes: [u64; 2],
     /// The reference's tokens, once both panes are done.
@@ -157,7 +170,7 @@ impl CompareRun {
         let max_context = model.config().max_position_embeddings;
         let tokens = grown_context(prompt, req.max_tokens, max_context);
         let mut needed = 0u64;
-        for policy in &req.policies {
+        for policy in &req.policies()? {
             needed = needed.saturating_add(estimate_kv_bytes(model.config(), policy, tokens, 0)?);
         }
         Ok(needed)
@@ -177,8 +190,14 @@ impl CompareRun {
         if req.max_tokens == 0 {
             return Err(GenerateError::NoTokens);
         }
+        let policies = req.policies()?;
+        let sweep = req
+            .sweep
+            .iter()
+            .map(CacheSelection::spec)
+            .collect::<Result<Vec<_>, _>>()?;
         let mut panes = Vec::with_capacity(2);
-        for (index, policy) in req.policies.iter().enumerate() {
+        for (index, policy) in policies.iter().enumerate() {
             let seq = Sequence::new(
                 tokenizer,
                 prompt.clone(),
@@ -196,6 +215,8 @@ impl CompareRun {
         }
         Ok(Self {
             req,
+            policies,
+            sweep,
             panes,
             kv_bytes: [0; 2],
             reference: Vec::new(),
@@ -283,7 +304,7 @@ impl CompareRun {
                 tokenizer,
                 cache.seq_len(),
                 &memory,
-                &self.req.policies[index],
+                &self.policies[index],
                 &mut pane_emit,
             )?;
         }
@@ -292,12 +313,12 @@ impl CompareRun {
         }
         // The tested pane's cache and every swept one are scored in lockstep against one
         // run of the reference per group of caches that fits in memory.
-        self.tests = vec![self.req.policies[1].clone()];
+        self.tests = vec![self.policies[1].clone()];
         self.tests
-            .extend(self.req.sweep.iter().map(CacheSpec::to_policy));
+            .extend(self.sweep.iter().map(CacheSpec::to_policy));
         self.batches = sweep::lockstep_batches(
             model,
-            &self.req.policies[0],
+            &self.policies[0],
             &self.tests,
             self.reference.len(),
             kv_room(),
@@ -322,7 +343,7 @@ impl CompareRun {
             None => self.scoring.insert(Lockstep::new(
                 model,
                 self.reference.clone(),
-                &self.req.policies[0],
+                &self.policies[0],
                 &self.tests[range.clone()],
                 FIDELITY_CHUNK,
                 0,
@@ -348,7 +369,7 @@ impl CompareRun {
                 continue;
             };
             let bits = sweep::bits_per_coordinate(model, &self.tests[i], len)?;
-            let point = sweep::point(self.req.sweep[s].to_string(), bits, &report);
+            let point = sweep::point(self.sweep[s].to_string(), bits, &report);
             emit(CompareEvent::SweepPoint { point });
         }
         self.batch += 1;
@@ -380,16 +401,25 @@ mod tests {
 
     #[test]
     fn compare_json_is_pinned() {
-        let policies =
-            ["f16", "tq3.5@all"].map(|s| crate::kv::CacheSpec::parse(s).unwrap().to_policy());
         let req: CompareRequest = serde_json::from_value(json!({
             "prompt": {"type": "ids", "ids": [2, 5]},
-            "policies": policies,
+            "caches": ["f16", {"keys": "4", "values": "3", "scope": "all"}],
+            "sweep": ["q8_0"],
         }))
         .unwrap();
         assert_eq!((req.max_tokens, req.prefill_chunk), (256, 512));
-        assert!(req.sweep.is_empty());
-        assert_eq!(req.policies[0], PrecisionPolicy::uniform(KvPrecision::F16));
+        let policies = req.policies().unwrap();
+        assert_eq!(policies[0], PrecisionPolicy::uniform(KvPrecision::F16));
+        assert_eq!(req.sweep[0].spec().unwrap().to_string(), "q8_0");
+        // A SPEC that does not parse is the request's fault.
+        let bad = CompareRequest {
+            caches: [
+                CacheSelection::Spec("f16".into()),
+                CacheSelection::Spec("tq9".into()),
+            ],
+            ..req
+        };
+        assert!(matches!(bad.policies(), Err(GenerateError::Engine(_))));
         assert_eq!(
             serde_json::to_value(CompareEvent::Pane {
                 pane: 1,
