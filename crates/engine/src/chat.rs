@@ -148,6 +148,16 @@ pub enum TemplateSource {
     Custom,
 }
 
+impl TemplateSource {
+    /// `family`'s built-in template, with the name people write it by.
+    pub fn builtin(family: Family) -> Self {
+        TemplateSource::Builtin {
+            family,
+            family_name: family.facts().display_name().to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for TemplateSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -237,10 +247,7 @@ impl ChatTemplate {
     pub fn builtin(family: Family) -> Self {
         match Self::parse(
             family.facts().fallback_template(),
-            TemplateSource::Builtin {
-                family,
-                family_name: family.facts().display_name().to_string(),
-            },
+            TemplateSource::builtin(family),
         ) {
             Ok(t) => t,
             // The built-in templates are parsed by the tests; this cannot happen.

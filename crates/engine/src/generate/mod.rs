@@ -305,13 +305,10 @@ pub fn preview_prompt(
                 add_generation_prompt: true,
             };
             let text = crate::chat::unescape(&tokenizer.render_text(&messages, opts)?);
-            let family = tokenizer.family();
-            let source = tokenizer.template().map(|t| t.source().clone()).unwrap_or(
-                crate::chat::TemplateSource::Builtin {
-                    family,
-                    family_name: family.facts().display_name().to_string(),
-                },
-            );
+            let source = tokenizer
+                .template()
+                .map(|t| t.source().clone())
+                .unwrap_or(crate::chat::TemplateSource::builtin(tokenizer.family()));
             (text, Some(source))
         }
         None => (tokenizer.decode(&ids, false)?, None),

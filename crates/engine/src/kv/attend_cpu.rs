@@ -12,6 +12,8 @@ use crate::error::Result;
 use kvlab_cpu::attention;
 use kvlab_cpu::vmath::exp_shifted_sum;
 
+use super::split_softmax::{merge, Partial};
+
 /// Query rows (`group × t`) per kv head up to which the fast path is used.
 pub const MAX_ROWS: usize = 32;
 
@@ -179,27 +181,7 @@ fn run<T: Elem>(
         } else {
             blocks.iter().map(partial).collect()
         };
-        let oh = &mut out[h * n_rows * d..(h + 1) * n_rows * d];
-        for r in 0..n_rows {
-            let m = parts
-                .iter()
-                .map(|p| p.max[r])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            let o = &mut oh[r * d..(r + 1) * d];
-            for p in &parts {
-                if p.sum[r] == 0.0 {
-                    continue;
-                }
-                let w = (p.max[r] - m).exp();
-                sum += w * p.sum[r];
-                for (x, y) in o.iter_mut().zip(&p.out[r * d..(r + 1) * d]) {
-                    *x += w * y;
-                }
-            }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|x| *x *= inv);
-        }
+        merge(&parts, d, &mut out[h * n_rows * d..(h + 1) * n_rows * d]);
     }
     Ok(out)
 }
@@ -207,14 +189,6 @@ fn run<T: Elem>(
 /// Keys per block of the split softmax: small enough that a sliding layer's 512-key window
 /// still splits across two cores, large enough that the merge stays negligible.
 const KEY_BLOCK: usize = 256;
-
-/// One key block's share of every query row: its max score, the sum of exp(score − max)
-/// and the value rows weighted by those (unnormalized) exponentials.
-struct Partial {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    out: Vec<f32>,
-}
 
 /// A key block as two small matrix products over the cache's own rows (no converted copy):
 /// scores for 8 query rows × 2 keys at a time, outputs for 8 rows × 32 dims, each f16 row

@@ -11,6 +11,7 @@ mod pool;
 mod precision;
 pub mod presets;
 pub mod spec;
+mod split_softmax;
 mod storage;
 mod switch;
 mod turboquant;

@@ -69,16 +69,10 @@ use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 use kvlab_cpu::vmath::exp_shifted_sum;
 
+use super::split_softmax::{merge, Partial};
+
 /// Tokens per code segment (per kv head and side).
 pub const SEGMENT_TOKENS: usize = 512;
-
-/// One segment's share of an attention call: per query row, the segment's largest score,
-/// the sum of its softmax numerators against that maximum, and the values weighted by them.
-struct SegPartial {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    out: Vec<f32>,
-}
 
 /// Upper bound on the floats of one query block's score buffer (4 MiB): long prefills are
 /// cut into blocks of query rows so the scores never grow with `t × context`.
@@ -905,7 +899,7 @@ impl TurboQuantStorage {
         // The segments' partial sums are then rescaled to the overall maximum and added, as
         // flash attention does: one dispatch to the compute pool per call.
         let qq = self.key.block_queries(qm)?;
-        let seg_pass = |scratch: &mut (Scratch, Scratch), s: usize| -> Result<SegPartial> {
+        let seg_pass = |scratch: &mut (Scratch, Scratch), s: usize| -> Result<Partial> {
             let n = self.key.seg_len(&self.key.heads[hk][s]);
             let base = s * SEGMENT_TOKENS;
             // Row r sees the segment's tokens `cols(r)`; only their union is scored (a sliding
@@ -948,10 +942,10 @@ impl TurboQuantStorage {
             }
             let mut out = vec![0f32; g * d];
             self.value.accumulate(hk, s, &w, &mut scratch.1, &mut out)?;
-            Ok(SegPartial { max, sum, out })
+            Ok(Partial { max, sum, out })
         };
         let scratch = || (self.key.scratch(), self.value.scratch());
-        let partials: Vec<SegPartial> = if parallel {
+        let partials: Vec<Partial> = if parallel {
             super::pool::map_on_compute_pool(&segs, scratch, |sc, &s| seg_pass(sc, s))
                 .into_iter()
                 .collect::<Result<_>>()?
@@ -962,27 +956,7 @@ impl TurboQuantStorage {
                 .collect::<Result<_>>()?
         };
         let mut out = vec![0f32; g * d];
-        for (qi, row) in out.chunks_exact_mut(d).enumerate() {
-            let m = partials
-                .iter()
-                .map(|p| p.max[qi])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0f32;
-            for p in &partials {
-                // A segment far below the row's maximum weighs nothing (see exp_shifted_sum).
-                let f = p.max[qi] - m;
-                if p.max[qi] == f32::NEG_INFINITY || f < -87.0 {
-                    continue;
-                }
-                let f = f.exp();
-                total += f * p.sum[qi];
-                for (o, x) in row.iter_mut().zip(&p.out[qi * d..(qi + 1) * d]) {
-                    *o = f.mul_add(*x, *o);
-                }
-            }
-            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
-            row.iter_mut().for_each(|x| *x *= inv);
-        }
+        merge(&partials, d, &mut out);
         // Block values were summed in their rotated domain: rotate the total back.
         if let Some(b) = &self.value.block {
             for row in out.chunks_exact_mut(d) {
