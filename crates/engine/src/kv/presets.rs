@@ -140,20 +140,20 @@ pub const MEASURED_ON: &str =
 /// then bits per coordinate, mean KLD and top-1 agreement on all layers, [`MEASURED_ON`]).
 /// Every one weighs its keys by query energy (`+qw`).
 const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
-    (SideFormat::Tq8, SideFormat::Tq4, 6.125, 0.0119, 0.9284),
-    (SideFormat::Tq5, SideFormat::Tq4, 4.625, 0.0211, 0.9027),
-    (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0452, 0.8759),
-    (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0743, 0.8350),
-    (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1585, 0.7610),
+    (SideFormat::Tq8, SideFormat::Tq4, 6.125, 0.0118, 0.9233),
+    (SideFormat::Tq5, SideFormat::Tq4, 4.625, 0.0203, 0.9059),
+    (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0462, 0.8710),
+    (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0735, 0.8236),
+    (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1618, 0.7581),
 ];
 
 /// llama.cpp's types as presets, measured by this engine as the TurboQuant ones are (keys,
 /// values, bits per coordinate, mean KLD, top-1; all layers, [`MEASURED_ON`], rotated as
 /// upstream does).
 const LLAMA_CPP_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 3] = [
-    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0031, 0.9626),
-    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0080, 0.9472),
-    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1321, 0.7808),
+    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0032, 0.9646),
+    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0080, 0.9362),
+    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1276, 0.7896),
 ];
 
 /// A cache a menu offers by its SPEC, with the label it shows.
