@@ -199,10 +199,38 @@ impl BlockType {
     /// Σ_t weights[qi·n + t] · x_t[j]`, for the `n` rows of `d` coordinates in `rows` and
     /// the `g = out.len() / d` weight rows. Each row is dequantized once (as
     /// [`BlockType::dequantize_row`] does) and fused-multiply-added into every output row
-    /// whose weight is not zero, rows in order: the AVX2 kernel (FMA) adds the same floats
-    /// in the same order as the portable one (`mul_add`), so their sums are equal bit for bit.
+    /// whose weight is not zero, rows in order: every kernel adds the same floats in the same
+    /// order as the portable one (`mul_add`), so their sums are equal bit for bit.
     pub fn accumulate_rows(
         self,
+        rows: &[u8],
+        d: usize,
+        weights: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.accumulate_rows_with(self.value_kernel(), rows, d, weights, out)
+    }
+
+    /// The fastest value-sum kernel this CPU runs for this type.
+    fn value_kernel(self) -> ValueKernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if matches!(self, BlockType::Q8_0 | BlockType::Q4_0)
+                && crate::kernels::avx512_available()
+            {
+                return ValueKernel::Avx512;
+            }
+            if crate::kernels::avx2_available() {
+                return ValueKernel::Avx2;
+            }
+        }
+        ValueKernel::Portable
+    }
+
+    /// [`BlockType::accumulate_rows`] with the kernel chosen (`kernel` must run here).
+    fn accumulate_rows_with(
+        self,
+        kernel: ValueKernel,
         rows: &[u8],
         d: usize,
         weights: &[f32],
@@ -214,15 +242,22 @@ impl BlockType {
         let g = out.len().checked_div(d).unwrap_or(0);
         check_len(out.len(), g * d)?;
         check_len(weights.len(), g * n)?;
+        // Only x86 has kernels other than the portable one.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = kernel;
         #[cfg(target_arch = "x86_64")]
-        let fused = crate::kernels::avx2_available();
+        if kernel == ValueKernel::Avx512 {
+            // SAFETY: value_kernel chose AVX-512 for q8_0/q4_0 only, on a CPU that has it;
+            // rows, weights and out were checked against n, d and g above.
+            unsafe { avx512::accumulate(self, rows, row, d, weights, out) };
+            return Ok(());
+        }
         // Rows go in tiles: each output row is loaded and stored once per tile, not once
         // per row, while the tile's dequantized rows stay in L1.
-        const TILE: usize = 8;
-        let mut xs = vec![0f32; TILE * d];
+        let mut xs = vec![0f32; VALUE_TILE * d];
         let mut t0 = 0;
         while t0 < n {
-            let t1 = (t0 + TILE).min(n);
+            let t1 = (t0 + VALUE_TILE).min(n);
             for t in t0..t1 {
                 if (0..g).any(|qi| weights[qi * n + t] != 0.0) {
                     let x = &mut xs[(t - t0) * d..(t - t0 + 1) * d];
@@ -235,9 +270,9 @@ impl BlockType {
                     continue;
                 }
                 #[cfg(target_arch = "x86_64")]
-                if fused {
-                    // SAFETY: AVX2 and FMA are present; `xs` holds `ws.len()` rows of `d`,
-                    // `o` is `d` long.
+                if kernel == ValueKernel::Avx2 {
+                    // SAFETY: value_kernel found AVX2 and FMA; `xs` holds `ws.len()` rows of
+                    // `d`, `o` is `d` long.
                     unsafe { avx2::axpy_tile(ws, &xs, o) };
                     continue;
                 }
@@ -657,6 +692,156 @@ mod avx2 {
     }
 }
 
+/// Rows summed per tile by the value kernels: each output row is loaded and stored once per
+/// tile.
+const VALUE_TILE: usize = 8;
+
+/// Which code sums value rows ([`BlockType::accumulate_rows`]); all give the same floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ValueKernel {
+    Portable,
+    /// Rows dequantized into a tile, then fused-added eight lanes at a time.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// q8_0 and q4_0: each 16 coordinates of a row widened to floats and scaled in
+    /// registers, then fused-added into every output row, sixteen lanes at a time.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{BlockType, BLOCK, VALUE_TILE};
+
+    /// Sixteen coordinates of a q8_0 or q4_0 block, `half` 0 or 1, as
+    /// [`BlockType::dequantize_row`] makes them: the level (an exact float) times the scale.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn levels16(t: BlockType, block: &[u8], half: usize) -> __m512 {
+        let scale = _mm512_set1_ps(super::read_f16(block, 0));
+        let levels = if t == BlockType::Q8_0 {
+            // SAFETY: a q8_0 block is 34 bytes: 2 + 16·half + 16 ≤ 34.
+            let codes = unsafe { _mm_loadu_si128(block[2 + 16 * half..].as_ptr().cast()) };
+            _mm512_cvtepi8_epi32(codes)
+        } else {
+            // Low nibbles are coordinates 0..16, high nibbles 16..32.
+            // SAFETY: a q4_0 block is 18 bytes: its 16 code bytes follow the scale.
+            let packed = unsafe { _mm_loadu_si128(block[2..].as_ptr().cast()) };
+            let nibbles = if half == 0 {
+                packed
+            } else {
+                _mm_srli_epi16::<4>(packed)
+            };
+            let codes = _mm512_cvtepu8_epi32(_mm_and_si128(nibbles, _mm_set1_epi8(0x0F)));
+            _mm512_sub_epi32(codes, _mm512_set1_epi32(8))
+        };
+        _mm512_mul_ps(_mm512_cvtepi32_ps(levels), scale)
+    }
+
+    /// `BlockType::accumulate_rows` for q8_0 and q4_0 rows: per tile of rows, per sixteen
+    /// coordinates, each live row's values made once in a register and fused-added into the
+    /// output rows that weigh it, rows in order (zero weights skipped, as the portable code
+    /// skips them).
+    ///
+    /// # Safety
+    /// AVX-512F must be present; `t` is q8_0 or q4_0, `rows` whole rows of `row` bytes for
+    /// `d` coordinates, `weights` `g · n` and `out` `g · d` floats (`g = out.len() / d`).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn accumulate(
+        t: BlockType,
+        rows: &[u8],
+        row: usize,
+        d: usize,
+        weights: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = rows.len() / row;
+        let g = out.len() / d;
+        let bb = t.block_bytes();
+        // Per output row: its live rows in the tile (broadcast weight, row in tile).
+        let mut live = vec![[(_mm512_setzero_ps(), 0usize); VALUE_TILE]; g];
+        let mut count = vec![0usize; g];
+        let mut t0 = 0;
+        while t0 < n {
+            let m = (n - t0).min(VALUE_TILE);
+            let full = m == VALUE_TILE
+                && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
+            if full {
+                // The common case (every row weighed by every output row): eight rows in
+                // eight registers, the weights broadcast from memory.
+                for b in 0..d / BLOCK {
+                    for half in 0..2 {
+                        let mut xs = [_mm512_setzero_ps(); VALUE_TILE];
+                        for (k, x) in xs.iter_mut().enumerate() {
+                            let at = (t0 + k) * row + b * bb;
+                            // SAFETY: row t0 + k < n holds the whole block b.
+                            *x = unsafe { levels16(t, &rows[at..at + bb], half) };
+                        }
+                        let col = b * BLOCK + 16 * half;
+                        for qi in 0..g {
+                            let w: &[f32; VALUE_TILE] = weights[qi * n + t0..][..VALUE_TILE]
+                                .try_into()
+                                .unwrap_or(&[0.0; VALUE_TILE]);
+                            // SAFETY: qi < g and col + 16 ≤ d: sixteen floats of row qi.
+                            unsafe {
+                                let p = out.as_mut_ptr().add(qi * d + col);
+                                let mut acc = _mm512_loadu_ps(p);
+                                for (x, &w) in xs.iter().zip(w) {
+                                    acc = _mm512_fmadd_ps(_mm512_set1_ps(w), *x, acc);
+                                }
+                                _mm512_storeu_ps(p, acc);
+                            }
+                        }
+                    }
+                }
+                t0 += m;
+                continue;
+            }
+            let mut need = [false; VALUE_TILE];
+            for qi in 0..g {
+                count[qi] = 0;
+                for k in 0..m {
+                    let w = weights[qi * n + t0 + k];
+                    if w != 0.0 {
+                        live[qi][count[qi]] = (_mm512_set1_ps(w), k);
+                        count[qi] += 1;
+                        need[k] = true;
+                    }
+                }
+            }
+            for b in 0..d / BLOCK {
+                for half in 0..2 {
+                    let mut xs = [_mm512_setzero_ps(); VALUE_TILE];
+                    for k in 0..m {
+                        if need[k] {
+                            let at = (t0 + k) * row + b * bb;
+                            // SAFETY: row t0 + k < n holds the whole block b.
+                            xs[k] = unsafe { levels16(t, &rows[at..at + bb], half) };
+                        }
+                    }
+                    let col = b * BLOCK + 16 * half;
+                    for qi in 0..g {
+                        if count[qi] == 0 {
+                            continue;
+                        }
+                        // SAFETY: qi < g and col + 16 ≤ d: sixteen floats of output row qi.
+                        unsafe {
+                            let p = out.as_mut_ptr().add(qi * d + col);
+                            let mut acc = _mm512_loadu_ps(p);
+                            for &(w, k) in &live[qi][..count[qi]] {
+                                acc = _mm512_fmadd_ps(w, xs[k], acc);
+                            }
+                            _mm512_storeu_ps(p, acc);
+                        }
+                    }
+                }
+            }
+            t0 += m;
+        }
+    }
+}
+
 fn check_len(got: usize, expected: usize) -> Result<()> {
     if got == expected {
         Ok(())
@@ -962,13 +1147,17 @@ mod tests {
         }
     }
 
-    /// The tiled AVX2 value sums are the portable fused adds, bit for bit, zero weights
-    /// (masked rows) included.
+    /// Every value-sum kernel is the portable fused adds, bit for bit: with zero weights
+    /// (masked rows) and without (whole tiles, the AVX-512 kernel's fast case), a last tile
+    /// cut short, and more output rows than a tile has.
     #[test]
     fn tiled_value_sums_equal_row_by_row_fused_adds() {
         let mut rng = crate::Rng::new(37, 0);
-        let (n, d, g) = (21, 96, 5);
-        for t in BlockType::ALL {
+        let (n, d, g) = (21, 96, 13);
+        for (t, masked) in BlockType::ALL
+            .into_iter()
+            .flat_map(|t| [(t, true), (t, false)])
+        {
             let mut rows = vec![0u8; n * t.row_bytes(d).unwrap()];
             for r in rows.chunks_exact_mut(t.row_bytes(d).unwrap()) {
                 let x: Vec<f32> = (0..d).map(|_| rng.gaussian() as f32 * 7.0).collect();
@@ -976,15 +1165,13 @@ mod tests {
             }
             let weights: Vec<f32> = (0..g * n)
                 .map(|i| {
-                    if i % 4 == 1 {
+                    if masked && i % 4 == 1 {
                         0.0
                     } else {
-                        rng.uniform() as f32
+                        rng.uniform() as f32 + 1e-3
                     }
                 })
                 .collect();
-            let mut got = vec![0.5f32; g * d];
-            t.accumulate_rows(&rows, d, &weights, &mut got).unwrap();
             let mut want = vec![0.5f32; g * d];
             let mut x = vec![0f32; d];
             for (k, r) in rows.chunks_exact(t.row_bytes(d).unwrap()).enumerate() {
@@ -997,8 +1184,33 @@ mod tests {
                 }
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for kernel in runnable_value_kernels(t) {
+                let mut got = vec![0.5f32; g * d];
+                t.accumulate_rows_with(kernel, &rows, d, &weights, &mut got)
+                    .unwrap();
+                assert_eq!(bits(&got), bits(&want), "{} {kernel:?} {masked}", t.name());
+            }
+            let mut got = vec![0.5f32; g * d];
+            t.accumulate_rows(&rows, d, &weights, &mut got).unwrap();
             assert_eq!(bits(&got), bits(&want), "{}", t.name());
         }
+    }
+
+    /// The value kernels this CPU runs for `t`.
+    fn runnable_value_kernels(t: BlockType) -> Vec<ValueKernel> {
+        let mut v = vec![ValueKernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::kernels::avx2_available() {
+                v.push(ValueKernel::Avx2);
+            }
+            if matches!(t, BlockType::Q8_0 | BlockType::Q4_0) && crate::kernels::avx512_available()
+            {
+                v.push(ValueKernel::Avx512);
+            }
+        }
+        let _ = t;
+        v
     }
 
     /// Many keys against many queries, eight at a time in SIMD, are each the one-pair dot.

@@ -1,5 +1,6 @@
-//! `kvlab bench attention`: the time of one decode-step attention call (one query per head)
-//! over a full-attention layer cache of N tokens, per cache SPEC, and its speedup over f16.
+//! `kvlab bench attention`: the time of one attention call over a full-attention layer cache
+//! of N tokens, per cache SPEC, and its speedup over f16: a decode step's (one query per
+//! head), or with `--queries Q` a prefill chunk's (the last Q positions, causal).
 //! Synthetic K/V (attention cost does not depend on the values); the storages are the
 //! engine's own, so this is exactly the per-layer work of a decode step.
 
@@ -32,6 +33,10 @@ pub struct BenchAttentionArgs {
     /// Head dimension.
     #[arg(long, default_value_t = 256)]
     head_dim: usize,
+    /// Query positions per call: 1 is a decode step; more is a prefill chunk, the context's
+    /// last positions, each seeing the keys up to its own.
+    #[arg(long, default_value_t = 1)]
+    queries: usize,
     /// Minimum measuring time per configuration, seconds.
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
@@ -44,7 +49,9 @@ pub struct BenchAttentionArgs {
 struct AttentionRow {
     context: usize,
     kv: String,
-    /// Microseconds per attention call (one token, all heads of one layer).
+    /// Query positions per call.
+    queries: usize,
+    /// Microseconds per attention call (all heads of one layer).
     us_per_call: f64,
     /// f16's time over this one (same context), when f16 was measured.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -64,6 +71,9 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
     if args.kv_heads == 0 || !args.heads.is_multiple_of(args.kv_heads) {
         bail!("--heads must be a positive multiple of --kv-heads");
     }
+    if args.queries == 0 || contexts.iter().any(|&n| n < args.queries) {
+        bail!("--queries must be at least 1 and at most each context");
+    }
     let mut rows: Vec<AttentionRow> = Vec::new();
     for &n in &contexts {
         let mut f16_us = None;
@@ -80,9 +90,9 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
                 st.append(&k, &v)?;
                 at += t;
             }
-            let q = synthetic(99, (args.heads, 1, args.head_dim))?;
+            let q = synthetic(99, (args.heads, args.queries, args.head_dim))?;
             let spec_a = AttendSpec {
-                query_start: n - 1,
+                query_start: n - args.queries,
                 key_start: 0,
                 window: None,
                 scale: 1.0 / (args.head_dim as f64).sqrt(),
@@ -102,6 +112,7 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
             rows.push(AttentionRow {
                 context: n,
                 kv: name,
+                queries: args.queries,
                 us_per_call: us,
                 speedup_vs_f16: f16_us.map(|f| f / us),
                 kv_bytes: st.bytes_used(),
@@ -113,8 +124,9 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
     } else {
         for r in &rows {
             println!(
-                "context {:>6} kv {:<10} {:>10.1} µs/call  KV {:>8.2} MiB{}",
+                "context {:>6} queries {:>4} kv {:<10} {:>10.1} µs/call  KV {:>8.2} MiB{}",
                 r.context,
+                r.queries,
                 r.kv,
                 r.us_per_call,
                 r.kv_bytes as f64 / 1048576.0,

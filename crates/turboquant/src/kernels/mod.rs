@@ -21,7 +21,8 @@ mod x86;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::{
-    avx2_available, encode_simd_available, force_avx2, force_portable, pack_pext, quantize_avx512,
+    available as avx512_available, avx2_available, encode_simd_available, force_avx2,
+    force_portable, pack_pext, quantize_avx512,
 };
 
 use crate::block::CodeBlock;
