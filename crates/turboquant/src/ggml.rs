@@ -289,10 +289,10 @@ impl BlockType {
 
     /// [`BlockType::dot`] of every key row in `keys` with every query in `queries` (each
     /// row as many blocks as a query): `out[qi·stride + t]` is key row `t` with query `qi`,
-    /// the same float as [`BlockType::dot`]. q8_0 and q4_0 keys take the AVX2 kernel where
-    /// there is one, eight queries per pass over a key block: the block is loaded and
-    /// unpacked once, the eight integer sums reduced together, the scales applied as the
-    /// portable code applies them.
+    /// the same float as [`BlockType::dot`]. q8_0 and q4_0 keys take a SIMD kernel where
+    /// there is one (AVX-512 VNNI, else AVX2), eight queries per pass over a key block: the
+    /// block is loaded and unpacked once, the eight integer sums formed together, the scales
+    /// applied as the portable code applies them.
     pub fn dots(
         self,
         keys: &[u8],
@@ -316,18 +316,59 @@ impl BlockType {
         if n == 0 || g == 0 {
             return Ok(());
         }
+        self.dots_with(self.dot_kernel(), keys, queries, d, out, stride)
+    }
+
+    /// The fastest many-query dot kernel this CPU runs for this type.
+    fn dot_kernel(self) -> DotKernel {
         #[cfg(target_arch = "x86_64")]
-        if matches!(self, BlockType::Q8_0 | BlockType::Q4_0) && crate::kernels::avx2_available() {
-            for (c, qs) in queries.chunks(8 * qrow).enumerate() {
-                let out = &mut out[c * 8 * stride..];
-                // SAFETY: AVX2 is present; every key row and query is `d / 32` blocks, and
-                // `out` holds `stride` floats per query of this chunk (checked above).
-                unsafe { avx2::dots8(self, keys, row, qs, qrow, out, stride) };
+        if matches!(self, BlockType::Q8_0 | BlockType::Q4_0) {
+            if vnni_available() {
+                return DotKernel::Vnni;
             }
-            return Ok(());
+            if crate::kernels::avx2_available() {
+                return DotKernel::Avx2;
+            }
         }
-        for (qi, q) in queries.chunks_exact(qrow).enumerate() {
-            self.dot_rows(keys, q, &mut out[qi * stride..qi * stride + n])?;
+        DotKernel::Portable
+    }
+
+    /// [`BlockType::dots`] with the kernel chosen (`kernel` must run here), on arguments
+    /// `dots` checked.
+    fn dots_with(
+        self,
+        kernel: DotKernel,
+        keys: &[u8],
+        queries: &[u8],
+        d: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) -> Result<()> {
+        let row = self.row_bytes(d)?;
+        let qrow = self.query_bytes(d)?;
+        let n = keys.len().checked_div(row).unwrap_or(0);
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            DotKernel::Avx2 | DotKernel::Vnni => {
+                for (c, qs) in queries.chunks(8 * qrow).enumerate() {
+                    let out = &mut out[c * 8 * stride..];
+                    // SAFETY: dot_kernel found the instructions, for q8_0/q4_0 only; every key
+                    // row and query is `d / 32` blocks, and `out` holds `stride` floats per
+                    // query of this chunk (checked by `dots`).
+                    unsafe {
+                        if kernel == DotKernel::Vnni {
+                            avx512::dots8(self, keys, row, qs, qrow, out, stride);
+                        } else {
+                            avx2::dots8(self, keys, row, qs, qrow, out, stride);
+                        }
+                    }
+                }
+            }
+            _ => {
+                for (qi, q) in queries.chunks_exact(qrow).enumerate() {
+                    self.dot_rows(keys, q, &mut out[qi * stride..qi * stride + n])?;
+                }
+            }
         }
         Ok(())
     }
@@ -524,7 +565,7 @@ mod avx2 {
 
     /// The 32 signed levels of a q8_0 or q4_0 key block.
     #[target_feature(enable = "avx2")]
-    unsafe fn key_levels(t: BlockType, k: &[u8]) -> __m256i {
+    pub(super) unsafe fn key_levels(t: BlockType, k: &[u8]) -> __m256i {
         // SAFETY: k holds a whole block: 34 bytes (q8_0) or 18 (q4_0).
         if t == BlockType::Q8_0 {
             unsafe { _mm256_loadu_si256(k[2..].as_ptr().cast()) }
@@ -692,6 +733,29 @@ mod avx2 {
     }
 }
 
+/// Which code dots many keys with many queries ([`BlockType::dots`]); all give the same
+/// floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DotKernel {
+    Portable,
+    /// Eight queries per key block, |x| times y with x's sign, the eight sums reduced
+    /// together.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// Eight queries per key block in the lanes of one register (AVX-512 VNNI).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Vnni,
+}
+
+/// Whether the VNNI dot kernel runs here (AVX-512 VNNI and VL, AVX-512 allowed).
+#[cfg(target_arch = "x86_64")]
+fn vnni_available() -> bool {
+    crate::kernels::avx512_available()
+        && crate::kernels::avx2_available()
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
 /// Rows summed per tile by the value kernels: each output row is loaded and stored once per
 /// tile.
 const VALUE_TILE: usize = 8;
@@ -714,6 +778,80 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{BlockType, BLOCK, VALUE_TILE};
+
+    /// Dots of every key row with up to eight q8_0 queries, as `avx2::dots8` gives them,
+    /// with the eight queries in the lanes of one register: per key block and per four
+    /// coordinates, the keys' four levels broadcast to every lane and multiplied with each
+    /// query's four codes by one `vpdpbusd`, which takes unsigned bytes on one side: the
+    /// queries go in as y + 128, and 128·Σx (one more `vpdpbusd` against 128s) is taken off
+    /// the total. The integer sums are exact, so each lane is the query's `sumi`; the scales
+    /// then as the other kernels apply them.
+    ///
+    /// # Safety
+    /// AVX2, AVX-512 VNNI and VL must be present; as `avx2::dots8`.
+    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dots8(
+        t: BlockType,
+        keys: &[u8],
+        row: usize,
+        queries: &[u8],
+        qrow: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let g = queries.len() / qrow;
+        let bb = t.block_bytes();
+        let blocks = row / bb;
+        // Per block and group of four codes: the eight queries' four codes + 128, query by
+        // query (an absent query is 128s: a zero query).
+        let mut yt = vec![128u8; blocks * 8 * 32];
+        // Per block, the eight queries' scales (zero past the last query).
+        let mut dq = vec![0f32; blocks * 8];
+        for (qi, q) in queries.chunks_exact(qrow).enumerate() {
+            for b in 0..blocks {
+                let qb = &q[b * (2 + BLOCK)..(b + 1) * (2 + BLOCK)];
+                dq[b * 8 + qi] = super::read_f16(qb, 0);
+                for (j, c) in qb[2..].iter().enumerate() {
+                    yt[(b * 8 + j / 4) * 32 + qi * 4 + j % 4] = (*c as i8 as i16 + 128) as u8;
+                }
+            }
+        }
+        let c128 = _mm256_set1_epi8(-128);
+        let mut sums = [0f32; 8];
+        for (tk, k) in keys.chunks_exact(row).enumerate() {
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..blocks {
+                let kb = &k[b * bb..(b + 1) * bb];
+                // SAFETY: kb is one whole block.
+                let x = unsafe { super::avx2::key_levels(t, kb) };
+                let mut s = _mm256_setzero_si256();
+                let mut cs = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let xj = _mm256_permutevar8x32_epi32(x, _mm256_set1_epi32(j as i32));
+                    // SAFETY: yt holds 8 groups of 32 bytes per block.
+                    let y = unsafe { _mm256_loadu_si256(yt.as_ptr().add((b * 8 + j) * 32).cast()) };
+                    s = _mm256_dpbusd_epi32(s, y, xj);
+                    cs = _mm256_dpbusd_epi32(cs, c128, xj);
+                }
+                let fi = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, cs));
+                let dk = _mm256_set1_ps(super::read_f16(kb, 0));
+                // SAFETY: dq holds eight scales per block.
+                let dqv = unsafe { _mm256_loadu_ps(dq.as_ptr().add(b * 8)) };
+                // block_term: q8_0 is sumi·(dk·dq), q4_0 (sumi·dk)·dq.
+                let term = if t == BlockType::Q8_0 {
+                    _mm256_mul_ps(fi, _mm256_mul_ps(dk, dqv))
+                } else {
+                    _mm256_mul_ps(_mm256_mul_ps(fi, dk), dqv)
+                };
+                acc = _mm256_add_ps(acc, term);
+            }
+            // SAFETY: sums has eight floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
+            for (qi, &v) in sums.iter().enumerate().take(g) {
+                out[qi * stride + tk] = v;
+            }
+        }
+    }
 
     /// Sixteen coordinates of a q8_0 or q4_0 block, `half` 0 or 1, as
     /// [`BlockType::dequantize_row`] makes them: the level (an exact float) times the scale.
@@ -1064,11 +1202,14 @@ pub fn hadamard_rotate(x: &mut [f32], width: usize) -> Result<()> {
     for block in x.chunks_exact_mut(width) {
         let mut h = 1;
         while h < width {
-            for start in (0..width).step_by(2 * h) {
-                for i in start..start + h {
-                    let (a, b) = (block[i], block[i + h]);
-                    block[i] = a + b;
-                    block[i + h] = a - b;
+            // Each butterfly pair as two slices of h, so the wide stages vectorize (the
+            // same sum and difference per element, in any lane order).
+            for pair in block.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
+                    let (x, y) = (*a, *b);
+                    *a = x + y;
+                    *b = x - y;
                 }
             }
             h *= 2;
@@ -1196,8 +1337,28 @@ mod tests {
         }
     }
 
+    /// The dot kernels this CPU runs for `t`.
+    fn runnable_dot_kernels(t: BlockType) -> Vec<DotKernel> {
+        // Only x86 adds kernels.
+        #[allow(unused_mut)]
+        let mut v = vec![DotKernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(t, BlockType::Q8_0 | BlockType::Q4_0) {
+            if crate::kernels::avx2_available() {
+                v.push(DotKernel::Avx2);
+            }
+            if vnni_available() {
+                v.push(DotKernel::Vnni);
+            }
+        }
+        let _ = t;
+        v
+    }
+
     /// The value kernels this CPU runs for `t`.
     fn runnable_value_kernels(t: BlockType) -> Vec<ValueKernel> {
+        // Only x86 adds kernels.
+        #[allow(unused_mut)]
         let mut v = vec![ValueKernel::Portable];
         #[cfg(target_arch = "x86_64")]
         {
@@ -1224,7 +1385,13 @@ mod tests {
                 let mut queries = vec![0u8; g * t.query_bytes(d).unwrap()];
                 for (i, k) in keys.chunks_exact_mut(t.row_bytes(d).unwrap()).enumerate() {
                     let scale = [1e-3f32, 1.0, 40.0][i % 3];
-                    let x: Vec<f32> = (0..d).map(|_| rng.gaussian() as f32 * scale).collect();
+                    let mut x: Vec<f32> = (0..d).map(|_| rng.gaussian() as f32 * scale).collect();
+                    if i % 5 == 0 {
+                        // Codes at ±127 and q4_0's lowest level in every block.
+                        for (j, v) in x.iter_mut().enumerate() {
+                            *v = if j % 2 == 0 { scale } else { -scale };
+                        }
+                    }
                     t.quantize_row(&x, k).unwrap();
                 }
                 for q in queries.chunks_exact_mut(t.query_bytes(d).unwrap()) {
@@ -1232,20 +1399,27 @@ mod tests {
                     t.quantize_query(&y, q).unwrap();
                 }
                 let stride = n + 5;
-                let mut out = vec![f32::NAN; (g - 1) * stride + n];
-                t.dots(&keys, &queries, d, &mut out, stride).unwrap();
-                for (qi, q) in queries.chunks_exact(t.query_bytes(d).unwrap()).enumerate() {
-                    for (j, k) in keys.chunks_exact(t.row_bytes(d).unwrap()).enumerate() {
-                        let want = t.dot_portable(k, q);
-                        let got = out[qi * stride + j];
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{} g {g} q {qi} k {j}",
-                            t.name()
-                        );
+                for kernel in runnable_dot_kernels(t).into_iter().map(Some).chain([None]) {
+                    let mut out = vec![f32::NAN; (g - 1) * stride + n];
+                    match kernel {
+                        Some(k) => t.dots_with(k, &keys, &queries, d, &mut out, stride),
+                        None => t.dots(&keys, &queries, d, &mut out, stride),
+                    }
+                    .unwrap();
+                    for (qi, q) in queries.chunks_exact(t.query_bytes(d).unwrap()).enumerate() {
+                        for (j, k) in keys.chunks_exact(t.row_bytes(d).unwrap()).enumerate() {
+                            let want = t.dot_portable(k, q);
+                            let got = out[qi * stride + j];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{} {kernel:?} g {g} q {qi} k {j}",
+                                t.name()
+                            );
+                        }
                     }
                 }
+                let mut out = vec![f32::NAN; (g - 1) * stride + n];
                 assert!(t
                     .dots(
                         &keys,
