@@ -88,6 +88,11 @@ const MIN_CENTER_ROWS: usize = 16;
 /// ~0.25 ms, far above the pool's dispatch cost.
 const PARALLEL_MIN_PAIRS: usize = 1 << 12;
 
+/// Keys per unit of work where a segment is cut into key ranges (dense and ggml-block sides):
+/// a sliding layer's 512-key window splits four ways, as the f16 path's 256-key blocks split
+/// it two, with the merge still negligible.
+const RANGE_KEYS: usize = 128;
+
 /// From this many query rows on (prefill), block sides score and sum by matrix products over
 /// their dequantized rows instead of ggml's per-key integer dots: the same products, added in
 /// another order (the difference is float rounding), at GEMM speed. Decode steps (a group's
@@ -558,11 +563,21 @@ impl Side {
         Ok(())
     }
 
-    /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`).
+    /// Whether [`Side::accumulate`] reads only the rows of the range it is given: a segment of
+    /// dense rows or ggml blocks can be cut into key ranges summed apart, TurboQuant codes
+    /// are summed whole.
+    fn sums_by_range(&self) -> bool {
+        self.codec.is_none()
+    }
+
+    /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`),
+    /// `t` in `rows` (a side that [`Side::sums_by_range`]; other sides sum the whole segment,
+    /// their weights zero outside `rows`).
     fn accumulate(
         &self,
         h: usize,
         s: usize,
+        rows: std::ops::Range<usize>,
         weights: &[f32],
         scratch: &mut Scratch,
         out: &mut [f32],
@@ -570,6 +585,27 @@ impl Side {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
             (Seg::Codes(b), Some(c)) => c.accumulate_multi(weights, b, scratch, out)?,
+            (Seg::Blocks(v), _)
+                if rows.start > 0 || rows.end < v.len() / self.bytes_per_vector() =>
+            {
+                // A key range of the segment: its rows and their weights only.
+                let b = self.block_side()?;
+                let n = v.len() / b.row_bytes;
+                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
+                let g = out.len() / d;
+                let w: Vec<f32> = weights
+                    .chunks_exact(n.max(1))
+                    .take(g)
+                    .flat_map(|r| r[lo..hi].iter().copied())
+                    .collect();
+                out.fill(0.0);
+                if g < BLOCK_GEMM_MIN_ROWS {
+                    b.ty.accumulate_rows(&v[lo * b.row_bytes..hi * b.row_bytes], d, &w, out)?;
+                } else {
+                    let values = b.dequantize_rows(&v[lo * b.row_bytes..hi * b.row_bytes], d)?;
+                    out.copy_from_slice(&matmul(w, g, values, hi - lo, d)?);
+                }
+            }
             (Seg::Blocks(v), _) => {
                 // Value rows converted to floats and summed, as ggml does; the sums stay in
                 // the rotated domain (`attend_block` rotates the total back once).
@@ -608,7 +644,7 @@ impl Side {
                 let n = v.len() / d;
                 out.fill(0.0);
                 let mut row = vec![0f32; d];
-                for t in 0..n {
+                for t in rows.start.min(n)..rows.end.min(n) {
                     for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
                         *o = x.to_f32();
                     }
@@ -891,25 +927,49 @@ impl TurboQuantStorage {
         let g = ranges.len() * group;
         let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
         let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-        let segs: Vec<usize> = (lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS)).collect();
-        let parallel = g * (hi - lo) >= PARALLEL_MIN_PAIRS && segs.len() > 1;
-
-        // One pass per segment, all segments in parallel: masked scores, their softmax
-        // numerators against the segment's own maximum, and the values weighted by them.
-        // The segments' partial sums are then rescaled to the overall maximum and added, as
-        // flash attention does: one dispatch to the compute pool per call.
-        let qq = self.key.block_queries(qm)?;
-        let seg_pass = |scratch: &mut (Scratch, Scratch), s: usize| -> Result<Partial> {
+        // Units of work: each segment's keys that some row sees, cut into key ranges of
+        // RANGE_KEYS in decode where both sides read ranges alone (dense rows, ggml blocks),
+        // so a sliding window or a short context still runs on every core as the f16 path
+        // does; TurboQuant codes and prefill's matrix products go by whole segments.
+        let by_range =
+            g < BLOCK_GEMM_MIN_ROWS && self.key.sums_by_range() && self.value.sums_by_range();
+        let mut units: Vec<(usize, usize, usize)> = Vec::new();
+        for s in lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS) {
             let n = self.key.seg_len(&self.key.heads[hk][s]);
             let base = s * SEGMENT_TOKENS;
-            // Row r sees the segment's tokens `cols(r)`; only their union is scored (a sliding
+            let a = lo.saturating_sub(base).min(n);
+            let b = hi.saturating_sub(base).min(n).max(a);
+            if by_range {
+                let mut at = a;
+                while at < b {
+                    let to = (at + RANGE_KEYS).min(b);
+                    units.push((s, at, to));
+                    at = to;
+                }
+            } else {
+                units.push((s, a, b));
+            }
+        }
+        let parallel = g * (hi - lo) >= PARALLEL_MIN_PAIRS && units.len() > 1;
+
+        // One pass per unit, all units in parallel: masked scores, their softmax numerators
+        // against the unit's own maximum, and the values weighted by them. The partial sums
+        // are then rescaled to the overall maximum and added, as flash attention does: one
+        // dispatch to the compute pool per call.
+        let qq = self.key.block_queries(qm)?;
+        let seg_pass = |scratch: &mut (Scratch, Scratch),
+                        &(s, ua, ub): &(usize, usize, usize)|
+         -> Result<Partial> {
+            let n = self.key.seg_len(&self.key.heads[hk][s]);
+            let base = s * SEGMENT_TOKENS;
+            // Row r sees the unit's tokens `cols(r)`; only their union is scored (a sliding
             // window's dropped front and a causal block's future are never read).
             let cols = |(rlo, rhi): (usize, usize)| {
-                let from = rlo.saturating_sub(base).min(n);
-                (from, rhi.saturating_sub(base).min(n).max(from))
+                let from = rlo.saturating_sub(base).clamp(ua, ub);
+                (from, rhi.saturating_sub(base).clamp(ua, ub).max(from))
             };
-            let lo = ranges.iter().map(|&r| cols(r).0).min().unwrap_or(0);
-            let hi = ranges.iter().map(|&r| cols(r).1).max().unwrap_or(0);
+            let lo = ranges.iter().map(|&r| cols(r).0).min().unwrap_or(ua);
+            let hi = ranges.iter().map(|&r| cols(r).1).max().unwrap_or(ua);
             let mut w = vec![0f32; g * n];
             self.key.scores(
                 hk,
@@ -929,30 +989,31 @@ impl TurboQuantStorage {
                     row.fill(0.0);
                     continue;
                 }
-                row[..from].fill(f32::NEG_INFINITY);
-                row[to..].fill(f32::NEG_INFINITY);
-                let m = row[from..to]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
-                // Unscaled numerators e^(x − m) (masked ones exactly 0, so the value sums
-                // skip records no row weighs); each output row is divided by its total once.
-                sum[qi] = exp_shifted_sum(row, m);
+                // Masked records weigh exactly 0 (the value sums skip records no row weighs);
+                // the exponentials are taken over the visible ones only.
+                row[..from].fill(0.0);
+                row[to..].fill(0.0);
+                let seen = &mut row[from..to];
+                let m = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                // Unscaled numerators e^(x − m); each output row is divided by its total once.
+                sum[qi] = exp_shifted_sum(seen, m);
                 max[qi] = m;
             }
             let mut out = vec![0f32; g * d];
-            self.value.accumulate(hk, s, &w, &mut scratch.1, &mut out)?;
+            self.value
+                .accumulate(hk, s, ua..ub, &w, &mut scratch.1, &mut out)?;
             Ok(Partial { max, sum, out })
         };
         let scratch = || (self.key.scratch(), self.value.scratch());
         let partials: Vec<Partial> = if parallel {
-            super::pool::map_on_compute_pool(&segs, scratch, |sc, &s| seg_pass(sc, s))
+            super::pool::map_on_compute_pool(&units, scratch, seg_pass)
                 .into_iter()
                 .collect::<Result<_>>()?
         } else {
             let mut sc = scratch();
-            segs.iter()
-                .map(|&s| seg_pass(&mut sc, s))
+            units
+                .iter()
+                .map(|u| seg_pass(&mut sc, u))
                 .collect::<Result<_>>()?
         };
         let mut out = vec![0f32; g * d];
