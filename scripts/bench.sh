@@ -33,8 +33,10 @@
 # BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
 # llama.cpp's cache types (BENCH_BLOCK_TYPES, default "q8_0 q4_0") get their own table:
 # our decode with --kv TYPE against llama-bench -ctk TYPE -ctv TYPE, and against our f16.
-# Last, scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache
-# types beside ours on the 270M (BENCH_KLD=0 skips it).
+# Then the time to first token through `kvlab serve` by conversation length (1 KB, 32 KB,
+# 112 KB; scripts/bench/ttft.py, BENCH_TTFT=0 skips it). Last,
+# scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache types
+# beside ours on the 270M (BENCH_KLD=0 skips it).
 # Above BENCH_FULL_DEPTH (default 4096) only the f16 decode rows and no profile are measured:
 # the targets ask no more there, and on the E2B each extra 16k-token prefill costs ~8 minutes.
 set -euo pipefail
@@ -211,6 +213,27 @@ if app_rows:
 EOF
 echo
 cat "$PROFILES"
+
+# Time to first token by conversation length, through `kvlab serve` on the 270M with its
+# chat template (scripts/bench/ttft.py: 1 KB, 32 KB and 112 KB conversations, each adding a
+# ~20-token turn; then a 260 KB message over the context, refused). 112 KB, not 128: 128 KB
+# of these texts is ~35k tokens, past the 270M's 32,768. BENCH_TTFT=0 skips it.
+if [ "${BENCH_TTFT:-1}" != 0 ]; then
+  say "time to first token through kvlab serve"
+  port="${BENCH_TTFT_PORT:-18431}"
+  "$KVLAB" --threads "$THREADS" serve --model "$APP_MODEL" --port "$port" --ctx 32768 \
+    >/dev/null 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+    sleep 1
+  done
+  python3 "$ROOT/scripts/bench/ttft.py" --base "http://127.0.0.1:$port/v1" \
+    --text "$("$KVLAB" assets path alice)" "$("$KVLAB" assets path paradise-lost)" \
+    --sizes 1,32,112 --rounds "$ROUNDS" || true
+  kill "$serve_pid" 2>/dev/null || true
+  wait "$serve_pid" 2>/dev/null || true
+fi
 
 # llama.cpp's KL divergence beside ours, on the same GGUF and texts (BENCH_KLD=0 skips it).
 if [ "${BENCH_KLD:-1}" != 0 ]; then
