@@ -21,6 +21,8 @@
 #            Paradise Lost, so TurboQuant codes real keys and values), f16 KV on both sides,
 #            and KV Lab's TurboQuant 4-bit cache (tq4@all) against llama.cpp's f16;
 #   prefill  tok/s over a D-token prompt (llama-bench -p D -n 0; kvlab's prefill of --ctx D).
+# and each decode's weight traffic as a share of the machine's stream copy rate (`kvlab bench
+# stream`, measured each round: weight bytes a step reads times tok/s over bytes copied/s);
 # then, per model and depth, where KV Lab's decode time goes (`kvlab bench decode --profile`,
 # a separate run: profiling costs time), and then the app against the CLI: the built app driven over WebDriver under Xvfb (as the
 # end-to-end tests drive it, tests/e2e/bench-app.mjs), greedy answers of 128 tokens whose
@@ -92,29 +94,36 @@ llama() { # model depth kind [cache type]
     "${args[@]}" 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])'
 }
-kvlab() { # model depth kv -> "prefill decode"
+kvlab() { # model depth kv -> "prefill decode weight-bytes-per-token"
   "$KVLAB" --threads "$THREADS" bench decode --model "${PATHS[$1]}" --ctx "$2" --decode "$GEN" \
     --text paradise-lost --kv "$3" --json 2>/dev/null |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["prefill_tokens"]/r["prefill_secs"], r["decode_tokens"]/r["decode_secs"])'
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["prefill_tokens"]/r["prefill_secs"], r["decode_tokens"]/r["decode_secs"], r["weights_bytes_per_token"])'
+}
+# The machine's stream copy rate (bytes read + written per second) on the same threads.
+stream() {
+  "$KVLAB" --threads "$THREADS" bench stream --json 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["copy_bytes_per_sec"])'
 }
 
 for round in $(seq "$ROUNDS"); do
+  echo "stream copy rate 0 $(stream)" >>"$RESULTS"
   for m in "${MODELS[@]}"; do
     for d in "${DEPTHS[@]}"; do
       say "round $round, $m, depth $d"
       echo "$m llama decode $d $(llama "$m" "$d" decode)" >>"$RESULTS"
-      read -r p t < <(kvlab "$m" "$d" f16)
+      read -r p t b < <(kvlab "$m" "$d" f16)
       echo "$m kvlab prefill $d $p" >>"$RESULTS"
       echo "$m kvlab decode $d $t" >>"$RESULTS"
+      echo "$m weights bytes 0 $b" >>"$RESULTS"
       [ "$d" -gt "$FULL_DEPTH" ] && continue
       echo "$m llama prefill $d $(llama "$m" "$d" prefill)" >>"$RESULTS"
-      read -r p t < <(kvlab "$m" "$d" tq4@all)
+      read -r p t _ < <(kvlab "$m" "$d" tq4@all)
       echo "$m kvlab-tq4 prefill $d $p" >>"$RESULTS"
       echo "$m kvlab-tq4 decode $d $t" >>"$RESULTS"
       # llama.cpp's own cache types on both sides, each program storing them its way.
       for ty in "${BLOCK_TYPES[@]}"; do
         echo "$m llama-$ty decode $d $(llama "$m" "$d" decode "$ty")" >>"$RESULTS"
-        read -r p t < <(kvlab "$m" "$d" "$ty")
+        read -r p t _ < <(kvlab "$m" "$d" "$ty")
         echo "$m kvlab-$ty prefill $d $p" >>"$RESULTS"
         echo "$m kvlab-$ty decode $d $t" >>"$RESULTS"
       done
@@ -188,6 +197,19 @@ for model in sys.argv[2:]:
         f = lambda x, fmt: format(x, fmt) if x else "–"
         r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
         print(f"| {d} | {f(ld, '.1f')} | {f(kd, '.1f')} | {r(kd, ld)} | {f(td, '.1f')} | {r(td, ld)} | {r(td, kd)} | {f(lp, '.0f')} | {f(kp, '.0f')} | {r(kp, lp)} | {r(tp, kp)} |")
+    # Decode as a share of the machine's bandwidth: the weight bytes a step reads times the
+    # rate, over the stream copy rate measured in this run (KV bytes not counted).
+    wb, copy = best[(model, "weights", "bytes", 0)], best[("stream", "copy", "rate", 0)]
+    if wb and copy:
+        print()
+        print(f"Weights read per decode step {wb / 1e6:.0f} MB; stream copy {copy / 1e9:.1f} GB/s. "
+              "Decode's weight traffic as a share of it:")
+        print("| depth | llama.cpp | KV Lab f16 | KV Lab TQ-4 |")
+        print("|---|---|---|---|")
+        for d in depths:
+            g = lambda who: best[(model, who, "decode", d)]
+            sh = lambda x: f"{x * wb / copy:.0%}" if x else "–"
+            print(f"| {d} | {sh(g('llama'))} | {sh(g('kvlab'))} | {sh(g('kvlab-tq4'))} |")
     types = sorted({k[1][len("llama-"):] for k in best if k[0] == model and k[1].startswith("llama-")})
     if types:
         print()

@@ -11,6 +11,7 @@ mod matmul;
 mod memory;
 pub(crate) mod memory_plot;
 mod persist;
+mod stream;
 
 use std::path::PathBuf;
 
@@ -79,6 +80,8 @@ enum BenchCommand {
     Conversations(crate::bench::conversations::BenchConversationsArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
     Matmul(crate::bench::matmul::BenchMatmulArgs),
+    /// Memory bandwidth as STREAM's copy measures it, on the compute threads.
+    Stream(crate::bench::stream::BenchStreamArgs),
     /// Prefill `--ctx` tokens, then decode `--decode` tokens; report tok/s (and with
     /// `--profile`, the time per kind of operation).
     Decode {
@@ -145,6 +148,8 @@ enum BenchCommand {
 struct DecodeJson<'a> {
     #[serde(flatten)]
     report: &'a DecodeBenchReport,
+    /// Weight bytes a decode step reads (`Model::streamed_bytes_per_token`).
+    weights_bytes_per_token: usize,
     device: String,
     dtype: String,
     kv: String,
@@ -163,6 +168,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::LoadRun(a) => crate::bench::load::run_one(a),
         BenchCommand::Attention(a) => crate::bench::attention::run(a),
         BenchCommand::Matmul(a) => crate::bench::matmul::run(a),
+        BenchCommand::Stream(a) => crate::bench::stream::run(a),
         BenchCommand::Persist(a) => crate::bench::persist::run(a),
         BenchCommand::Conversations(a) => crate::bench::conversations::run(a),
         BenchCommand::Decode {
@@ -261,6 +267,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             if json {
                 let out = DecodeJson {
                     report: &r,
+                    weights_bytes_per_token: m.streamed_bytes_per_token(),
                     device: format!("{:?}", m.device().location()),
                     dtype: format!("{:?}", m.dtype()).to_lowercase(),
                     kv: cache_spec.to_string(),

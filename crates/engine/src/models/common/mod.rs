@@ -148,6 +148,14 @@ impl Model {
         self.weights_bytes
     }
 
+    /// Weight bytes one decode step reads: all of them but the per-layer embedding table,
+    /// of which a token gathers one row (the main embedding is the tied output projection,
+    /// read whole for the logits). What a decode rate is divided by to get its bandwidth.
+    pub fn streamed_bytes_per_token(&self) -> usize {
+        let gathered = self.ple.as_ref().map_or(0, PleInputs::table_bytes);
+        self.weights_bytes.saturating_sub(gathered)
+    }
+
     /// An empty cache for this model.
     pub fn new_cache(&self, policy: &PrecisionPolicy) -> Result<KvCache> {
         KvCache::new(&self.config, policy, &self.device)

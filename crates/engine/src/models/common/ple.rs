@@ -65,6 +65,11 @@ impl PleInputs {
         })
     }
 
+    /// Bytes of the token table (a step gathers one row of it).
+    pub fn table_bytes(&self) -> usize {
+        self.table.bytes()
+    }
+
     /// `[t, layers, p]` inputs from token `ids` and the scaled main embedding `[t, H]`.
     pub fn compute(&self, ids: &Tensor, embeds: &Tensor) -> Result<Tensor> {
         let t = ids.dim(0)?;
