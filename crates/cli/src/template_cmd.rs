@@ -18,9 +18,9 @@ use crate::model_args::{print_warnings, ModelArgs};
 pub struct TemplateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// An OpenAI-style message array (JSON): `[{"role": "system"|"user"|"assistant",
-    /// "content": "…", "reasoning_content": "…"}, …]`.
-    #[arg(long)]
+    /// A file holding an OpenAI-style message array (JSON): `[{"role":
+    /// "system"|"user"|"assistant", "content": "…", "reasoning_content": "…"}, …]`.
+    #[arg(long, value_name = "FILE")]
     messages: PathBuf,
     /// Let the model think first (families with a thinking channel).
     #[arg(long)]
