@@ -6,6 +6,8 @@ use candle_core::{DType, Tensor};
 
 use super::storage::AttendSpec;
 use crate::error::{EngineError, Result};
+use kvlab_cpu::vmath::exp_shifted_sum;
+use rayon::prelude::*;
 
 /// Query rows per block: bounds the score matrix for long prefills.
 const QUERY_BLOCK: usize = 256;
@@ -120,7 +122,33 @@ fn attend_block(
             .broadcast_add(&mask)?
             .reshape((n_kv, group * tb, sb))?;
     }
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    let probs = softmax_rows(&scores)?.to_dtype(v.dtype())?;
     let out = probs.matmul(&v)?;
     Ok(out.reshape((n_kv, group, tb, d))?)
+}
+
+/// Softmax over the last dimension of f32 `scores`, as the cache paths take it
+/// ([`exp_shifted_sum`]): a weight under e^-87 of its row's largest is 0, not a subnormal.
+/// Real attention rows span that much, and subnormal weights sent the value product's FMAs
+/// through x86's microcode assists (E2B's f16 prefill attention ran 2–3× slower in the model
+/// than on random keys, whose scores never spread so far). A row with every key masked
+/// (all −∞) weighs nothing.
+fn softmax_rows(scores: &Tensor) -> Result<Tensor> {
+    if !scores.device().is_cpu() {
+        return Ok(candle_nn::ops::softmax_last_dim(scores)?);
+    }
+    let dims = scores.dims().to_vec();
+    let n = *dims.last().unwrap_or(&1);
+    let mut x: Vec<f32> = scores.flatten_all()?.to_vec1()?;
+    // Rows in parallel, on the pool candle's own softmax used.
+    x.par_chunks_mut(n.max(1)).for_each(|row| {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        let inv = 1.0 / exp_shifted_sum(row, m);
+        row.iter_mut().for_each(|w| *w *= inv);
+    });
+    Ok(Tensor::from_vec(x, dims, scores.device())?)
 }
