@@ -598,16 +598,9 @@ mod avx2 {
     ) {
         let g = queries.len() / qrow;
         let blocks = row / t.block_bytes();
-        // Per block, the eight queries' scales (zero past the last query).
-        let mut dq = vec![0f32; blocks * 8];
-        for (qi, q) in queries.chunks_exact(qrow).enumerate() {
-            for b in 0..blocks {
-                dq[b * 8 + qi] = super::read_f16(q, b * (2 + BLOCK));
-            }
-        }
+        let dq = query_scales(queries, qrow, blocks);
         let zero = [0u8; 2 + BLOCK];
         let ones = _mm256_set1_epi16(1);
-        let mut sums = [0f32; 8];
         for (tk, k) in keys.chunks_exact(row).enumerate() {
             let mut acc = _mm256_setzero_ps();
             for b in 0..blocks {
@@ -638,23 +631,73 @@ mod avx2 {
                     _mm256_permute2x128_si256::<0x20>(h0123, h4567),
                     _mm256_permute2x128_si256::<0x31>(h0123, h4567),
                 );
-                let fi = _mm256_cvtepi32_ps(sumi);
-                let dk = _mm256_set1_ps(super::read_f16(kb, 0));
-                // SAFETY: dq holds eight scales per block.
-                let dqv = unsafe { _mm256_loadu_ps(dq.as_ptr().add(b * 8)) };
-                // block_term: q8_0 is sumi·(dk·dq), q4_0 (sumi·dk)·dq.
-                let term = if t == BlockType::Q8_0 {
-                    _mm256_mul_ps(fi, _mm256_mul_ps(dk, dqv))
-                } else {
-                    _mm256_mul_ps(_mm256_mul_ps(fi, dk), dqv)
-                };
-                acc = _mm256_add_ps(acc, term);
+                // SAFETY: AVX2 is present; dq holds eight scales for block b.
+                acc = unsafe { add_block_term(t, acc, sumi, kb, &dq[b * 8..b * 8 + 8]) };
             }
-            // SAFETY: sums has eight floats.
-            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
-            for (qi, &v) in sums.iter().enumerate().take(g) {
-                out[qi * stride + tk] = v;
+            // SAFETY: AVX2 is present; out holds stride floats per query (the caller's
+            // contract).
+            unsafe { store_sums(acc, g, out, stride, tk) };
+        }
+    }
+
+    /// Per block, the eight queries' scales of a many-query dot kernel (zero past the last
+    /// query).
+    pub(super) fn query_scales(queries: &[u8], qrow: usize, blocks: usize) -> Vec<f32> {
+        let mut dq = vec![0f32; blocks * 8];
+        for (qi, q) in queries.chunks_exact(qrow).enumerate() {
+            for b in 0..blocks {
+                dq[b * 8 + qi] = super::read_f16(q, b * (2 + BLOCK));
             }
+        }
+        dq
+    }
+
+    /// `acc` plus one key block's eight terms, from the eight queries' integer sums `sumi`
+    /// and their scales `dq`: `block_term`'s float operations in its order, lane by lane
+    /// (q8_0 is sumi·(dk·dq), q4_0 (sumi·dk)·dq).
+    ///
+    /// # Safety
+    /// AVX2 must be present; `kb` is a whole block, `dq` eight floats.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn add_block_term(
+        t: BlockType,
+        acc: __m256,
+        sumi: __m256i,
+        kb: &[u8],
+        dq: &[f32],
+    ) -> __m256 {
+        let fi = _mm256_cvtepi32_ps(sumi);
+        let dk = _mm256_set1_ps(super::read_f16(kb, 0));
+        // SAFETY: dq holds eight floats.
+        let dqv = unsafe { _mm256_loadu_ps(dq.as_ptr()) };
+        let term = if t == BlockType::Q8_0 {
+            _mm256_mul_ps(fi, _mm256_mul_ps(dk, dqv))
+        } else {
+            _mm256_mul_ps(_mm256_mul_ps(fi, dk), dqv)
+        };
+        _mm256_add_ps(acc, term)
+    }
+
+    /// Key row `tk`'s dots with the first `g` of eight queries, from their lanes in `acc`.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `out` holds `stride` floats for each of the `g` queries but the
+    /// last, and more than `tk` for the last.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn store_sums(
+        acc: __m256,
+        g: usize,
+        out: &mut [f32],
+        stride: usize,
+        tk: usize,
+    ) {
+        let mut sums = [0f32; 8];
+        // SAFETY: sums has eight floats.
+        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
+        for (qi, &v) in sums.iter().enumerate().take(g) {
+            out[qi * stride + tk] = v;
         }
     }
 
@@ -805,19 +848,16 @@ mod avx512 {
         // Per block and group of four codes: the eight queries' four codes + 128, query by
         // query (an absent query is 128s: a zero query).
         let mut yt = vec![128u8; blocks * 8 * 32];
-        // Per block, the eight queries' scales (zero past the last query).
-        let mut dq = vec![0f32; blocks * 8];
         for (qi, q) in queries.chunks_exact(qrow).enumerate() {
             for b in 0..blocks {
-                let qb = &q[b * (2 + BLOCK)..(b + 1) * (2 + BLOCK)];
-                dq[b * 8 + qi] = super::read_f16(qb, 0);
-                for (j, c) in qb[2..].iter().enumerate() {
+                let codes = &q[b * (2 + BLOCK) + 2..(b + 1) * (2 + BLOCK)];
+                for (j, c) in codes.iter().enumerate() {
                     yt[(b * 8 + j / 4) * 32 + qi * 4 + j % 4] = (*c as i8 as i16 + 128) as u8;
                 }
             }
         }
+        let dq = super::avx2::query_scales(queries, qrow, blocks);
         let c128 = _mm256_set1_epi8(-128);
-        let mut sums = [0f32; 8];
         for (tk, k) in keys.chunks_exact(row).enumerate() {
             let mut acc = _mm256_setzero_ps();
             for b in 0..blocks {
@@ -833,23 +873,13 @@ mod avx512 {
                     s = _mm256_dpbusd_epi32(s, y, xj);
                     cs = _mm256_dpbusd_epi32(cs, c128, xj);
                 }
-                let fi = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, cs));
-                let dk = _mm256_set1_ps(super::read_f16(kb, 0));
-                // SAFETY: dq holds eight scales per block.
-                let dqv = unsafe { _mm256_loadu_ps(dq.as_ptr().add(b * 8)) };
-                // block_term: q8_0 is sumi·(dk·dq), q4_0 (sumi·dk)·dq.
-                let term = if t == BlockType::Q8_0 {
-                    _mm256_mul_ps(fi, _mm256_mul_ps(dk, dqv))
-                } else {
-                    _mm256_mul_ps(_mm256_mul_ps(fi, dk), dqv)
-                };
-                acc = _mm256_add_ps(acc, term);
+                let sumi = _mm256_sub_epi32(s, cs);
+                // SAFETY: AVX2 is present; dq holds eight scales for block b.
+                acc =
+                    unsafe { super::avx2::add_block_term(t, acc, sumi, kb, &dq[b * 8..b * 8 + 8]) };
             }
-            // SAFETY: sums has eight floats.
-            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
-            for (qi, &v) in sums.iter().enumerate().take(g) {
-                out[qi * stride + tk] = v;
-            }
+            // SAFETY: AVX2 is present; out is as the caller's contract says.
+            unsafe { super::avx2::store_sums(acc, g, out, stride, tk) };
         }
     }
 
