@@ -585,60 +585,37 @@ impl Side {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
             (Seg::Codes(b), Some(c)) => c.accumulate_multi(weights, b, scratch, out)?,
-            (Seg::Blocks(v), _)
-                if rows.start > 0 || rows.end < v.len() / self.bytes_per_vector() =>
-            {
-                // A key range of the segment: its rows and their weights only.
-                let b = self.block_side()?;
-                let n = v.len() / b.row_bytes;
-                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
-                let g = out.len() / d;
-                let w: Vec<f32> = weights
-                    .chunks_exact(n.max(1))
-                    .take(g)
-                    .flat_map(|r| r[lo..hi].iter().copied())
-                    .collect();
-                out.fill(0.0);
-                if g < BLOCK_GEMM_MIN_ROWS {
-                    b.ty.accumulate_rows(&v[lo * b.row_bytes..hi * b.row_bytes], d, &w, out)?;
-                } else {
-                    let values = b.dequantize_rows(&v[lo * b.row_bytes..hi * b.row_bytes], d)?;
-                    out.copy_from_slice(&matmul(w, g, values, hi - lo, d)?);
-                }
-            }
             (Seg::Blocks(v), _) => {
                 // Value rows converted to floats and summed, as ggml does; the sums stay in
-                // the rotated domain (`attend_block` rotates the total back once).
+                // the rotated domain (`attend_block` rotates the total back once). Only the
+                // rows of `rows` some query weighs are read: a sliding window's dropped
+                // front, a causal block's future and other units' keys never are.
                 let b = self.block_side()?;
                 let n = v.len() / b.row_bytes;
                 let g = out.len() / d;
-                if g < BLOCK_GEMM_MIN_ROWS {
-                    // Decode: each row dequantized once and fused-added into the few
-                    // outputs (the codec's AVX2 kernel), never a whole dequantized copy.
-                    out.fill(0.0);
-                    b.ty.accumulate_rows(v, d, &weights[..g * n], out)?;
-                    return Ok(());
-                }
-                // Prefill: only the rows some query weighs (a sliding window's dropped front
-                // and a causal block's future are never read), as one matrix product.
-                let first = (0..n).find(|&t| (0..g).any(|qi| weights[qi * n + t] != 0.0));
-                let Some(first) = first else {
+                let weighed = |t: usize| (0..g).any(|qi| weights[qi * n + t] != 0.0);
+                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
+                let Some(first) = (lo..hi).find(|&t| weighed(t)) else {
                     out.fill(0.0);
                     return Ok(());
                 };
-                let last = (first..n)
-                    .rev()
-                    .find(|&t| (0..g).any(|qi| weights[qi * n + t] != 0.0))
-                    .unwrap_or(first);
-                let m = last + 1 - first;
-                let values =
-                    b.dequantize_rows(&v[first * b.row_bytes..(last + 1) * b.row_bytes], d)?;
+                let last = (first..hi).rev().find(|&t| weighed(t)).unwrap_or(first);
+                let held = &v[first * b.row_bytes..(last + 1) * b.row_bytes];
                 let w: Vec<f32> = weights
                     .chunks_exact(n)
                     .take(g)
                     .flat_map(|r| r[first..=last].iter().copied())
                     .collect();
-                out.copy_from_slice(&matmul(w, g, values, m, d)?);
+                if g < BLOCK_GEMM_MIN_ROWS {
+                    // Decode: each row dequantized once and fused-added into the few
+                    // outputs (the codec's SIMD kernels), never a whole dequantized copy.
+                    out.fill(0.0);
+                    b.ty.accumulate_rows(held, d, &w, out)?;
+                } else {
+                    // Prefill: one matrix product.
+                    let values = b.dequantize_rows(held, d)?;
+                    out.copy_from_slice(&matmul(w, g, values, last + 1 - first, d)?);
+                }
             }
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
