@@ -12,8 +12,8 @@
 # A cache is written as KV Lab's SPEC (`key/value`, `+norot`); llama.cpp gets it as
 # `-ctk key -ctv value`, and `+norot` as LLAMA_ATTN_ROT_DISABLE=1.
 #
-# Both programs read the same text: the one KV Lab scores (generate::score::normalize_text,
-# CRLF to LF and leading whitespace removed), written to a file for llama.cpp. Given the raw
+# Both programs read the same text: the one KV Lab scores (`kvlab fidelity text`: CRLF to
+# LF and leading whitespace removed), written to a file for both. Given the raw
 # alice29.txt, llama.cpp scores its `\r` byte tokens and runs of spaces too (its f16
 # perplexity at 1024 tokens: 14.8 on the raw file, 21.2 on the normalized one, ours 21.1),
 # and the two KLDs were then taken over different tokens.
@@ -44,13 +44,8 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 for text in "${TEXTS[@]}"; do
-  raw="$("$KVLAB_BIN" assets path "$text" 2>/dev/null || echo "$text")"
-  file="$WORK/$(basename "$raw").normalized"
-  python3 -c '
-import sys
-text = open(sys.argv[1], encoding="utf-8", newline="").read()
-open(sys.argv[2], "w", encoding="utf-8", newline="").write(text.replace("\r\n", "\n").lstrip())' \
-    "$raw" "$file"
+  file="$WORK/$(basename "$text").normalized"
+  "$KVLAB_BIN" fidelity text --text "$text" >"$file"
   ppl=("$LLAMA_BIN/llama-perplexity" -m "$MODEL" -f "$file" -c "$CTX" --chunks "$WINDOWS"
     -t "$THREADS" -b 512 -fa on)
   say "$text: llama.cpp's f16 logits"

@@ -34,6 +34,16 @@ enum FidelityCommand {
     Sweep(SweepArgs),
     /// Each layer's sensitivity: the KL divergence when only that layer's cache is coded.
     Layers(LayersArgs),
+    /// The text exactly as the sweep and `kvlab ppl` score it (line endings and leading
+    /// whitespace normalized), to stdout: what another program measured beside us must read.
+    Text(TextArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TextArgs {
+    /// The text (a file, or an asset name such as `alice`).
+    #[arg(long, default_value = "alice")]
+    text: String,
 }
 
 /// The measuring protocol both subcommands share: llama.cpp's perplexity windows on a text,
@@ -152,6 +162,13 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
     match args.command {
         FidelityCommand::Sweep(a) => sweep(a),
         FidelityCommand::Layers(a) => layers(a),
+        FidelityCommand::Text(a) => {
+            let path = crate::ppl_cmd::text_path(&a.text)?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            print!("{}", kvlab_engine::generate::score::normalize_text(&text));
+            Ok(())
+        }
     }
 }
 
