@@ -1,10 +1,12 @@
 //! The two products of decode attention over f16 cache rows, for all query rows of a group
 //! at once: scores `scale · q_r · k_j` and weighted sums `Σ_j p[r][j] · v_j`. AVX-512 (f16
-//! widened by `vcvtph2ps`, 16 lanes) or AVX2 with F16C (8 lanes) on x86-64 when the head
-//! width is a multiple of 16, else plain loops (the reference the SIMD ones are tested
-//! against). The engine's attention reads the rows straight from its cache buffers and merges
+//! widened by `vcvtph2ps`, 16 lanes) or AVX2 with F16C (8 lanes) on x86-64 and NEON on ARM
+//! (widened by `fcvtl`, 4 lanes) when the head width is a multiple of 16, else plain loops
+//! (the reference the SIMD ones are tested against). The engine's attention reads the rows straight from its cache buffers and merges
 //! key blocks; this module only multiplies.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -34,6 +36,11 @@ pub fn scores(
             // SAFETY: AVX2, FMA and F16C detected; lengths asserted above.
             return unsafe { x86::scores256(q, keys, prefetch, rows, d, scale, out) };
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if d.is_multiple_of(16) && crate::features().neon {
+        // SAFETY: NEON detected; every row has d values, asserted above.
+        return unsafe { neon::scores(q, keys, rows, d, scale, out) };
     }
     let _ = prefetch; // the plain loops leave fetching to the hardware
     let span = keys.len();
@@ -66,6 +73,19 @@ pub fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, out: &mut [f32]) {
             return unsafe { x86::weighted256(p, vals, rows, d, out) };
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if d.is_multiple_of(16) && crate::features().neon {
+        // SAFETY: NEON detected; lengths asserted above.
+        return unsafe { neon::weighted(p, vals, rows, d, out) };
+    }
+    weighted_portable(p, vals, rows, out);
+}
+
+/// [`weighted`] in plain loops: each output a chain of fused multiply-adds in key order
+/// from zero, zero weights skipped (a fused add of 0·v leaves a finite sum as it was).
+fn weighted_portable(p: &[f32], vals: &[&[f16]], rows: usize, out: &mut [f32]) {
+    let d = vals.first().map_or(0, |v| v.len());
+    let span = vals.len();
     out[..rows * d].fill(0.0);
     for r in 0..rows {
         for (j, v) in vals.iter().enumerate() {
@@ -74,7 +94,7 @@ pub fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, out: &mut [f32]) {
                 continue;
             }
             for (o, x) in out[r * d..(r + 1) * d].iter_mut().zip(*v) {
-                *o += w * x.to_f32();
+                *o = w.mul_add(x.to_f32(), *o);
             }
         }
     }

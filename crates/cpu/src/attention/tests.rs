@@ -1,11 +1,12 @@
-//! The block products of every backend against an f64 reference.
+//! The block products of every backend against an f64 reference, and NEON's weighted sums
+//! against the plain loops bit for bit.
 
 use half::f16;
 
 use super::*;
 use crate::test_rng::Rng;
 
-/// Every variant of both block products (AVX-512, AVX2 and the plain loops) against an
+/// Every variant of both block products (AVX-512, AVX2, NEON and the plain loops) against an
 /// f64 reference, at head widths, row counts and key counts that leave partial tiles.
 #[test]
 fn block_products_match_an_f64_reference() {
@@ -74,6 +75,30 @@ fn block_products_match_an_f64_reference() {
                         }
                         check("avx2", &s, &o);
                     }
+                }
+                #[cfg(target_arch = "aarch64")]
+                if d % 16 == 0 {
+                    assert!(crate::features().neon, "NEON did not run");
+                    // SAFETY: detected; lengths as the dispatcher asserts.
+                    unsafe {
+                        neon::scores(&q, &keys, rows, d, 0.5, &mut s);
+                        neon::weighted(&p, &vals, rows, d, &mut o);
+                    }
+                    check("neon", &s, &o);
+                }
+                // Where the SIMD weighted sum fuses its terms in key order (NEON), it is the
+                // plain loops' float exactly.
+                let mut plain = vec![0f32; rows * d];
+                weighted_portable(&p, &vals, rows, &mut plain);
+                check("plain", &s, &plain);
+                #[cfg(target_arch = "aarch64")]
+                if d % 16 == 0 {
+                    weighted(&p, &vals, rows, &mut o);
+                    assert_eq!(
+                        o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        "neon weighted against the plain loops, d {d} rows {rows} span {span}"
+                    );
                 }
             }
         }
