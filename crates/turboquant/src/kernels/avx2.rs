@@ -491,3 +491,92 @@ fn add_signs<const Q: usize>(
         }
     }
 }
+
+/// Wide codes (5 to 8 bits, any codec without QJL) scored in AVX2, as `x86::scores_wide`
+/// does in AVX-512: 8 codes per word (two 4w-bit halves shifted lane by lane), their
+/// centroids by one gather, fused with up to 8 queries per decoded record.
+///
+/// # Safety
+/// See the module contract; `ctx.qjl` is `None` and no segment has lane blocks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn scores_wide(
+    ctx: &Ctx,
+    q: &[f32],
+    g: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    for (qi, tile) in super::query_tiles(g, 8) {
+        // SAFETY: forwarded contract; qi + tile ≤ g.
+        unsafe {
+            match tile {
+                8 => scores_wide_tile::<8>(ctx, q, qi, chunk, out, n, base),
+                4 => scores_wide_tile::<4>(ctx, q, qi, chunk, out, n, base),
+                2 => scores_wide_tile::<2>(ctx, q, qi, chunk, out, n, base),
+                _ => scores_wide_tile::<1>(ctx, q, qi, chunk, out, n, base),
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_wide_tile<const G: usize>(
+    ctx: &Ctx,
+    q: &[f32],
+    qi0: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    let d = ctx.dim;
+    let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); G];
+        let mut tail = [0.0f32; G];
+        for seg in &ctx.segs {
+            let w = seg.width as usize;
+            let wi = w as i32;
+            let shifts = _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi);
+            let mask = _mm256_set1_epi32((1 << w) - 1);
+            let groups = if seg.bit_offset.is_multiple_of(8) {
+                seg.len / 8
+            } else {
+                0
+            };
+            for gi in 0..groups {
+                let word = load_u64(rec, seg.bit_offset / 8 + w * gi);
+                let idx = if w == 8 {
+                    // Byte codes: widened as they are.
+                    _mm256_cvtepu8_epi32(_mm_set_epi64x(0, word as i64))
+                } else {
+                    let (a, b) = (word as u32 as i32, (word >> (4 * w)) as u32 as i32);
+                    let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+                    _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask)
+                };
+                // SAFETY: every index is below 2^w ≤ 256, the table's length.
+                let c = unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) };
+                let j = seg.start + 8 * gi;
+                for k in 0..G {
+                    // SAFETY: j + 8 ≤ seg.start + seg.len ≤ d.
+                    let qv = unsafe { _mm256_loadu_ps(qs[k].as_ptr().add(j)) };
+                    acc[k] = _mm256_fmadd_ps(c, qv, acc[k]);
+                }
+            }
+            for kk in 8 * groups..seg.len {
+                let c = seg.table[bits::read(rec, seg.bit_offset + kk * w, seg.width) as usize];
+                for k in 0..G {
+                    tail[k] += qs[k][seg.start + kk] * c;
+                }
+            }
+        }
+        let norm = read_f16(rec, ctx.norm_offset);
+        for k in 0..G {
+            out[(qi0 + k) * n + base + r] = norm * (hsum(acc[k]) + tail[k]);
+        }
+    }
+}

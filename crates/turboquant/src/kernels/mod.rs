@@ -60,7 +60,9 @@ pub(crate) struct Ctx {
     /// (sign bit offset, γ offset, √(π/2)/d) for prod.
     pub qjl: Option<(usize, usize, f32)>,
     /// Whether a segment is wider than 4 bits: its codebook does not fit the SIMD backends'
-    /// 16-entry registers, so every kernel of this codec runs the portable code.
+    /// 16-entry registers. Its scores (without QJL) run the x86 backends' gather kernels
+    /// (`scores_wide`), in coordinate order; every other kernel of such a codec runs the
+    /// portable code.
     pub wide: bool,
     /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
     /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
@@ -74,6 +76,7 @@ impl Ctx {
         qjl_scale: Option<f32>,
     ) -> Ctx {
         let dim = codec_layout.dim;
+        let wide = codec_layout.segments.iter().any(|s| s.width > 4);
         let mut perm: Vec<u32> = (0..dim as u32).collect();
         let segs: Vec<Seg> = codec_layout
             .segments
@@ -88,7 +91,8 @@ impl Ctx {
                 for (t, &c) in thresholds.iter_mut().zip(b.thresholds()) {
                     *t = c;
                 }
-                let lane_blocks = if s.bit_offset % 8 == 0 {
+                // Wide codecs are read in coordinate order by every kernel: no lane blocks.
+                let lane_blocks = if s.bit_offset % 8 == 0 && !wide {
                     let blocks = s.len / 128;
                     for blk in 0..blocks {
                         let base = s.start + blk * 128;
@@ -121,7 +125,6 @@ impl Ctx {
             (Some(q), Some(sb), Some(go)) => Some((sb, go, q)),
             _ => None,
         };
-        let wide = segs.iter().any(|s| s.width > 4);
         Ctx {
             dim,
             stride: codec_layout.stride,
@@ -230,6 +233,15 @@ impl Codec {
         }
     }
 
+    /// The backend this codec's scores run on: as [`Codec::backend`], except that a wide
+    /// codebook without QJL is scored by the x86 backends' gather kernels.
+    pub(crate) fn scores_backend(&self) -> Backend {
+        match Backend::detect() {
+            b @ (Backend::Avx512 | Backend::Avx2) if self.ctx.wide && self.ctx.qjl.is_none() => b,
+            _ => self.backend(),
+        }
+    }
+
     /// Rotates `g` queries into `scratch.q` (and projects them with S for prod).
     fn prepare_queries(&self, queries: &[f32], g: usize, scratch: &mut Scratch) {
         let d = self.dim;
@@ -305,7 +317,7 @@ impl Codec {
         self.prepare_queries(queries, g, scratch);
         let ctx = &self.ctx;
         let d = self.dim;
-        let backend = self.backend();
+        let backend = self.scores_backend();
         scratch.last_backend = Some(backend);
         let simd = backend.permuted();
         if simd {
@@ -340,6 +352,17 @@ impl Codec {
             match backend {
                 // SAFETY: the CPU features were detected at run time; q, sq hold g·d values
                 // and the chunk holds whole records of this layout.
+                // SAFETY: as below; scores_backend chose a SIMD backend for a wide codec only
+                // without QJL, and wide codecs have no lane blocks.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx512 if ctx.wide => unsafe {
+                    x86::scores_wide(ctx, q, g, chunk, out, n, base)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx2 if ctx.wide => unsafe {
+                    avx2::scores_wide(ctx, q, g, chunk, out, n, base)
+                },
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx512 => unsafe {
                     x86::scores(ctx, q, sq, sqsum, g, chunk, out, n, base)

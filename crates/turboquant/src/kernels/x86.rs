@@ -601,3 +601,157 @@ fn add_signs<const G: usize>(
         }
     }
 }
+
+/// Wide codes (5 to 8 bits, any codec without QJL) scored in AVX-512: each record's codes
+/// are unpacked 16 at a time (bytes widened for 8 bits; else two 8-code words, each split
+/// in two 32-bit halves and shifted lane by lane), mapped to their centroids by one
+/// two-register permute (5 bits) or one gather from the 256-entry table, and fused with up
+/// to 8 queries, so a record is decoded once per tile of queries rather
+/// than once per query. Coordinates in order (the codec keeps no lane blocks when wide).
+///
+/// # Safety
+/// See the module contract; `ctx.qjl` is `None` and no segment has lane blocks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn scores_wide(
+    ctx: &Ctx,
+    q: &[f32],
+    g: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    for (qi, tile) in super::query_tiles(g, 8) {
+        // SAFETY: forwarded contract; qi + tile ≤ g.
+        unsafe {
+            match tile {
+                8 => scores_wide_tile::<8>(ctx, q, qi, chunk, out, n, base),
+                4 => scores_wide_tile::<4>(ctx, q, qi, chunk, out, n, base),
+                2 => scores_wide_tile::<2>(ctx, q, qi, chunk, out, n, base),
+                _ => scores_wide_tile::<1>(ctx, q, qi, chunk, out, n, base),
+            }
+        }
+    }
+}
+
+/// The centroids of the 16 codes of width `w` starting at byte `at` of `rec` (zero past
+/// its end): codes 0..4 and 4..8 in the first word's two 4w-bit halves, 8..16 likewise in
+/// the word at `at + w`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn wide_centroids16(rec: &[u8], at: usize, w: usize, shifts: __m512i, seg: &Seg) -> __m512 {
+    let idx = if w == 8 {
+        // Byte codes: widened as they are.
+        match rec.get(at..at + 16) {
+            // SAFETY: the slice holds the 16 bytes loaded.
+            Some(b) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(b.as_ptr().cast()) }),
+            None => {
+                let (lo, hi) = (load_u64(rec, at), load_u64(rec, at + 8));
+                _mm512_cvtepu8_epi32(_mm_set_epi64x(hi as i64, lo as i64))
+            }
+        }
+    } else {
+        let (lo, hi) = (load_u64(rec, at), load_u64(rec, at + w));
+        let (a, b) = (lo as u32 as i32, (lo >> (4 * w)) as u32 as i32);
+        let (c, d) = (hi as u32 as i32, (hi >> (4 * w)) as u32 as i32);
+        let v = _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d);
+        _mm512_and_si512(
+            _mm512_srlv_epi32(v, shifts),
+            _mm512_set1_epi32((1 << w) - 1),
+        )
+    };
+    if w == 5 {
+        // 32 levels: one two-register permute, no memory access.
+        // SAFETY: the table holds 256 floats; these loads read its first 32.
+        let (t0, t1) = unsafe {
+            (
+                _mm512_loadu_ps(seg.table.as_ptr()),
+                _mm512_loadu_ps(seg.table.as_ptr().add(16)),
+            )
+        };
+        return _mm512_permutex2var_ps(t0, idx, t1);
+    }
+    // SAFETY: every index is below 2^w ≤ 256, the table's length.
+    unsafe { _mm512_i32gather_ps::<4>(idx, seg.table.as_ptr()) }
+}
+
+/// Records scored together by `scores_wide_tile`: each query load serves both.
+const WIDE_RECORDS: usize = 2;
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_wide_tile<const G: usize>(
+    ctx: &Ctx,
+    q: &[f32],
+    qi0: usize,
+    chunk: &[u8],
+    out: &mut [f32],
+    n: usize,
+    base: usize,
+) {
+    let d = ctx.dim;
+    let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
+    let recs: Vec<&[u8]> = chunk.chunks_exact(ctx.stride).collect();
+    for (pair, r0) in recs.chunks(WIDE_RECORDS).zip((0..).step_by(WIDE_RECORDS)) {
+        // An odd last record is scored twice, its second result dropped.
+        let pr: [&[u8]; WIDE_RECORDS] = std::array::from_fn(|i| pair[i.min(pair.len() - 1)]);
+        let mut acc = [[_mm512_setzero_ps(); G]; WIDE_RECORDS];
+        let mut tail = [[0.0f32; G]; WIDE_RECORDS];
+        for seg in &ctx.segs {
+            let w = seg.width as usize;
+            let wi = w as i32;
+            let shifts = _mm512_setr_epi32(
+                0,
+                wi,
+                2 * wi,
+                3 * wi,
+                0,
+                wi,
+                2 * wi,
+                3 * wi,
+                0,
+                wi,
+                2 * wi,
+                3 * wi,
+                0,
+                wi,
+                2 * wi,
+                3 * wi,
+            );
+            let groups = if seg.bit_offset.is_multiple_of(8) {
+                seg.len / 16
+            } else {
+                0
+            };
+            for gi in 0..groups {
+                let at = seg.bit_offset / 8 + 2 * w * gi;
+                let c: [__m512; WIDE_RECORDS] =
+                    std::array::from_fn(|i| wide_centroids16(pr[i], at, w, shifts, seg));
+                let j = seg.start + 16 * gi;
+                for k in 0..G {
+                    // SAFETY: j + 16 ≤ seg.start + seg.len ≤ d.
+                    let qv = unsafe { _mm512_loadu_ps(qs[k].as_ptr().add(j)) };
+                    for i in 0..WIDE_RECORDS {
+                        acc[i][k] = _mm512_fmadd_ps(c[i], qv, acc[i][k]);
+                    }
+                }
+            }
+            for kk in 16 * groups..seg.len {
+                for (rec, t) in pr.iter().zip(tail.iter_mut()) {
+                    let c = seg.table[bits::read(rec, seg.bit_offset + kk * w, seg.width) as usize];
+                    for k in 0..G {
+                        t[k] += qs[k][seg.start + kk] * c;
+                    }
+                }
+            }
+        }
+        for (i, rec) in pair.iter().enumerate() {
+            let norm = read_f16(rec, ctx.norm_offset);
+            for k in 0..G {
+                out[(qi0 + k) * n + base + r0 + i] =
+                    norm * (_mm512_reduce_add_ps(acc[i][k]) + tail[i][k]);
+            }
+        }
+    }
+}
