@@ -58,25 +58,33 @@ pub(crate) fn scores(
     base: usize,
 ) {
     let d = ctx.dim;
+    // Each record's centroids decoded once for all queries (the query heads of a group).
+    let mut cent = vec![0.0f32; d];
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
+        let cells = std::cell::Cell::from_mut(&mut cent[..]).as_slice_of_cells();
+        for seg in &ctx.segs {
+            for_each_code(
+                rec,
+                seg,
+                |j, c| cells[j..j + 8].iter().zip(c).for_each(|(o, &c)| o.set(c)),
+                |j, c| cells[j].set(c),
+            );
+        }
         for qi in 0..g {
             let qv = &q[qi * d..(qi + 1) * d];
             // 8 independent partial sums: no serial add chain, and they vectorize.
             let mut lanes = [0.0f32; 8];
-            let mut dot = 0.0f32;
-            for seg in &ctx.segs {
-                for_each_code(
-                    rec,
-                    seg,
-                    |j, c| {
-                        for s in 0..8 {
-                            lanes[s] += qv[j + s] * c[s];
-                        }
-                    },
-                    |j, c| dot += qv[j] * c,
-                );
+            let (whole, rest) = (d / 8 * 8, d % 8);
+            for (qs, cs) in qv[..whole]
+                .chunks_exact(8)
+                .zip(cent[..whole].chunks_exact(8))
+            {
+                for s in 0..8 {
+                    lanes[s] += qs[s] * cs[s];
+                }
             }
+            let mut dot: f32 = (0..rest).map(|i| qv[whole + i] * cent[whole + i]).sum();
             dot += lanes.iter().sum::<f32>();
             if let Some((sb, go, scale)) = ctx.qjl {
                 let sqv = &sq[qi * d..(qi + 1) * d];
