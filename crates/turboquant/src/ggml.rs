@@ -274,6 +274,13 @@ impl BlockType {
         let mut t0 = 0;
         while t0 < n {
             let t1 = (t0 + VALUE_TILE).min(n);
+            #[cfg(target_arch = "x86_64")]
+            if kernel == ValueKernel::Avx2 {
+                // The next tile's rows, while this one is summed (see `avx2::PREFETCH_ROWS`).
+                for k in 0..VALUE_TILE {
+                    avx2::prefetch_ahead(rows, row, t0 + k);
+                }
+            }
             for t in t0..t1 {
                 if (0..g).any(|qi| weights[qi * n + t] != 0.0) {
                     let x = &mut xs[(t - t0) * d..(t - t0 + 1) * d];
@@ -805,6 +812,7 @@ mod avx2 {
         let zero = [0u8; 2 + BLOCK];
         let ones = _mm256_set1_epi16(1);
         for (tk, k) in keys.chunks_exact(row).enumerate() {
+            prefetch_ahead(keys, row, tk);
             let mut acc = _mm256_setzero_ps();
             for b in 0..blocks {
                 let kb = &k[b * t.block_bytes()..(b + 1) * t.block_bytes()];
@@ -845,6 +853,36 @@ mod avx2 {
 
     /// Per block, the eight queries' scales of a many-query dot kernel (zero past the last
     /// query).
+    /// Rows ahead of the one being read whose bytes are prefetched: a decode step reads the
+    /// cache cold (the weights streamed since the last step evicted it), where demand loads
+    /// alone left the kernels waiting on DRAM.
+    pub(super) const PREFETCH_ROWS: usize = 8;
+
+    /// Asks for every cache line of `bytes` in all cache levels (a hint: never faults).
+    #[inline(always)]
+    pub(super) fn prefetch(bytes: &[u8]) {
+        let p = bytes.as_ptr() as *const i8;
+        // SAFETY: prefetching has no architectural effect and cannot fault; the addresses
+        // stay within `bytes`.
+        unsafe {
+            for off in (0..bytes.len()).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
+            }
+            if let Some(last) = bytes.len().checked_sub(1) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(last));
+            }
+        }
+    }
+
+    /// Prefetches row `t + PREFETCH_ROWS` of `rows` (rows of `row` bytes), if there is one.
+    #[inline(always)]
+    pub(super) fn prefetch_ahead(rows: &[u8], row: usize, t: usize) {
+        let at = (t + PREFETCH_ROWS) * row;
+        if let Some(next) = rows.get(at..at + row) {
+            prefetch(next);
+        }
+    }
+
     pub(super) fn query_scales(queries: &[u8], qrow: usize, blocks: usize) -> Vec<f32> {
         let mut dq = vec![0f32; blocks * 8];
         for (qi, q) in queries.chunks_exact(qrow).enumerate() {
@@ -1069,6 +1107,7 @@ mod avx512 {
         let dq = super::avx2::query_scales(queries, qrow, blocks);
         let c128 = _mm256_set1_epi8(-128);
         for (tk, k) in keys.chunks_exact(row).enumerate() {
+            super::avx2::prefetch_ahead(keys, row, tk);
             let mut acc = _mm256_setzero_ps();
             for b in 0..blocks {
                 let kb = &k[b * bb..(b + 1) * bb];
@@ -1143,6 +1182,10 @@ mod avx512 {
         let mut t0 = 0;
         while t0 < n {
             let m = (n - t0).min(VALUE_TILE);
+            // The next tile's rows, while this one is summed (see `avx2::PREFETCH_ROWS`).
+            for k in 0..VALUE_TILE {
+                super::avx2::prefetch_ahead(rows, row, t0 + k);
+            }
             let full = m == VALUE_TILE
                 && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
             if full {
