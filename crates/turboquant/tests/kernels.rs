@@ -182,6 +182,70 @@ fn kernels_equal_dequantize_then_compute() {
     }
 }
 
+/// Rotated queries against rotated rows (prefill's matrix product) give the kernels' scores,
+/// for narrow, fractional and wide codebooks, whole and with a scalar tail (WIDE_DIMS);
+/// a codec with QJL declines.
+#[test]
+fn rotated_rows_score_as_the_kernels_do() {
+    for spec in [
+        Spec::mse(Bits::B4),
+        Spec::mse(Bits::B3_5),
+        Spec::mse(Bits::B8),
+        Spec {
+            rotation: RotationKind::Haar,
+            ..Spec::mse(Bits::B5)
+        },
+    ] {
+        for d in WIDE_DIMS {
+            let codec = Codec::new(d, spec).unwrap();
+            let n = 60;
+            let (block, _) = filled_block(&codec, n, 6);
+            let g = 5;
+            let q = TestRng::new(9).gaussian_vec(d * g);
+            let mut want = vec![0.0; g * n];
+            codec
+                .scores_multi(&q, &block, &mut codec.scratch(), &mut want)
+                .unwrap();
+            let mut rq = vec![0.0; g * d];
+            assert!(codec.rotated_queries(&q, &mut rq).unwrap());
+            let (lo, hi) = (7, 51);
+            let mut rows = vec![0.0; (hi - lo) * d];
+            codec.rotated_rows(&block, lo..hi, &mut rows).unwrap();
+            let norms = decoded_norms(&codec, &block);
+            for qi in 0..g {
+                let qn = dot(&q[qi * d..(qi + 1) * d], &q[qi * d..(qi + 1) * d]).sqrt();
+                for t in lo..hi {
+                    let got = dot(
+                        &rq[qi * d..(qi + 1) * d],
+                        &rows[(t - lo) * d..(t - lo + 1) * d],
+                    );
+                    let e = (got - want[qi * n + t] as f64).abs() / (qn * norms[t] + 1e-30);
+                    assert!(
+                        e < 1e-5,
+                        "{spec:?} query {qi} record {t}: {got} vs {}",
+                        want[qi * n + t]
+                    );
+                }
+            }
+            assert!(matches!(
+                codec.rotated_rows(&block, 50..61, &mut vec![0.0; 11 * d]),
+                Err(Error::IndexOutOfRange { .. })
+            ));
+        }
+    }
+    let prod = Codec::new(
+        64,
+        Spec {
+            variant: Variant::Prod,
+            ..Spec::mse(Bits::B3)
+        },
+    )
+    .unwrap();
+    let mut out = vec![1.0; 64];
+    assert!(!prod.rotated_queries(&vec![0.5; 64], &mut out).unwrap());
+    assert_eq!(out, vec![1.0; 64]);
+}
+
 /// A record range scores exactly what the whole block scores there, across chunk boundaries
 /// (chunks of 37 records), and leaves every other column as it was.
 #[test]

@@ -513,7 +513,25 @@ impl Side {
     ) -> Result<()> {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
-            (Seg::Codes(b), Some(c)) => c.scores_multi_range(queries, b, cols, scratch, out)?,
+            (Seg::Codes(b), Some(c)) => {
+                let g = queries.len() / d;
+                let n = b.len();
+                let (lo, hi) = (cols.start.min(n), cols.end.min(n));
+                let mut rq = vec![0f32; if g >= BLOCK_GEMM_MIN_ROWS { g * d } else { 0 }];
+                if g >= BLOCK_GEMM_MIN_ROWS && hi > lo && c.rotated_queries(queries, &mut rq)? {
+                    // Prefill: each record decoded once (rotated domain) and scored against
+                    // every query row by one matrix product, where the kernels decode a
+                    // record once per 8 query rows.
+                    let mut keys = vec![0f32; (hi - lo) * d];
+                    c.rotated_rows(b, lo..hi, &mut keys)?;
+                    let prod = matmul_t(rq, g, keys, hi - lo, d)?;
+                    for (qi, p) in prod.chunks_exact(hi - lo).enumerate().take(g) {
+                        out[qi * n + lo..qi * n + hi].copy_from_slice(p);
+                    }
+                } else {
+                    c.scores_multi_range(queries, b, cols, scratch, out)?;
+                }
+            }
             (Seg::Blocks(v), _) => {
                 // As ggml's flash attention: the (rotated) query quantized to the keys' dot
                 // type, integer dots per block.

@@ -382,6 +382,57 @@ impl Codec {
         Ok(())
     }
 
+    /// For scoring many queries as one matrix product (prefill): `g` queries (row-major
+    /// `g × dim`) rotated as the kernels rotate them, into `out`. `false` (and `out` left as
+    /// it was) for a codec with QJL, whose scores need the kernels.
+    pub fn rotated_queries(&self, queries: &[f32], out: &mut [f32]) -> Result<bool> {
+        let g = self.query_count(queries.len())?;
+        self.check_len(g * self.dim, out.len())?;
+        if self.qjl.is_some() {
+            return Ok(false);
+        }
+        for (q, rq) in queries
+            .chunks_exact(self.dim)
+            .zip(out.chunks_exact_mut(self.dim))
+        {
+            self.rotation.forward(q, rq);
+        }
+        Ok(true)
+    }
+
+    /// Records `records` of `block` in the rotated domain, row by row into `out`
+    /// (`records.len() × dim`): row t is the record's norm times its centroids, so that
+    /// ⟨q', row t⟩, with q' from [`Self::rotated_queries`], is what [`Self::scores`] gives
+    /// (for a codec without QJL; summed in another order).
+    pub fn rotated_rows(
+        &self,
+        block: &CodeBlock,
+        records: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_block(block)?;
+        let d = self.dim;
+        self.check_len(records.len() * d, out.len())?;
+        for (i, row) in records.zip(out.chunks_exact_mut(d)) {
+            let rec = block.record(i)?;
+            let norm = crate::codec::read_f16(rec, self.ctx.norm_offset);
+            let cells = std::cell::Cell::from_mut(row).as_slice_of_cells();
+            for seg in &self.ctx.segs {
+                portable::for_each_code(
+                    rec,
+                    seg,
+                    |j, c| {
+                        for (o, &c) in cells[j..j + 8].iter().zip(c) {
+                            o.set(norm * c);
+                        }
+                    },
+                    |j, c| cells[j].set(norm * c),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Convenience wrapper returning a new vector (allocates; prefer [`Self::scores`]).
     pub fn scores_vec(&self, q: &[f32], block: &CodeBlock) -> Result<Vec<f32>> {
         let mut out = vec![0.0; block.len()];

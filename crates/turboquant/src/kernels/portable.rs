@@ -8,7 +8,7 @@ use crate::codec::read_f16;
 /// Calls `f8(first coordinate, 8 centroids)` for each aligned group of 8 coordinates of
 /// `seg` in record `rec`, then `f(coordinate, centroid)` for the rest.
 #[inline(always)]
-fn for_each_code(
+pub(crate) fn for_each_code(
     rec: &[u8],
     seg: &Seg,
     mut f8: impl FnMut(usize, &[f32; 8]),
