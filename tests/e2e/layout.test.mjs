@@ -119,6 +119,8 @@ async function checkLaunch(width, height, theme) {
 
 /** Runs the mid-answer switch starter to the end; resolves with what was seen while streaming. */
 async function runSwitchStarter() {
+  // Greedy: at the default temperature the time-seeded answer could end before the switch.
+  await setNumber(app.browser, "temperature", 0);
   await setNumber(app.browser, "max-tokens", 64);
   await (await $('[data-testid="starter-switch"]')).click();
   const answer = await $('[data-testid="message"][data-role="model"]');
