@@ -548,6 +548,11 @@ async function shortOfMemory(chat, second) {
     return { prompt: Number(prompt), cached: Number(cached), text };
   };
   await (await $('[data-testid="new-chat"]')).click();
+  // send() counts the answers shown before it: wait until the new chat's (none) are.
+  await app.browser.waitUntil(async () => (await answers()).length === 0, {
+    timeout: 5_000,
+    timeoutMsg: "the new chat did not open",
+  });
   // About 390 tokens with the answer, 6.9 MiB in FP16: room for it alone (8 MiB holds ~450
   // FP16 tokens of this model, 18 KiB each), not beside the idle chat.
   const passage = "The sea was calm that morning, and the boats went out early. ".repeat(27);
