@@ -246,6 +246,63 @@ fn rotated_rows_score_as_the_kernels_do() {
     assert_eq!(out, vec![1.0; 64]);
 }
 
+/// Weighted rotated rows, summed as one matrix product and rotated back, give the kernels'
+/// weighted sums; a codec with QJL declines.
+#[test]
+fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
+    for spec in [
+        Spec::mse(Bits::B3),
+        Spec::mse(Bits::B3_5),
+        Spec {
+            rotation: RotationKind::Haar,
+            ..Spec::mse(Bits::B4)
+        },
+    ] {
+        for d in WIDE_DIMS {
+            let codec = Codec::new(d, spec).unwrap();
+            assert!(codec.works_by_products());
+            let n = 50;
+            let (block, _) = filled_block(&codec, n, 7);
+            let g = 3;
+            let mut rng = TestRng::new(10);
+            let w: Vec<f32> = (0..g * n).map(|_| rng.uniform() as f32).collect();
+            let mut want = vec![0.0; g * d];
+            codec
+                .accumulate_multi(&w, &block, &mut codec.scratch(), &mut want)
+                .unwrap();
+            let mut rows = vec![0.0; n * d];
+            codec.rotated_rows(&block, 0..n, &mut rows).unwrap();
+            let sums: Vec<f32> = (0..g * d)
+                .map(|i| {
+                    let (qi, j) = (i / d, i % d);
+                    (0..n).map(|t| w[qi * n + t] * rows[t * d + j]).sum()
+                })
+                .collect();
+            let mut got = vec![0.0; g * d];
+            assert!(codec.unrotated_sums(&sums, &mut got).unwrap());
+            let scale = want.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * scale,
+                    "{spec:?} d={d} {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    let prod = Codec::new(
+        64,
+        Spec {
+            variant: Variant::Prod,
+            ..Spec::mse(Bits::B3)
+        },
+    )
+    .unwrap();
+    assert!(!prod.works_by_products());
+    let mut out = vec![1.0; 64];
+    assert!(!prod.unrotated_sums(&vec![0.5; 64], &mut out).unwrap());
+    assert_eq!(out, vec![1.0; 64]);
+}
+
 /// A record range scores exactly what the whole block scores there, across chunk boundaries
 /// (chunks of 37 records), and leaves every other column as it was.
 #[test]

@@ -517,8 +517,9 @@ impl Side {
                 let g = queries.len() / d;
                 let n = b.len();
                 let (lo, hi) = (cols.start.min(n), cols.end.min(n));
-                let mut rq = vec![0f32; if g >= BLOCK_GEMM_MIN_ROWS { g * d } else { 0 }];
-                if g >= BLOCK_GEMM_MIN_ROWS && hi > lo && c.rotated_queries(queries, &mut rq)? {
+                if g >= BLOCK_GEMM_MIN_ROWS && hi > lo && c.works_by_products() {
+                    let mut rq = vec![0f32; g * d];
+                    c.rotated_queries(queries, &mut rq)?;
                     // Prefill: each record decoded once (rotated domain) and scored against
                     // every query row by one matrix product, where the kernels decode a
                     // record once per 8 query rows.
@@ -602,7 +603,33 @@ impl Side {
     ) -> Result<()> {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
-            (Seg::Codes(b), Some(c)) => c.accumulate_multi(weights, b, scratch, out)?,
+            (Seg::Codes(b), Some(c)) => {
+                let n = b.len();
+                let g = out.len() / d;
+                if g < BLOCK_GEMM_MIN_ROWS || !c.works_by_products() {
+                    return Ok(c.accumulate_multi(weights, b, scratch, out)?);
+                }
+                // Prefill: the weighed records decoded once (rotated domain), summed for
+                // every row by one matrix product, then rotated back, where the kernels
+                // decode a record once per 8 rows.
+                let weighed = |t: usize| (0..g).any(|qi| weights[qi * n + t] != 0.0);
+                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
+                let Some(first) = (lo..hi).find(|&t| weighed(t)) else {
+                    out.fill(0.0);
+                    return Ok(());
+                };
+                let last = (first..hi).rev().find(|&t| weighed(t)).unwrap_or(first);
+                let m = last + 1 - first;
+                let mut held = vec![0f32; m * d];
+                c.rotated_rows(b, first..last + 1, &mut held)?;
+                let w: Vec<f32> = weights
+                    .chunks_exact(n)
+                    .take(g)
+                    .flat_map(|r| r[first..=last].iter().copied())
+                    .collect();
+                let sums = matmul(w, g, held, m, d)?;
+                c.unrotated_sums(&sums, out)?;
+            }
             (Seg::Blocks(v), _) => {
                 // Value rows converted to floats and summed, as ggml does; the sums stay in
                 // the rotated domain (`attend_block` rotates the total back once). Only the

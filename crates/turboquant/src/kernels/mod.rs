@@ -400,6 +400,31 @@ impl Codec {
         Ok(true)
     }
 
+    /// Sums formed in the rotated domain (`rows`: `g × dim`, each `Σ_t w_t · row t` of
+    /// [`Self::rotated_rows`]: values summed as one matrix product) rotated back into `out`,
+    /// as [`Self::accumulate_multi`] gives them (summed in another order). `false` (and
+    /// `out` left as it was) for a codec with QJL, whose sums need the kernels.
+    pub fn unrotated_sums(&self, rows: &[f32], out: &mut [f32]) -> Result<bool> {
+        let g = self.query_count(rows.len())?;
+        self.check_len(g * self.dim, out.len())?;
+        if self.qjl.is_some() {
+            return Ok(false);
+        }
+        for (y, o) in rows
+            .chunks_exact(self.dim)
+            .zip(out.chunks_exact_mut(self.dim))
+        {
+            self.rotation.inverse(y, o);
+        }
+        Ok(true)
+    }
+
+    /// Whether [`Self::rotated_queries`] and [`Self::unrotated_sums`] serve this codec (it
+    /// carries no QJL).
+    pub fn works_by_products(&self) -> bool {
+        self.qjl.is_none()
+    }
+
     /// Records `records` of `block` in the rotated domain, row by row into `out`
     /// (`records.len() × dim`): row t is the record's norm times its centroids, so that
     /// ⟨q', row t⟩, with q' from [`Self::rotated_queries`], is what [`Self::scores`] gives
