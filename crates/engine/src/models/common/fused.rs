@@ -2,7 +2,8 @@
 //! GELU (tanh form) of a gate times an up projection, and the final logit softcap
 //! `c·tanh(x/c)`. candle's CPU ops call libm's `tanh` per element and allocate a tensor per
 //! step (`gelu`, `*`, `/`, `tanh`, `*`); here `tanh` comes from [`kvlab_cpu::vmath`]'s
-//! exponential, so the loops vectorize. Other devices and dtypes keep candle's ops.
+//! exponential, so the loops vectorize, and long ones (a prefill's) are split over the
+//! compute pool. Other devices and dtypes keep candle's ops.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
@@ -54,6 +55,29 @@ fn softcap_body(x: &[f32], cap: f32, out: &mut [f32]) {
     }
 }
 
+/// Elements per piece of [`on_pieces`]: a prefill's FFN activations (tokens × intermediate
+/// width, millions of elements) split over the cores; a decode step's (one token) stays one
+/// piece on the calling thread.
+const PIECE: usize = 1 << 15;
+
+/// `f(offset, piece)` for consecutive pieces of `out`, on the compute pool (candle's barrier
+/// pool, where the matmuls around run) when there is more than one.
+fn on_pieces(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() <= PIECE {
+        return f(0, out);
+    }
+    let pieces: Vec<std::sync::Mutex<&mut [f32]>> =
+        out.chunks_mut(PIECE).map(std::sync::Mutex::new).collect();
+    candle_core::utils::barrier_pool().execute_chunked(pieces.len(), |range| {
+        for i in range {
+            // Each piece is taken by exactly one index: the lock is never contended.
+            if let Ok(mut p) = pieces[i].lock() {
+                f(i * PIECE, &mut p);
+            }
+        }
+    });
+}
+
 /// The contiguous f32 data of a CPU tensor's storage.
 fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(data) = s else {
@@ -81,7 +105,10 @@ impl CustomOp2 for GeluMul {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, u) = (f32_slice(s1, l1)?, f32_slice(s2, l2)?);
         let mut out = vec![0f32; g.len()];
-        widest!(gelu_mul_body(g, u, &mut out));
+        on_pieces(&mut out, |at, o| {
+            let r = at..at + o.len();
+            widest!(gelu_mul_body(&g[r.clone()], &u[r], o))
+        });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
@@ -96,7 +123,9 @@ impl CustomOp1 for Softcap {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(s, l)?;
         let mut out = vec![0f32; x.len()];
-        widest!(softcap_body(x, self.0, &mut out));
+        on_pieces(&mut out, |at, o| {
+            widest!(softcap_body(&x[at..at + o.len()], self.0, o))
+        });
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 }
@@ -113,6 +142,35 @@ mod tests {
         v.extend((-300..=300).map(|i| i as f32 * 0.5));
         v.extend([f32::INFINITY, f32::NEG_INFINITY, 1e-30, -1e-30, 0.0]);
         v
+    }
+
+    /// Inputs long enough to be split over the compute pool give the floats of one pass.
+    #[test]
+    fn long_inputs_split_in_pieces_equal_one_pass() -> Result<()> {
+        let n = 3 * PIECE + 5;
+        let g: Vec<f32> = (0..n)
+            .map(|i| ((i * 37) % 2001) as f32 / 100.0 - 10.0)
+            .collect();
+        let u: Vec<f32> = (0..n).map(|i| 1.0 + (i % 11) as f32 * 0.125).collect();
+        let dev = Device::Cpu;
+        let (gt, ut) = (
+            Tensor::new(g.as_slice(), &dev)?,
+            Tensor::new(u.as_slice(), &dev)?,
+        );
+        let mut want = vec![0f32; n];
+        gelu_mul_body(&g, &u, &mut want);
+        let got: Vec<f32> = gelu_mul(&gt, &ut)?.to_vec1()?;
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        softcap_body(&g, 30.0, &mut want);
+        let got: Vec<f32> = softcap(&gt, 30.0)?.to_vec1()?;
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        Ok(())
     }
 
     /// Against candle's own ops (`gelu` is the tanh form) on a grid and at the extremes.
