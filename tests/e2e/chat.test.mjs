@@ -67,7 +67,14 @@ async function send(text) {
   await box.click();
   await box.setValue(text);
   await app.browser.keys("Enter");
-  await app.browser.waitUntil(async () => (await answers()).length === before + 1, { timeout: 10_000 });
+  try {
+    await app.browser.waitUntil(async () => (await answers()).length === before + 1, { timeout: 10_000 });
+  } catch (e) {
+    // What the window showed instead, for the failure's reader.
+    await shot("send-timeout.png");
+    const left = await (await $('[data-testid="composer"]')).getValue();
+    throw new Error(`no answer to "${text.slice(0, 40)}": ${(await answers()).length} answers (${before} before), composer holds "${left.slice(0, 40)}"`, { cause: e });
+  }
   return before;
 }
 
@@ -547,6 +554,7 @@ async function shortOfMemory(chat, second) {
     const [, prompt, cached] = text.match(/prompt (\d+) \((\d+) cached\)/);
     return { prompt: Number(prompt), cached: Number(cached), text };
   };
+  const idleAnswers = (await answers()).length;
   await (await $('[data-testid="new-chat"]')).click();
   // send() counts the answers shown before it: wait until the new chat's (none) are.
   await app.browser.waitUntil(async () => (await answers()).length === 0, {
@@ -573,6 +581,11 @@ async function shortOfMemory(chat, second) {
   // Back to the idle chat: it answers on from its demoted (or restored) cache, not from
   // scratch (making room for it demotes the new chat in turn).
   await (await $(`.session[data-id="${chat}"] .title`)).click();
+  // As above: the chat's own answers shown before send() counts them.
+  await app.browser.waitUntil(async () => (await answers()).length === idleAnswers, {
+    timeout: 10_000,
+    timeoutMsg: `the idle chat did not open (${idleAnswers} answers)`,
+  });
   const back = await promptOf(await send("One more thing?"));
   assert.ok(back.cached >= second.prompt, `read again on return: ${back.text}`);
   // Its cache came back demoted, or from its file (on opening the chat, or on this turn).
