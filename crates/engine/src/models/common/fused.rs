@@ -19,6 +19,18 @@ pub fn gelu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok((gate.gelu()? * up)?)
 }
 
+/// RMS norm of each row of `x` over its last dim, times `weight`: candle's
+/// `candle_nn::ops::rms_norm` float for float (the same per-row loop), with a prefill's rows
+/// split over the compute pool rather than rayon's (whose threads would compete with the
+/// pool's spinning workers for the same cores).
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let dim = x.dims().last().copied().unwrap_or(0);
+    if fusable(x) && fusable(weight) && weight.dims() == [dim] && dim > 0 {
+        return Ok(x.apply_op2_no_bwd(weight, &RmsNorm(eps))?);
+    }
+    Ok(candle_nn::ops::rms_norm(x, weight, eps)?)
+}
+
 /// `cap · tanh(x / cap)`, element-wise.
 pub fn softcap(x: &Tensor, cap: f64) -> Result<Tensor> {
     if fusable(x) {
@@ -63,16 +75,22 @@ const PIECE: usize = 1 << 15;
 /// `f(offset, piece)` for consecutive pieces of `out`, on the compute pool (candle's barrier
 /// pool, where the matmuls around run) when there is more than one.
 fn on_pieces(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    if out.len() <= PIECE {
+    on_pieces_of(out, 1, f)
+}
+
+/// [`on_pieces`] with every piece a whole number of `unit`-element rows.
+fn on_pieces_of(out: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let piece = (PIECE / unit.max(1)).max(1) * unit.max(1);
+    if out.len() <= piece {
         return f(0, out);
     }
     let pieces: Vec<std::sync::Mutex<&mut [f32]>> =
-        out.chunks_mut(PIECE).map(std::sync::Mutex::new).collect();
+        out.chunks_mut(piece).map(std::sync::Mutex::new).collect();
     candle_core::utils::barrier_pool().execute_chunked(pieces.len(), |range| {
         for i in range {
             // Each piece is taken by exactly one index: the lock is never contended.
             if let Ok(mut p) = pieces[i].lock() {
-                f(i * PIECE, &mut p);
+                f(i * piece, &mut p);
             }
         }
     });
@@ -108,6 +126,44 @@ impl CustomOp2 for GeluMul {
         on_pieces(&mut out, |at, o| {
             let r = at..at + o.len();
             widest!(gelu_mul_body(&g[r.clone()], &u[r], o))
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+/// One row of [`rms_norm`], as candle's CPU kernel computes it.
+fn rms_row(src: &[f32], alpha: &[f32], eps: f32, dst: &mut [f32]) {
+    let sum2 = src.iter().map(|&v| v * v).sum::<f32>();
+    let m = (sum2 / src.len() as f32 + eps).sqrt();
+    for ((d, &s), &a) in dst.iter_mut().zip(src).zip(alpha) {
+        *d = s / m * a;
+    }
+}
+
+struct RmsNorm(f32);
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "kvlab-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w) = (f32_slice(s1, l1)?, f32_slice(s2, l2)?);
+        let dim = w.len();
+        let mut out = vec![0f32; x.len()];
+        on_pieces_of(&mut out, dim, |at, o| {
+            for (src, dst) in x[at..at + o.len()]
+                .chunks_exact(dim)
+                .zip(o.chunks_exact_mut(dim))
+            {
+                rms_row(src, w, self.0, dst);
+            }
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -170,6 +226,33 @@ mod tests {
             .iter()
             .zip(&want)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+        Ok(())
+    }
+
+    /// The RMS norm is candle's, bit for bit: a decode step's row and a prefill's many rows
+    /// split in pieces over the pool.
+    #[test]
+    fn rms_norm_equals_candles() -> Result<()> {
+        let dev = Device::Cpu;
+        let dim = 640;
+        let w: Vec<f32> = (0..dim).map(|i| 0.5 + (i % 13) as f32 * 0.1).collect();
+        let wt = Tensor::new(w.as_slice(), &dev)?;
+        for rows in [1usize, 7, 200] {
+            let x: Vec<f32> = (0..rows * dim)
+                .map(|i| ((i * 31) % 1999) as f32 / 97.0 - 10.0)
+                .collect();
+            let xt = Tensor::from_vec(x, (rows, dim), &dev)?;
+            let got: Vec<f32> = rms_norm(&xt, &wt, 1e-6)?.flatten_all()?.to_vec1()?;
+            let want: Vec<f32> = candle_nn::ops::rms_norm(&xt, &wt, 1e-6)?
+                .flatten_all()?
+                .to_vec1()?;
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{rows} rows"
+            );
+        }
         Ok(())
     }
 
