@@ -482,10 +482,9 @@ impl BlockType {
             target_endian = "little"
         ))]
         if matches!(self, BlockType::Q8_0 | BlockType::Q4_0) {
-            for (k, o) in rows {
-                // SAFETY: every row is as many blocks as the query.
-                *o = unsafe { neon::dot(self, k, query) };
-            }
+            // SAFETY: q8_0/q4_0 only; `keys` is `out.len()` rows of `row` bytes, each as many
+            // blocks as the one query (checked above), and `out` holds one float per row.
+            unsafe { neon::dots8(self, keys, row, query, query.len(), out, out.len()) };
             return Ok(());
         }
         for (k, o) in rows {
@@ -570,45 +569,6 @@ mod neon {
         vaddvq_s32(acc)
     }
 
-    /// # Safety
-    /// `keys` holds whole blocks of `t` (q8_0 or q4_0) and `query` the q8_0 blocks for as
-    /// many coordinates.
-    #[target_feature(enable = "neon")]
-    pub(super) unsafe fn dot(t: BlockType, keys: &[u8], query: &[u8]) -> f32 {
-        let mut sumf = 0.0f32;
-        for (k, q) in keys
-            .chunks_exact(t.block_bytes())
-            .zip(query.chunks_exact(2 + BLOCK))
-        {
-            // SAFETY: q holds 34 bytes, k 34 (q8_0) or 18 (q4_0): the loads stay inside.
-            let (y0, y1) = unsafe {
-                (
-                    vld1q_s8(q[2..].as_ptr().cast()),
-                    vld1q_s8(q[18..].as_ptr().cast()),
-                )
-            };
-            if t == BlockType::Q8_0 {
-                let (x0, x1) = unsafe {
-                    (
-                        vld1q_s8(k[2..].as_ptr().cast()),
-                        vld1q_s8(k[18..].as_ptr().cast()),
-                    )
-                };
-                sumf += t.block_term(k, q, sum_i8(x0, x1, y0, y1));
-            } else {
-                let packed = unsafe { vld1q_u8(k[2..].as_ptr()) };
-                let eight = vdupq_n_s8(8);
-                let x0 = vsubq_s8(
-                    vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))),
-                    eight,
-                );
-                let x1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(packed)), eight);
-                sumf += t.block_term(k, q, sum_i8(x0, x1, y0, y1));
-            }
-        }
-        sumf
-    }
-
     /// The 32 signed levels of a q8_0 or q4_0 key block, coordinates 0..16 and 16..32.
     #[inline(always)]
     unsafe fn key_levels(t: BlockType, k: &[u8]) -> (int8x16_t, int8x16_t) {
@@ -634,8 +594,8 @@ mod neon {
     }
 
     /// Dots of every key row with up to eight q8_0 queries (see `BlockType::dots`): each key
-    /// block loaded and unpacked once, each query's integer sum as [`dot`] forms it, and its
-    /// `block_term` added in block order: the same float as the one-pair dot.
+    /// block loaded and unpacked once, each query's integer sum formed exactly (`sum_i8`), and
+    /// its `block_term` added in block order: the portable dot's float.
     ///
     /// # Safety
     /// `t` is q8_0 or q4_0; `keys` is whole rows of `row` bytes, `queries` at most eight rows

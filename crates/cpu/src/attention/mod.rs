@@ -13,6 +13,16 @@ mod tests;
 mod x86;
 use half::f16;
 
+/// Offsets of `n` rows of width `w` from `r0`, the last row repeated past `rows` (the SIMD
+/// tiles' partial last tile: its results are dropped).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+fn row_offsets<const N: usize>(r0: usize, rows: usize, w: usize) -> [usize; N] {
+    std::array::from_fn(|r| (r0 + r).min(rows - 1) * w)
+}
+
 /// `out[r][j] = scale · q_r · k_j` (`q`: `rows × d`); the SIMD kernels prefetch the
 /// keys ahead and `prefetch` (any rows, usually the block's values) alongside.
 pub fn scores(

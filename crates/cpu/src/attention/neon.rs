@@ -9,6 +9,8 @@ use std::arch::asm;
 
 use half::f16;
 
+use super::row_offsets;
+
 const R: usize = 8;
 
 /// Eight f16 at `p` as two vectors of four f32 (exact: every f16 is an f32).
@@ -29,12 +31,6 @@ unsafe fn widen8(p: *const f16) -> (float32x4_t, float32x4_t) {
         );
     }
     (lo, hi)
-}
-
-/// Offsets of `n` rows of width `w` from `r0`, the last row repeated past `rows` (its
-/// results are dropped).
-fn row_offsets<const N: usize>(r0: usize, rows: usize, w: usize) -> [usize; N] {
-    std::array::from_fn(|r| (r0 + r).min(rows - 1) * w)
 }
 
 /// `out[r][j] = scale · q_r · k_j`.

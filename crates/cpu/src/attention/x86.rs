@@ -11,6 +11,8 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use super::row_offsets;
+
 const R: usize = 8;
 
 /// Keys ahead of the one being scored whose rows are prefetched: covers DRAM latency at
@@ -43,12 +45,6 @@ fn prefetch_for_key(keys: &[&[f16]], prefetch: &[&[f16]], j: usize) {
     if let Some(v) = prefetch.get(j) {
         prefetch_row(v);
     }
-}
-
-/// Offsets of `n` rows of width `w` from `r0`, the last row repeated past `rows` (its
-/// results are dropped).
-fn row_offsets<const N: usize>(r0: usize, rows: usize, w: usize) -> [usize; N] {
-    std::array::from_fn(|r| (r0 + r).min(rows - 1) * w)
 }
 
 #[inline]

@@ -108,12 +108,47 @@ fn matmul(a: Vec<f32>, m: usize, b: Vec<f32>, k: usize, n: usize) -> Result<Vec<
 
 /// `a` (`m × k`) times the transpose of `b` (`n × k`), row-major.
 fn matmul_t(a: Vec<f32>, m: usize, b: Vec<f32>, n: usize, k: usize) -> Result<Vec<f32>> {
+    product_t(&Tensor::from_vec(a, (m, k), &Device::Cpu)?, b, n)
+}
+
+/// [`matmul_t`] with `a` already a tensor (`m × k`, shared by several products).
+fn product_t(a: &Tensor, b: Vec<f32>, n: usize) -> Result<Vec<f32>> {
+    let (m, k) = a.dims2()?;
     if n == 0 {
         return Ok(vec![0.0; m]);
     }
-    let a = Tensor::from_vec(a, (m, k), &Device::Cpu)?;
     let b = Tensor::from_vec(b, (n, k), &Device::Cpu)?;
     Ok(a.matmul(&b.t()?)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// A call's queries as a key side scores them, made once for every segment.
+enum Prepared {
+    /// Each row quantized to a block side's dot type, as ggml's flash attention does.
+    Block(Vec<u8>),
+    /// Rotated as a TurboQuant side's codes are, for prefill's matrix products (`g × d`).
+    Rotated(Tensor),
+}
+
+/// The stored rows from the first to the last of `rows` (clipped to the `n` a segment holds)
+/// that some of the `g` weight rows (`weights`: `g × n`) weighs, and those weight rows' columns
+/// over that span (`g × span`); `None` when none is weighed. Value sums read only that span:
+/// a sliding window's dropped front, a causal block's future and other units' keys never.
+fn weighed_span(
+    weights: &[f32],
+    n: usize,
+    g: usize,
+    rows: std::ops::Range<usize>,
+) -> Option<(std::ops::Range<usize>, Vec<f32>)> {
+    let weighed = |t: usize| (0..g).any(|qi| weights[qi * n + t] != 0.0);
+    let (lo, hi) = (rows.start.min(n), rows.end.min(n));
+    let first = (lo..hi).find(|&t| weighed(t))?;
+    let last = (first..hi).rev().find(|&t| weighed(t)).unwrap_or(first);
+    let w = weights
+        .chunks_exact(n)
+        .take(g)
+        .flat_map(|r| r[first..=last].iter().copied())
+        .collect();
+    Some((first..last + 1, w))
 }
 
 /// One segment of one side of one kv head.
@@ -481,32 +516,44 @@ impl Side {
         Ok(())
     }
 
-    /// The queries as a block side's keys are dotted with (each row quantized to the type's
-    /// dot type, as ggml's flash attention does), once per attention call for every segment;
-    /// `None` for other sides.
-    fn block_queries(&self, queries: &[f32]) -> Result<Option<Vec<u8>>> {
-        let Some(b) = &self.block else {
-            return Ok(None);
-        };
+    /// The queries as this side scores them ([`Prepared`]), once per attention call for
+    /// every segment: quantized for a block side; rotated for a TurboQuant side in prefill
+    /// (at least [`BLOCK_GEMM_MIN_ROWS`] rows, a codec without QJL); else `None`.
+    fn prepare_queries(&self, queries: &[f32]) -> Result<Option<Prepared>> {
         let d = self.dim;
-        let qb = b.ty.query_bytes(d)?;
-        let mut qq = vec![0u8; qb * (queries.len() / d)];
-        for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
-            b.ty.quantize_query(q, out)?;
+        let g = queries.len() / d;
+        if let Some(b) = &self.block {
+            let qb = b.ty.query_bytes(d)?;
+            let mut qq = vec![0u8; qb * g];
+            for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
+                b.ty.quantize_query(q, out)?;
+            }
+            return Ok(Some(Prepared::Block(qq)));
         }
-        Ok(Some(qq))
+        match &self.codec {
+            Some(c) if g >= BLOCK_GEMM_MIN_ROWS && c.works_by_products() => {
+                let mut rq = vec![0f32; g * d];
+                c.rotated_queries(queries, &mut rq)?;
+                Ok(Some(Prepared::Rotated(Tensor::from_vec(
+                    rq,
+                    (g, d),
+                    &Device::Cpu,
+                )?)))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// `out[qi·n + t] = ⟨q_qi, x̂_t⟩` for the tokens `cols` of the `n` of segment `s` of head
-    /// `h`; the other columns are left as they were (the caller masks them). A block side
-    /// takes its queries as [`Side::block_queries`] made them (`qq`).
+    /// `h`; the other columns are left as they were (the caller masks them). `prepared` is
+    /// what [`Side::prepare_queries`] made of `queries`.
     #[allow(clippy::too_many_arguments)]
     fn scores(
         &self,
         h: usize,
         s: usize,
         queries: &[f32],
-        qq: Option<&[u8]>,
+        prepared: Option<&Prepared>,
         cols: std::ops::Range<usize>,
         scratch: &mut Scratch,
         out: &mut [f32],
@@ -514,19 +561,16 @@ impl Side {
         let d = self.dim;
         match (&self.heads[h][s], &self.codec) {
             (Seg::Codes(b), Some(c)) => {
-                let g = queries.len() / d;
                 let n = b.len();
                 let (lo, hi) = (cols.start.min(n), cols.end.min(n));
-                if g >= BLOCK_GEMM_MIN_ROWS && hi > lo && c.works_by_products() {
-                    let mut rq = vec![0f32; g * d];
-                    c.rotated_queries(queries, &mut rq)?;
+                if let (Some(Prepared::Rotated(rq)), true) = (prepared, hi > lo) {
                     // Prefill: each record decoded once (rotated domain) and scored against
                     // every query row by one matrix product, where the kernels decode a
                     // record once per 8 query rows.
                     let mut keys = vec![0f32; (hi - lo) * d];
                     c.rotated_rows(b, lo..hi, &mut keys)?;
-                    let prod = matmul_t(rq, g, keys, hi - lo, d)?;
-                    for (qi, p) in prod.chunks_exact(hi - lo).enumerate().take(g) {
+                    let prod = product_t(rq, keys, hi - lo)?;
+                    for (qi, p) in prod.chunks_exact(hi - lo).enumerate() {
                         out[qi * n + lo..qi * n + hi].copy_from_slice(p);
                     }
                 } else {
@@ -541,8 +585,10 @@ impl Side {
                 let g = queries.len() / d;
                 let qb = b.ty.query_bytes(d)?;
                 // The queries arrive rotated (`attend_codes` rotates them once per call) and
-                // quantized (`block_queries`, once per call).
-                let qq = qq.ok_or_else(|| EngineError::invalid("block keys without queries"))?;
+                // quantized (`prepare_queries`, once per call).
+                let Some(Prepared::Block(qq)) = prepared else {
+                    return Err(EngineError::invalid("block keys without queries"));
+                };
                 if g >= BLOCK_GEMM_MIN_ROWS && !b.ty.query_is_q8_1() {
                     // Prefill: the same products as one matrix product of the quantized
                     // queries' floats with the keys' (summed in another order). Not for
@@ -612,21 +658,13 @@ impl Side {
                 // Prefill: the weighed records decoded once (rotated domain), summed for
                 // every row by one matrix product, then rotated back, where the kernels
                 // decode a record once per 8 rows.
-                let weighed = |t: usize| (0..g).any(|qi| weights[qi * n + t] != 0.0);
-                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
-                let Some(first) = (lo..hi).find(|&t| weighed(t)) else {
+                let Some((span, w)) = weighed_span(weights, n, g, rows) else {
                     out.fill(0.0);
                     return Ok(());
                 };
-                let last = (first..hi).rev().find(|&t| weighed(t)).unwrap_or(first);
-                let m = last + 1 - first;
+                let m = span.len();
                 let mut held = vec![0f32; m * d];
-                c.rotated_rows(b, first..last + 1, &mut held)?;
-                let w: Vec<f32> = weights
-                    .chunks_exact(n)
-                    .take(g)
-                    .flat_map(|r| r[first..=last].iter().copied())
-                    .collect();
+                c.rotated_rows(b, span, &mut held)?;
                 let sums = matmul(w, g, held, m, d)?;
                 c.unrotated_sums(&sums, out)?;
             }
@@ -638,19 +676,11 @@ impl Side {
                 let b = self.block_side()?;
                 let n = v.len() / b.row_bytes;
                 let g = out.len() / d;
-                let weighed = |t: usize| (0..g).any(|qi| weights[qi * n + t] != 0.0);
-                let (lo, hi) = (rows.start.min(n), rows.end.min(n));
-                let Some(first) = (lo..hi).find(|&t| weighed(t)) else {
+                let Some((span, w)) = weighed_span(weights, n, g, rows) else {
                     out.fill(0.0);
                     return Ok(());
                 };
-                let last = (first..hi).rev().find(|&t| weighed(t)).unwrap_or(first);
-                let held = &v[first * b.row_bytes..(last + 1) * b.row_bytes];
-                let w: Vec<f32> = weights
-                    .chunks_exact(n)
-                    .take(g)
-                    .flat_map(|r| r[first..=last].iter().copied())
-                    .collect();
+                let held = &v[span.start * b.row_bytes..span.end * b.row_bytes];
                 if g < BLOCK_GEMM_MIN_ROWS {
                     // Decode: each row dequantized once and fused-added into the few
                     // outputs (the codec's SIMD kernels), never a whole dequantized copy.
@@ -659,7 +689,7 @@ impl Side {
                 } else {
                     // Prefill: one matrix product.
                     let values = b.dequantize_rows(held, d)?;
-                    out.copy_from_slice(&matmul(w, g, values, last + 1 - first, d)?);
+                    out.copy_from_slice(&matmul(w, g, values, span.len(), d)?);
                 }
             }
             (Seg::Dense(v), _) => {
@@ -978,7 +1008,7 @@ impl TurboQuantStorage {
         // against the unit's own maximum, and the values weighted by them. The partial sums
         // are then rescaled to the overall maximum and added, as flash attention does: one
         // dispatch to the compute pool per call.
-        let qq = self.key.block_queries(qm)?;
+        let prepared = self.key.prepare_queries(qm)?;
         let seg_pass = |scratch: &mut (Scratch, Scratch),
                         &(s, ua, ub): &(usize, usize, usize)|
          -> Result<Partial> {
@@ -997,7 +1027,7 @@ impl TurboQuantStorage {
                 hk,
                 s,
                 qm,
-                qq.as_deref(),
+                prepared.as_ref(),
                 lo..hi.max(lo),
                 &mut scratch.0,
                 &mut w,

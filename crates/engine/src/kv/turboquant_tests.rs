@@ -562,9 +562,16 @@ fn block_keys_score_as_ggml_with_the_query_in_the_dot_type() -> Result<()> {
                 .chunks_exact(d)
                 .flat_map(|r| rotate_explicitly(r, 256))
                 .collect();
-            let qq = s.key.block_queries(&rotated)?;
-            s.key
-                .scores(0, 0, &rotated, qq.as_deref(), 0..t, &mut scratch, &mut out)?;
+            let prepared = s.key.prepare_queries(&rotated)?;
+            s.key.scores(
+                0,
+                0,
+                &rotated,
+                prepared.as_ref(),
+                0..t,
+                &mut scratch,
+                &mut out,
+            )?;
             let keys = k.flatten_all()?.to_vec1::<f32>()?;
             for (qi, qrow) in q.chunks_exact(d).enumerate() {
                 // The query rotated by the keys' 256-wide Hadamard, quantized to q8_0 (q8_1

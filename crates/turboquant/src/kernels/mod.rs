@@ -386,18 +386,7 @@ impl Codec {
     /// `g × dim`) rotated as the kernels rotate them, into `out`. `false` (and `out` left as
     /// it was) for a codec with QJL, whose scores need the kernels.
     pub fn rotated_queries(&self, queries: &[f32], out: &mut [f32]) -> Result<bool> {
-        let g = self.query_count(queries.len())?;
-        self.check_len(g * self.dim, out.len())?;
-        if self.qjl.is_some() {
-            return Ok(false);
-        }
-        for (q, rq) in queries
-            .chunks_exact(self.dim)
-            .zip(out.chunks_exact_mut(self.dim))
-        {
-            self.rotation.forward(q, rq);
-        }
-        Ok(true)
+        self.rotate_rows(queries, out, false)
     }
 
     /// Sums formed in the rotated domain (`rows`: `g × dim`, each `Σ_t w_t · row t` of
@@ -405,16 +394,26 @@ impl Codec {
     /// as [`Self::accumulate_multi`] gives them (summed in another order). `false` (and
     /// `out` left as it was) for a codec with QJL, whose sums need the kernels.
     pub fn unrotated_sums(&self, rows: &[f32], out: &mut [f32]) -> Result<bool> {
+        self.rotate_rows(rows, out, true)
+    }
+
+    /// Each `dim`-row of `rows` rotated (or rotated back, `inverse`) into `out`; `false` and
+    /// `out` untouched for a codec with QJL.
+    fn rotate_rows(&self, rows: &[f32], out: &mut [f32], inverse: bool) -> Result<bool> {
         let g = self.query_count(rows.len())?;
         self.check_len(g * self.dim, out.len())?;
-        if self.qjl.is_some() {
+        if !self.works_by_products() {
             return Ok(false);
         }
-        for (y, o) in rows
+        for (x, o) in rows
             .chunks_exact(self.dim)
             .zip(out.chunks_exact_mut(self.dim))
         {
-            self.rotation.inverse(y, o);
+            if inverse {
+                self.rotation.inverse(x, o);
+            } else {
+                self.rotation.forward(x, o);
+            }
         }
         Ok(true)
     }
@@ -440,20 +439,9 @@ impl Codec {
         self.check_len(records.len() * d, out.len())?;
         for (i, row) in records.zip(out.chunks_exact_mut(d)) {
             let rec = block.record(i)?;
+            portable::centroids(&self.ctx, rec, row);
             let norm = crate::codec::read_f16(rec, self.ctx.norm_offset);
-            let cells = std::cell::Cell::from_mut(row).as_slice_of_cells();
-            for seg in &self.ctx.segs {
-                portable::for_each_code(
-                    rec,
-                    seg,
-                    |j, c| {
-                        for (o, &c) in cells[j..j + 8].iter().zip(c) {
-                            o.set(norm * c);
-                        }
-                    },
-                    |j, c| cells[j].set(norm * c),
-                );
-            }
+            row.iter_mut().for_each(|x| *x *= norm);
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use crate::codec::read_f16;
 /// Calls `f8(first coordinate, 8 centroids)` for each aligned group of 8 coordinates of
 /// `seg` in record `rec`, then `f(coordinate, centroid)` for the rest.
 #[inline(always)]
-pub(crate) fn for_each_code(
+fn for_each_code(
     rec: &[u8],
     seg: &Seg,
     mut f8: impl FnMut(usize, &[f32; 8]),
@@ -45,6 +45,19 @@ pub(crate) fn for_each_code(
     }
 }
 
+/// The centroids of record `rec`'s codes, coordinate by coordinate, into `out` (`dim`).
+pub(crate) fn centroids(ctx: &Ctx, rec: &[u8], out: &mut [f32]) {
+    let cells = std::cell::Cell::from_mut(out).as_slice_of_cells();
+    for seg in &ctx.segs {
+        for_each_code(
+            rec,
+            seg,
+            |j, c| cells[j..j + 8].iter().zip(c).for_each(|(o, &c)| o.set(c)),
+            |j, c| cells[j].set(c),
+        );
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     ctx: &Ctx,
@@ -62,15 +75,7 @@ pub(crate) fn scores(
     let mut cent = vec![0.0f32; d];
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
-        let cells = std::cell::Cell::from_mut(&mut cent[..]).as_slice_of_cells();
-        for seg in &ctx.segs {
-            for_each_code(
-                rec,
-                seg,
-                |j, c| cells[j..j + 8].iter().zip(c).for_each(|(o, &c)| o.set(c)),
-                |j, c| cells[j].set(c),
-            );
-        }
+        centroids(ctx, rec, &mut cent);
         for qi in 0..g {
             let qv = &q[qi * d..(qi + 1) * d];
             // 8 independent partial sums: no serial add chain, and they vectorize.
