@@ -1,4 +1,4 @@
-//! NEON register tiles for the f16 attention products, as the x86 ones: scores for 8 rows ×
+//! NEON register tiles for the attention products over f16 or f32 rows, as the x86 ones: scores for 8 rows ×
 //! 2 keys (16 accumulators of 4 lanes, then one horizontal sum each), outputs for 4 rows ×
 //! 16 dims. f16 rows are widened by `fcvtl` (base ARMv8; stable Rust has no f16 vector type
 //! for the intrinsic, so it is written as one instruction of inline assembly). The weighted
@@ -33,15 +33,40 @@ unsafe fn widen8(p: *const f16) -> (float32x4_t, float32x4_t) {
     (lo, hi)
 }
 
+/// Cache rows the NEON tiles read, widened to f32 lanes as they are loaded.
+pub trait Load: Copy {
+    /// 8 values at `p` as two vectors of four f32.
+    ///
+    /// # Safety
+    /// `p` must be readable for 8 values.
+    unsafe fn load8(p: *const Self) -> (float32x4_t, float32x4_t);
+}
+
+impl Load for f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> (float32x4_t, float32x4_t) {
+        // SAFETY (caller): 8 readable f16 at p.
+        unsafe { widen8(p) }
+    }
+}
+
+impl Load for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> (float32x4_t, float32x4_t) {
+        // SAFETY (caller): 8 readable f32 at p.
+        unsafe { (vld1q_f32(p), vld1q_f32(p.add(4))) }
+    }
+}
+
 /// `out[r][j] = scale · q_r · k_j`.
 ///
 /// # Safety
 /// NEON must be present; `d` is a multiple of 8, every key row holds `d` values, `q` at least
 /// `rows × d` and `out` at least `rows × keys.len()`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn scores(
+pub(super) unsafe fn scores<K: Load>(
     q: &[f32],
-    keys: &[&[f16]],
+    keys: &[&[K]],
     rows: usize,
     d: usize,
     scale: f32,
@@ -60,7 +85,7 @@ pub(super) unsafe fn scores(
             let mut b = [vdupq_n_f32(0.0); R];
             for c in (0..d).step_by(8) {
                 // SAFETY: c + 8 ≤ d, the rows' length (caller's contract).
-                let ((x0, x1), (y0, y1)) = unsafe { (widen8(ka.add(c)), widen8(kb.add(c))) };
+                let ((x0, x1), (y0, y1)) = unsafe { (K::load8(ka.add(c)), K::load8(kb.add(c))) };
                 for r in 0..R {
                     // SAFETY: qr[r] + c + 8 ≤ rows × d ≤ q.len().
                     let (q0, q1) = unsafe {
@@ -91,7 +116,13 @@ pub(super) unsafe fn scores(
 /// NEON must be present; `d` is a multiple of 16, every value row holds `d` values, `p` at
 /// least `rows × vals.len()` and `out` at least `rows × d`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, d: usize, out: &mut [f32]) {
+pub(super) unsafe fn weighted<V: Load>(
+    p: &[f32],
+    vals: &[&[V]],
+    rows: usize,
+    d: usize,
+    out: &mut [f32],
+) {
     // 4 rows × 16 dims: 16 accumulators of the 32 vector registers.
     const R4: usize = 4;
     let span = vals.len();
@@ -104,7 +135,8 @@ pub(super) unsafe fn weighted(p: &[f32], vals: &[&[f16]], rows: usize, d: usize,
             for (j, v) in vals.iter().enumerate() {
                 let vp = v.as_ptr();
                 // SAFETY: c0 + 16 ≤ d, the rows' length.
-                let ((v0, v1), (v2, v3)) = unsafe { (widen8(vp.add(c0)), widen8(vp.add(c0 + 8))) };
+                let ((v0, v1), (v2, v3)) =
+                    unsafe { (V::load8(vp.add(c0)), V::load8(vp.add(c0 + 8))) };
                 for (r, a) in acc.iter_mut().enumerate() {
                     // SAFETY: pr[r] + j < rows × span ≤ p.len().
                     let w = vdupq_n_f32(unsafe { *pp.add(pr[r] + j) });

@@ -1,5 +1,5 @@
-//! The block products of every backend against an f64 reference, and NEON's weighted sums
-//! against the plain loops bit for bit.
+//! The block products of every backend, over f16 and f32 rows, against an f64 reference, and
+//! NEON's weighted sums against the plain loops bit for bit.
 
 use half::f16;
 
@@ -10,16 +10,26 @@ use crate::test_rng::Rng;
 /// f64 reference, at head widths, row counts and key counts that leave partial tiles.
 #[test]
 fn block_products_match_an_f64_reference() {
+    products_match_an_f64_reference(f16::from_f32);
+}
+
+/// The same for f32 rows (a quantized cache's decoded rows).
+#[test]
+fn block_products_over_f32_rows_match_an_f64_reference() {
+    products_match_an_f64_reference(|x| x);
+}
+
+fn products_match_an_f64_reference<T: Elem + std::fmt::Debug>(of: fn(f32) -> T) {
     let mut rng = Rng::new(11);
     for d in [16usize, 40, 512] {
         for rows in [1usize, 3, 8, 9] {
             for span in [1usize, 5, 256] {
                 let q: Vec<f32> = (0..rows * d).map(|_| rng.symmetric()).collect();
-                let kv: Vec<Vec<f16>> = (0..2 * span)
-                    .map(|_| (0..d).map(|_| f16::from_f32(rng.symmetric())).collect())
+                let kv: Vec<Vec<T>> = (0..2 * span)
+                    .map(|_| (0..d).map(|_| of(rng.symmetric())).collect())
                     .collect();
-                let keys: Vec<&[f16]> = kv[..span].iter().map(|v| v.as_slice()).collect();
-                let vals: Vec<&[f16]> = kv[span..].iter().map(|v| v.as_slice()).collect();
+                let keys: Vec<&[T]> = kv[..span].iter().map(|v| v.as_slice()).collect();
+                let vals: Vec<&[T]> = kv[span..].iter().map(|v| v.as_slice()).collect();
                 let p: Vec<f32> = (0..rows * span)
                     .map(|_| (rng.symmetric() + 1.0) / 2.0)
                     .collect();
@@ -27,7 +37,7 @@ fn block_products_match_an_f64_reference() {
                     .map(|i| {
                         let (r, j) = (i / span, i % span);
                         0.5 * (0..d)
-                            .map(|c| q[r * d + c] as f64 * keys[j][c].to_f64())
+                            .map(|c| q[r * d + c] as f64 * keys[j][c].to_f32() as f64)
                             .sum::<f64>()
                     })
                     .collect();
@@ -35,7 +45,7 @@ fn block_products_match_an_f64_reference() {
                     .map(|i| {
                         let (r, c) = (i / d, i % d);
                         (0..span)
-                            .map(|j| p[r * span + j] as f64 * vals[j][c].to_f64())
+                            .map(|j| p[r * span + j] as f64 * vals[j][c].to_f32() as f64)
                             .sum::<f64>()
                     })
                     .collect();

@@ -1,4 +1,4 @@
-//! x86-64 register tiles for the f16 attention products: scores for 8 rows × 2 keys (16 accumulators,
+//! x86-64 register tiles for the attention products over f16 or f32 rows: scores for 8 rows × 2 keys (16 accumulators,
 //! then one horizontal sum each), outputs for 8 rows × 32 dims (AVX-512) or 4 × 16 (AVX2).
 //! At depth the cache rows come from DRAM, where demand loads alone streamed about 4 GB/s
 //! per core (the kernels ran at a third of their in-cache speed): the scores pass prefetches
@@ -21,7 +21,7 @@ const PREFETCH_KEYS: usize = 4;
 
 /// Asks for every cache line of `row` in all cache levels (a hint: never faults).
 #[inline(always)]
-fn prefetch_row(row: &[f16]) {
+fn prefetch_row<T>(row: &[T]) {
     let p = row.as_ptr() as *const i8;
     let bytes = std::mem::size_of_val(row);
     // SAFETY: prefetching is a hint with no architectural effect (it cannot fault); the
@@ -38,7 +38,7 @@ fn prefetch_row(row: &[f16]) {
 
 /// The prefetches issued while key `j` is scored.
 #[inline(always)]
-fn prefetch_for_key(keys: &[&[f16]], prefetch: &[&[f16]], j: usize) {
+fn prefetch_for_key<K, P>(keys: &[&[K]], prefetch: &[&[P]], j: usize) {
     if let Some(k) = keys.get(j + PREFETCH_KEYS) {
         prefetch_row(k);
     }
@@ -47,16 +47,46 @@ fn prefetch_for_key(keys: &[&[f16]], prefetch: &[&[f16]], j: usize) {
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn load16(p: *const f16) -> __m512 {
-    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+/// Cache rows the x86 tiles read, widened to f32 lanes as they are loaded.
+pub trait Load: Copy {
+    /// 16 values at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX-512F must be present and `p` readable for 16 values.
+    unsafe fn load16(p: *const Self) -> __m512;
+    /// 8 values at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2 and F16C must be present and `p` readable for 8 values.
+    unsafe fn load8(p: *const Self) -> __m256;
 }
 
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn load8(p: *const f16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+// The loads are inlined into the `target_feature` kernels that call them, where the
+// intrinsics' features are enabled.
+impl Load for f16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY (caller): AVX-512F present, 16 readable f16 at p.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY (caller): F16C present, 8 readable f16 at p.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
+
+impl Load for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY (caller): AVX-512F present, 16 readable f32 at p.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY (caller): AVX present, 8 readable f32 at p.
+        unsafe { _mm256_loadu_ps(p) }
+    }
 }
 
 #[inline]
@@ -69,10 +99,10 @@ unsafe fn hsum8(v: __m256) -> f32 {
 }
 
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn scores512(
+pub(super) unsafe fn scores512<K: Load, P>(
     q: &[f32],
-    keys: &[&[f16]],
-    prefetch: &[&[f16]],
+    keys: &[&[K]],
+    prefetch: &[&[P]],
     rows: usize,
     d: usize,
     scale: f32,
@@ -92,7 +122,7 @@ pub(super) unsafe fn scores512(
             let mut a = [_mm512_setzero_ps(); R];
             let mut b = [_mm512_setzero_ps(); R];
             for c in (0..d).step_by(16) {
-                let (x, y) = (load16(ka.add(c)), load16(kb.add(c)));
+                let (x, y) = (K::load16(ka.add(c)), K::load16(kb.add(c)));
                 for r in 0..R {
                     let qv = _mm512_loadu_ps(qp.add(qr[r] + c));
                     a[r] = _mm512_fmadd_ps(qv, x, a[r]);
@@ -117,9 +147,9 @@ pub(super) unsafe fn scores512(
 const VALUE_ROWS: usize = 16;
 
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn weighted512(
+pub(super) unsafe fn weighted512<V: Load>(
     p: &[f32],
-    vals: &[&[f16]],
+    vals: &[&[V]],
     rows: usize,
     d: usize,
     out: &mut [f32],
@@ -158,9 +188,9 @@ pub(super) unsafe fn weighted512(
                 }
                 for (v, j) in vals[j0..j1].iter().zip(j0..) {
                     let vp = v.as_ptr().add(c0);
-                    let v0 = load16(vp);
+                    let v0 = V::load16(vp);
                     let v1 = if two {
-                        load16(vp.add(16))
+                        V::load16(vp.add(16))
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -184,10 +214,10 @@ pub(super) unsafe fn weighted512(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scores256(
+pub(super) unsafe fn scores256<K: Load, P>(
     q: &[f32],
-    keys: &[&[f16]],
-    prefetch: &[&[f16]],
+    keys: &[&[K]],
+    prefetch: &[&[P]],
     rows: usize,
     d: usize,
     scale: f32,
@@ -203,7 +233,7 @@ pub(super) unsafe fn scores256(
             prefetch_for_key(keys, prefetch, j);
             let mut a = [_mm256_setzero_ps(); R];
             for c in (0..d).step_by(8) {
-                let x = load8(kp.add(c));
+                let x = K::load8(kp.add(c));
                 for r in 0..R {
                     a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(qr[r] + c)), x, a[r]);
                 }
@@ -216,9 +246,9 @@ pub(super) unsafe fn scores256(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn weighted256(
+pub(super) unsafe fn weighted256<V: Load>(
     p: &[f32],
-    vals: &[&[f16]],
+    vals: &[&[V]],
     rows: usize,
     d: usize,
     out: &mut [f32],
@@ -235,7 +265,7 @@ pub(super) unsafe fn weighted256(
             let mut a1 = [_mm256_setzero_ps(); R4];
             for (j, v) in vals.iter().enumerate() {
                 let vp = v.as_ptr().add(c0);
-                let (v0, v1) = (load8(vp), load8(vp.add(8)));
+                let (v0, v1) = (V::load8(vp), V::load8(vp.add(8)));
                 for r in 0..R4 {
                     let w = _mm256_set1_ps(*pp.add(pr[r] + j));
                     a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
