@@ -10,6 +10,54 @@ pub(crate) struct Partial {
     pub(crate) out: Vec<f32>,
 }
 
+impl Partial {
+    /// A part that weighs nothing yet: `rows` rows of width `d`.
+    pub(crate) fn empty(rows: usize, d: usize) -> Self {
+        Self {
+            max: vec![f32::NEG_INFINITY; rows],
+            sum: vec![0.0; rows],
+            out: vec![0.0; rows * d],
+        }
+    }
+
+    /// Folds `other` (a part of the same rows over other keys) into this one: per row both
+    /// rescaled to the larger maximum and added, as [`merge`] adds many at once.
+    pub(crate) fn absorb(&mut self, other: &Partial, d: usize) {
+        for r in 0..self.max.len() {
+            if other.sum[r] == 0.0 {
+                continue;
+            }
+            let m = self.max[r].max(other.max[r]);
+            let (ws, wo) = (weight(self.max[r] - m), weight(other.max[r] - m));
+            self.sum[r] = self.sum[r] * ws + other.sum[r] * wo;
+            let mine = &mut self.out[r * d..(r + 1) * d];
+            for (x, y) in mine.iter_mut().zip(&other.out[r * d..(r + 1) * d]) {
+                *x = *x * ws + y * wo;
+            }
+            self.max[r] = m;
+        }
+    }
+
+    /// Each row's output divided by its total (zero where nothing weighed it).
+    pub(crate) fn normalized(mut self, d: usize) -> Vec<f32> {
+        for (o, &total) in self.out.chunks_exact_mut(d).zip(&self.sum) {
+            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            o.iter_mut().for_each(|x| *x *= inv);
+        }
+        self.out
+    }
+}
+
+/// e^shift for a shift ≤ 0, zero below e^-87 (as `vmath::exp_shifted_sum` drops), never a
+/// subnormal factor (whose products take microcode assists).
+fn weight(shift: f32) -> f32 {
+    if shift < -87.0 {
+        0.0
+    } else {
+        shift.exp()
+    }
+}
+
 /// Adds the parts into `out` (rows × `d`, zeroed by the caller). A part that weighs nothing
 /// for a row (no visible key, or a maximum under e^-87 of the row's, as
 /// `vmath::exp_shifted_sum` drops) is skipped; a row no part weighs stays zero.
@@ -91,5 +139,14 @@ mod tests {
         let mut none = vec![0f32; 2];
         merge(&[empty], 2, &mut none);
         assert_eq!(none, [0.0, 0.0]);
+        // Absorbed one by one into an empty part, the same as merged at once.
+        let mut folded = Partial::empty(1, 2);
+        folded.absorb(&part(2..4), 2);
+        folded.absorb(&Partial::empty(1, 2), 2);
+        folded.absorb(&part(0..2), 2);
+        for (a, b) in folded.normalized(2).iter().zip(&got) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        assert_eq!(Partial::empty(1, 2).normalized(2), [0.0, 0.0]);
     }
 }

@@ -8,8 +8,9 @@
 //! (`kv::spec`): the queries are rotated once per call, quantized to the keys' dot type and
 //! dotted per block in integers (`BlockType::dots`, ggml's products float for float); the
 //! value rows are dequantized and summed with fused adds (`BlockType::accumulate_rows`), the
-//! sum rotated back once. Prefill (many query rows) does both as matrix products over the
-//! dequantized rows instead: the same products, added in another order.
+//! sum rotated back once. Prefill (many query rows) reads every segment as decoded rows
+//! instead, once per call, through the f16 cache's tiles (`turboquant_rows.rs`): the same
+//! products, added in another order.
 //!
 //! Layout: every kv head holds its tokens in segments of [`SEGMENT_TOKENS`] (each a
 //! `CodeBlock`, or an f16 row buffer for a dense side); all segments but the last are full.
@@ -93,10 +94,12 @@ const PARALLEL_MIN_PAIRS: usize = 1 << 12;
 /// it two, with the merge still negligible.
 const RANGE_KEYS: usize = 128;
 
-/// From this many query rows on (prefill), block sides score and sum by matrix products over
-/// their dequantized rows instead of ggml's per-key integer dots: the same products, added in
-/// another order (the difference is float rounding), at GEMM speed. Decode steps (a group's
-/// few heads) keep ggml's dots float for float.
+/// From this many query rows on (prefill), sides score and sum over their decoded rows
+/// instead of per record: by the row tiles of `turboquant_rows.rs` where both sides can, else
+/// (a codec with QJL, q4_1/q5_1 keys on the other side) by matrix products per segment. The
+/// same products as the kernels', added in another order (the difference is float rounding).
+/// Decode steps (a group's few heads) keep ggml's dots and the codec's kernels float for
+/// float.
 const BLOCK_GEMM_MIN_ROWS: usize = 16;
 
 /// `a` (`m × k`) times `b` (`k × n`), row-major, on the CPU's GEMM.
@@ -912,7 +915,13 @@ impl TurboQuantStorage {
         let qv = self.host_rows(q)?;
         let scale = spec.scale as f32;
         let live = self.total - self.front;
-        let rows_per_block = (SCORE_BUDGET / (group * live)).clamp(1, t);
+        // Prefill by rows holds no score matrix across segments: all positions at once.
+        let by_rows = self.reads_as_rows(group * t);
+        let rows_per_block = if by_rows {
+            t
+        } else {
+            (SCORE_BUDGET / (group * live)).clamp(1, t)
+        };
         let mut out = vec![0f32; nh * t * d];
         for hk in 0..nkv {
             // Weighted keys: score q ⊘ w against the codes of w ⊙ (k − μ).
@@ -938,13 +947,18 @@ impl TurboQuantStorage {
                         }
                     }
                 }
-                // Block keys are stored rotated: rotate the queries once, here.
-                if let Some(b) = &self.key.block {
-                    for row in qm.chunks_exact_mut(d) {
-                        b.rotate(row)?;
+                let res = if by_rows {
+                    // Rotates the queries for block keys itself, pass by pass on all cores.
+                    self.attend_rows(hk, &qm, group, &ranges)?
+                } else {
+                    // Block keys are stored rotated: rotate the queries once, here.
+                    if let Some(b) = &self.key.block {
+                        for row in qm.chunks_exact_mut(d) {
+                            b.rotate(row)?;
+                        }
                     }
-                }
-                let res = self.attend_block(hk, &qm, group, &ranges)?;
+                    self.attend_block(hk, &qm, group, &ranges)?
+                };
                 for (ri, i) in (a..b).enumerate() {
                     for gg in 0..group {
                         let dst = &mut out[((hk * group + gg) * t + i) * d..][..d];
@@ -1070,6 +1084,14 @@ impl TurboQuantStorage {
         };
         let mut out = vec![0f32; g * d];
         merge(&partials, d, &mut out);
+        self.finish_values(hk, &mut out)?;
+        Ok(out)
+    }
+
+    /// Attention outputs of head `hk` (rows of `d`) from the values' stored domain to the
+    /// model's.
+    fn finish_values(&self, hk: usize, out: &mut [f32]) -> Result<()> {
+        let d = self.shape.head_dim;
         // Block values were summed in their rotated domain: rotate the total back.
         if let Some(b) = &self.value.block {
             for row in out.chunks_exact_mut(d) {
@@ -1084,7 +1106,7 @@ impl TurboQuantStorage {
                 row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Decodes held tokens `from..from + len` of every head into `[n_kv, len, d]` f32.
@@ -1395,6 +1417,9 @@ impl KvStorage for TurboQuantStorage {
         self.counters.snapshot()
     }
 }
+
+#[path = "turboquant_rows.rs"]
+mod rows;
 
 #[cfg(test)]
 #[path = "turboquant_tests.rs"]
