@@ -22,8 +22,8 @@ pub enum Bits {
     B4,
     /// Half at 5 bits, half at 4.
     B4_5,
-    /// 5 bits (the wide widths, 5–8, run on the portable kernels: their codebooks do not fit
-    /// one SIMD register).
+    /// 5 bits (the wide widths, 5–8: their codebooks do not fit one x86 register, so x86
+    /// scores them by gathers and sums them in portable code; NEON by table lookups).
     B5,
     /// Half at 6 bits, half at 5.
     B5_5,

@@ -37,8 +37,9 @@ pub(crate) struct Seg {
     pub len: usize,
     pub width: u8,
     pub bit_offset: usize,
-    /// Codebook levels, zero-padded to 256 entries (8-bit codes). The SIMD backends, which
-    /// only run widths ≤ 4 (see `Ctx::wide`), read the first 16: one AVX-512 register.
+    /// Codebook levels, zero-padded to 256 entries (8-bit codes). The x86 backends' narrow
+    /// kernels read the first 16 (one AVX-512 register); the wide ones and NEON read them
+    /// all (see `Ctx::wide`).
     pub table: [f32; 256],
     /// Decision thresholds, padded with +∞ to 16 entries.
     pub thresholds: [f32; 16],
@@ -59,10 +60,11 @@ pub(crate) struct Ctx {
     pub norm_offset: usize,
     /// (sign bit offset, γ offset, √(π/2)/d) for prod.
     pub qjl: Option<(usize, usize, f32)>,
-    /// Whether a segment is wider than 4 bits: its codebook does not fit the SIMD backends'
-    /// 16-entry registers. Its scores (without QJL) run the x86 backends' gather kernels
-    /// (`scores_wide`), in coordinate order; every other kernel of such a codec runs the
-    /// portable code.
+    /// Whether a segment is wider than 4 bits: its codebook does not fit the x86 backends'
+    /// 16-entry registers. Its scores (without QJL) run their gather kernels
+    /// (`scores_wide`), in coordinate order; its weighted sums run the portable code. NEON
+    /// scores and sums every width (four-register table lookups); encoders of wide codecs
+    /// are portable everywhere.
     pub wide: bool,
     /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
     /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
@@ -223,13 +225,12 @@ impl std::fmt::Display for Backend {
 }
 
 impl Codec {
-    /// The backend this codec's kernels run on: the CPU's best, or the portable code for
-    /// wide (5–8-bit) codebooks.
+    /// The backend this codec's kernels run on: the CPU's best, or on x86 the portable code
+    /// for wide (5–8-bit) codebooks (NEON reads every width by table lookups).
     pub(crate) fn backend(&self) -> Backend {
-        if self.ctx.wide {
-            Backend::Portable
-        } else {
-            Backend::detect()
+        match Backend::detect() {
+            Backend::Avx512 | Backend::Avx2 if self.ctx.wide => Backend::Portable,
+            b => b,
         }
     }
 

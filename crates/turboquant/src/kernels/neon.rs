@@ -4,11 +4,14 @@
 //!
 //! Codes are unpacked 16 at a time in coordinate order, so queries and accumulators need no
 //! lane permutation (unlike the x86 backends): the 2·w bytes holding 16 codes of width w are
-//! read as one 64-bit word; one `tbl` per 8 codes gathers each code's two bytes into a 16-bit
-//! lane, which a per-lane shift and a mask reduce to the code. Centroids come from four `tbl`
-//! lookups into the codebook split into byte planes (plane b holds byte b of each of the 16
-//! levels), re-interleaved into four f32x4 registers by `zip`. Coordinates past the last whole
-//! group of 16, and segments that do not start on a byte, are read one code at a time.
+//! read as one 64-bit word (w ≤ 4) or one 128-bit load (w ≤ 8); one `tbl` per 8 codes gathers
+//! each code's two bytes into a 16-bit lane, which a per-lane shift and a mask reduce to the
+//! code. Centroids come from `tbl` lookups into the codebook split into byte planes (plane b
+//! holds byte b of each level), re-interleaved into four f32x4 registers by `zip`: one 16-byte
+//! `tbl` per plane up to 16 levels, one four-register `tbl` per 64 levels above (chained by
+//! `tbx`: 1 up to 6 bits, 2 for 7, 4 for 8). Coordinates past the last whole group of 16,
+//! and segments that do not start on a byte, are read one code at a time. Every width is
+//! scored and summed here; the encoder's NEON path is for widths up to 4.
 //!
 //! Encoding counts, for 16 values at a time, the thresholds at or below each value (`fcmge`),
 //! exactly the portable rule, so both write identical bytes; codes are packed by per-lane
@@ -38,13 +41,22 @@ pub(crate) fn available() -> bool {
     !FORCE_PORTABLE.load(Ordering::Relaxed) && std::arch::is_aarch64_feature_detected!("neon")
 }
 
-/// Widest code the 16-at-a-time unpacker handles (2·w bytes must fit one 64-bit word).
-const MAX_WIDTH: usize = 4;
+/// Widest code the 16-at-a-time unpacker handles (2·w bytes must fit one 128-bit load).
+const MAX_WIDTH: usize = 8;
+
+/// Widest code whose 16 codes fit one 64-bit word (2·w bytes) and whose codebook fits one
+/// 16-byte `tbl` per byte plane.
+const NARROW: usize = 4;
 
 /// Per-segment registers and loop bounds.
 struct SegTab {
-    /// Byte plane b: byte b (little-endian) of each of the 16 codebook levels.
+    /// Byte plane b: byte b (little-endian) of each of the first 16 codebook levels.
     planes: [uint8x16_t; 4],
+    /// For codes wider than [`NARROW`]: byte plane b of levels 64·c..64·c + 64 as
+    /// `wide[b][c]`, one four-register `tbl` each (`chunks` of them: 1 up to 6 bits, 2 for
+    /// 7, 4 for 8).
+    wide: Option<Box<[[uint8x16x4_t; 4]; 4]>>,
+    chunks: usize,
     /// Byte indices gathering the 16-bit window of codes 0..8 (`gather[0]`) and 8..16.
     gather: [uint8x16_t; 2],
     /// Right shifts (as negative left shifts) bringing each code to bit 0.
@@ -79,6 +91,26 @@ fn planes(seg: &Seg) -> [uint8x16_t; 4] {
     [u8x16(&p[0]), u8x16(&p[1]), u8x16(&p[2]), u8x16(&p[3])]
 }
 
+/// The codebook of a wide `seg` as byte planes of 64 levels (`chunks` of them).
+#[target_feature(enable = "neon")]
+fn wide_planes(seg: &Seg, chunks: usize) -> Box<[[uint8x16x4_t; 4]; 4]> {
+    let mut p = [[0u8; 256]; 4];
+    for (i, v) in seg.table.iter().take(64 * chunks).enumerate() {
+        for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
+            p[b][i] = byte;
+        }
+    }
+    let four = |b: usize, c: usize| {
+        let at = |k: usize| -> &[u8; 16] {
+            p[b][64 * c + 16 * k..64 * c + 16 * k + 16]
+                .try_into()
+                .expect("16 bytes")
+        };
+        uint8x16x4_t(u8x16(at(0)), u8x16(at(1)), u8x16(at(2)), u8x16(at(3)))
+    };
+    Box::new(std::array::from_fn(|b| std::array::from_fn(|c| four(b, c))))
+}
+
 #[target_feature(enable = "neon")]
 fn seg_tab(seg: &Seg) -> SegTab {
     let w = seg.width as usize;
@@ -91,8 +123,11 @@ fn seg_tab(seg: &Seg) -> SegTab {
     let shift =
         |half: usize| -> [i16; 8] { std::array::from_fn(|i| -(((w * (8 * half + i)) % 8) as i16)) };
     let vector = seg.bit_offset.is_multiple_of(8) && (1..=MAX_WIDTH).contains(&w);
+    let chunks = (1usize << w.min(MAX_WIDTH)).div_ceil(64);
     SegTab {
         planes: planes(seg),
+        wide: (w > NARROW).then(|| wide_planes(seg, chunks)),
+        chunks,
         gather: [u8x16(&gather(0)), u8x16(&gather(1))],
         shift: [i16x8(&shift(0)), i16x8(&shift(1))],
         mask: vdupq_n_u16(((1u32 << w) - 1) as u16),
@@ -115,11 +150,34 @@ fn load_u64(rec: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// The 16 codes packed in the low 16·w bits of `word`, one per byte, in order.
+/// 16 bytes of `rec` at `off`, zero-filled past its end.
+#[inline(always)]
+fn load_u128(rec: &[u8], off: usize) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    let rest = rec.get(off..).unwrap_or(&[]);
+    let n = rest.len().min(16);
+    a[..n].copy_from_slice(&rest[..n]);
+    a
+}
+
+/// The 2·w bytes of the 16 codes of width w at byte `off` of `rec` (zeros after them or
+/// past the record's end in a wider read).
 #[inline]
 #[target_feature(enable = "neon")]
-fn codes16(word: u64, t: &SegTab) -> uint8x16_t {
-    let bytes = vcombine_u8(vcreate_u8(word), vdup_n_u8(0));
+fn group_bytes(rec: &[u8], off: usize, w: usize) -> uint8x16_t {
+    if w <= NARROW {
+        vcombine_u8(vcreate_u8(load_u64(rec, off)), vdup_n_u8(0))
+    } else {
+        u8x16(&load_u128(rec, off))
+    }
+}
+
+/// The 16 codes packed in the low 16·w bits of `bytes`, one per byte, in order. A code of
+/// up to 8 bits spans at most two bytes; for w = 8 the 16th code's second window byte is
+/// index 16, which `tbl` reads as zero, and the mask drops it anyway.
+#[inline]
+#[target_feature(enable = "neon")]
+fn codes16(bytes: uint8x16_t, t: &SegTab) -> uint8x16_t {
     let lo = vreinterpretq_u16_u8(vqtbl1q_u8(bytes, t.gather[0]));
     let hi = vreinterpretq_u16_u8(vqtbl1q_u8(bytes, t.gather[1]));
     let lo = vandq_u16(vshlq_u16(lo, t.shift[0]), t.mask);
@@ -127,14 +185,30 @@ fn codes16(word: u64, t: &SegTab) -> uint8x16_t {
     vcombine_u8(vmovn_u16(lo), vmovn_u16(hi))
 }
 
-/// Centroids of 16 codes (each < 16), in order, as four f32x4.
+/// Centroids of 16 codes of segment table `t`, in order, as four f32x4.
 #[inline]
 #[target_feature(enable = "neon")]
-fn centroids16(codes: uint8x16_t, planes: &[uint8x16_t; 4]) -> [float32x4_t; 4] {
-    let b0 = vqtbl1q_u8(planes[0], codes);
-    let b1 = vqtbl1q_u8(planes[1], codes);
-    let b2 = vqtbl1q_u8(planes[2], codes);
-    let b3 = vqtbl1q_u8(planes[3], codes);
+fn centroids16(codes: uint8x16_t, t: &SegTab) -> [float32x4_t; 4] {
+    let [b0, b1, b2, b3] = match &t.wide {
+        None => std::array::from_fn(|b| vqtbl1q_u8(t.planes[b], codes)),
+        Some(wide) => std::array::from_fn(|b| {
+            // Levels 64·c.. of chunk c: indices out of its range (≥ 64 after the
+            // wrapping subtraction) keep what an earlier chunk found.
+            let mut v = vqtbl4q_u8(wide[b][0], codes);
+            for c in 1..t.chunks {
+                let idx = vsubq_u8(codes, vdupq_n_u8((64 * c) as u8));
+                v = vqtbx4q_u8(v, wide[b][c], idx);
+            }
+            v
+        }),
+    };
+    interleave(b0, b1, b2, b3)
+}
+
+/// Four byte planes of 16 values into the values, in order, as four f32x4.
+#[inline]
+#[target_feature(enable = "neon")]
+fn interleave(b0: uint8x16_t, b1: uint8x16_t, b2: uint8x16_t, b3: uint8x16_t) -> [float32x4_t; 4] {
     // u16 lane k of lo01 = bytes 0, 1 of level codes[k] (k < 8); hi01 the same for k ≥ 8.
     let lo01 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1));
     let hi01 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1));
@@ -164,8 +238,8 @@ fn walk<S: ?Sized>(
         let byte0 = seg.bit_offset / 8;
         let w = t.width;
         for gi in 0..t.groups {
-            let codes = codes16(load_u64(rec, byte0 + 2 * w * gi), t);
-            f(state, seg.start + 16 * gi, &centroids16(codes, &t.planes));
+            let codes = codes16(group_bytes(rec, byte0 + 2 * w * gi, w), t);
+            f(state, seg.start + 16 * gi, &centroids16(codes, t));
         }
         for k in 16 * t.groups..seg.len {
             let i = bits::read(rec, seg.bit_offset + k * w, seg.width);
@@ -463,8 +537,8 @@ fn walk_records<S: ?Sized, const R: usize>(
         for gi in 0..t.groups {
             let mut c = [[vdupq_n_f32(0.0); 4]; R];
             for r in 0..R {
-                let codes = codes16(load_u64(recs[r], byte0 + 2 * w * gi), t);
-                c[r] = centroids16(codes, &t.planes);
+                let codes = codes16(group_bytes(recs[r], byte0 + 2 * w * gi, w), t);
+                c[r] = centroids16(codes, t);
             }
             f(state, seg.start + 16 * gi, &c);
         }
@@ -507,7 +581,8 @@ fn quantize_neon(seg: &Seg, ys: &[f32], idx: &mut [u8], cents: &mut [f32]) {
         let codes = vcombine_u8(vmovn_u16(lo), vmovn_u16(hi));
         let dst = &mut idx[16 * gi..16 * gi + 16];
         let cdst = &mut cents[16 * gi..16 * gi + 16];
-        let c = centroids16(codes, &planes);
+        let [b0, b1, b2, b3] = std::array::from_fn(|b| vqtbl1q_u8(planes[b], codes));
+        let c = interleave(b0, b1, b2, b3);
         // SAFETY: `dst` holds 16 bytes and `cdst` 16 floats; each store writes inside them.
         unsafe {
             vst1q_u8(dst.as_mut_ptr(), codes);
@@ -534,7 +609,7 @@ pub(crate) fn pack(codes: &[u8], width: u8, dst: &mut [u8], bit_offset: usize) -
 #[target_feature(enable = "neon")]
 fn pack_neon(codes: &[u8], width: u8, dst: &mut [u8], bit_offset: usize) -> bool {
     let w = width as usize;
-    if !bit_offset.is_multiple_of(8) || !(1..=MAX_WIDTH).contains(&w) {
+    if !bit_offset.is_multiple_of(8) || !(1..=NARROW).contains(&w) {
         return bits::pack(codes, width, dst, bit_offset);
     }
     if (bit_offset + codes.len() * w).div_ceil(8) > dst.len() {
@@ -566,4 +641,83 @@ fn pack_neon(codes: &[u8], width: u8, dst: &mut [u8], bit_offset: usize) -> bool
         byte += 2 * w;
     }
     bits::pack(it.remainder(), width, dst, byte * 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every width's unpacking and codebook lookup against `bits::read` and the table, bit
+    /// for bit, on synthetic codebooks (no fitting: cheap under qemu) and random codes: one
+    /// record of two segments, the second starting on a byte, each with a scalar tail.
+    #[test]
+    fn walk_reads_every_width_as_the_table_does() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for w in 1..=8u8 {
+            let levels = 1usize << w;
+            let mut table = [0f32; 256];
+            for t in table.iter_mut().take(levels) {
+                *t = f32::from_bits((next() as u32 & 0x007f_ffff) | 0x3f00_0000)
+                    * if next() & 1 == 0 { 1.0 } else { -1.0 };
+            }
+            let (len0, len1) = (40usize, 37usize);
+            let off1 = (len0 * w as usize).div_ceil(8) * 8;
+            let bytes = (off1 + len1 * w as usize).div_ceil(8);
+            let codes: Vec<u8> = (0..len0 + len1)
+                .map(|_| (next() as usize % levels) as u8)
+                .collect();
+            let mut rec = vec![0u8; bytes];
+            assert!(bits::pack(&codes[..len0], w, &mut rec, 0));
+            assert!(bits::pack(&codes[len0..], w, &mut rec, off1));
+            let seg = |start, len, bit_offset| Seg {
+                start,
+                len,
+                width: w,
+                bit_offset,
+                table,
+                thresholds: [f32::INFINITY; 16],
+                lane_blocks: 0,
+            };
+            let ctx = Ctx {
+                dim: len0 + len1,
+                stride: bytes,
+                segs: vec![seg(0, len0, 0), seg(len0, len1, off1)],
+                norm_offset: 0,
+                qjl: None,
+                wide: w > 4,
+                perm: (0..(len0 + len1) as u32).collect(),
+            };
+            // SAFETY: NEON is part of the aarch64 baseline this module is built for.
+            let got = unsafe {
+                let tabs: Vec<SegTab> = ctx.segs.iter().map(|s| seg_tab(s)).collect();
+                let mut got = vec![f32::NAN; ctx.dim];
+                walk(
+                    &ctx,
+                    &tabs,
+                    &rec,
+                    &mut got,
+                    |got, j, c| {
+                        for (m, v) in c.iter().enumerate() {
+                            vst1q_f32(got[j + 4 * m..].as_mut_ptr(), *v);
+                        }
+                    },
+                    |got, j, c| got[j] = c,
+                );
+                got
+            };
+            for (j, (&code, g)) in codes.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    table[code as usize].to_bits(),
+                    "width {w} coordinate {j}"
+                );
+            }
+        }
+    }
 }
