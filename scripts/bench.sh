@@ -35,7 +35,8 @@
 # BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
 # llama.cpp's cache types (BENCH_BLOCK_TYPES, default "q8_0 q4_0") get their own table:
 # our decode with --kv TYPE against llama-bench -ctk TYPE -ctv TYPE, and against our f16.
-# Then the time to first token through `kvlab serve` by conversation length (1 KB, 32 KB,
+# Then every cache of the app's menu against our f16, prefill and decode (BENCH_PRESETS=0
+# skips it), and the time to first token through `kvlab serve` by conversation length (1 KB, 32 KB,
 # 112 KB; scripts/bench/ttft.py, BENCH_TTFT=0 skips it). Last,
 # scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache types
 # beside ours on the 270M (BENCH_KLD=0 skips it).
@@ -146,6 +147,31 @@ for m in "${MODELS[@]}"; do
   done
 done
 
+# Every cache of the app's menu against our f16, prefill and decode, in one process per
+# model and depth (`kvlab bench decode --kv f16,presets --prefill-each`: each cache prefills
+# the context into its own fresh cache, then decodes from one shared prefill, alternating
+# rounds). BENCH_PRESET_MODELS (default: the 270M and E2B Q4_K_M), BENCH_PRESET_DEPTHS
+# (default 4096 16384 on the 270M, 4096 on the E2B, whose 4k prefill takes ~1 min per cache
+# and round); BENCH_PRESETS=0 skips it.
+PRESETS_OUT="$(mktemp)"
+trap 'rm -f "$RESULTS" "$PROFILES" "$PRESETS_OUT"' EXIT
+if [ "${BENCH_PRESETS:-1}" != 0 ]; then
+  for m in ${BENCH_PRESET_MODELS:-gemma3-270m e2b-q4_k_m}; do
+    [ -n "${PATHS[$m]:-}" ] || PATHS[$m]="$(model_path "$m")"
+    case "$m" in gemma3-270m) depths="${BENCH_PRESET_DEPTHS:-4096 16384}" ;;
+      *) depths="${BENCH_PRESET_DEPTHS:-4096}" ;; esac
+    for d in $depths; do
+      say "menu caches against f16: $m, depth $d"
+      {
+        echo "$m, depth $d: every menu cache against our f16"
+        "$KVLAB" --threads "$THREADS" bench decode --model "${PATHS[$m]}" --ctx "$d" \
+          --decode "$GEN" --text paradise-lost --kv f16,presets --prefill-each \
+          --rounds "$ROUNDS" 2>/dev/null | sed -n '2,$p'
+      } >>"$PRESETS_OUT"
+    done
+  done
+fi
+
 # The app against the CLI: decode rates of 128-token answers at ~32 tokens of context.
 app_decode() { # threads|"" -> best decode tok/s of BENCH_ROUNDS answers
   BENCH_APP_THREADS="$1" BENCH_APP_TOKENS=128 \
@@ -235,6 +261,10 @@ if app_rows:
 EOF
 echo
 cat "$PROFILES"
+if [ -s "$PRESETS_OUT" ]; then
+  echo
+  cat "$PRESETS_OUT"
+fi
 
 # Time to first token by conversation length, through `kvlab serve` on the 270M with its
 # chat template (scripts/bench/ttft.py: 1 KB, 32 KB and 112 KB conversations, each adding a

@@ -158,3 +158,40 @@ fn a_text_prefill_runs_the_texts_first_tokens_and_refuses_a_short_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("fewer than --ctx 10000000"), "{err}");
 }
+
+/// `--prefill-each`: every cache's own prefill timed in each round, the first's ratio one;
+/// refused with a single SPEC.
+#[test]
+fn prefill_each_times_every_cache_in_every_round() {
+    let dir = fixture("tiny_gemma3");
+    let run = |kv: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(["bench", "decode", "--device", "cpu", "--ctx", "30"])
+            .args(["--decode", "3", "--rounds", "2", "--prefill-each", "--json"])
+            .arg("--model")
+            .arg(&dir)
+            .args(["--kv", kv])
+            .output()
+            .expect("run kvlab")
+    };
+    let out = run("f32,f16,tq4@all");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let secs = v["prefill_each_secs"].as_array().expect("per cache");
+    assert_eq!(secs.len(), 3);
+    for rounds in secs {
+        let rounds = rounds.as_array().expect("rounds");
+        assert_eq!(rounds.len(), 2);
+        assert!(rounds.iter().all(|s| s.as_f64().is_some_and(|s| s > 0.0)));
+    }
+    let ratios = v["prefill_vs_first"].as_array().expect("ratios");
+    assert_eq!(ratios[0], 1.0);
+    assert!(ratios.iter().all(|r| r.as_f64().is_some_and(|r| r > 0.0)));
+    let out = run("f16");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--prefill-each compares"));
+}

@@ -19,8 +19,8 @@ use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::bench::decode::{
-    bench_decode, bench_decode_compare, BenchContext, CompareReport, DecodeBenchReport,
-    DecodeBenchSpec, ProfileRow,
+    bench_decode, bench_decode_compare, bench_prefill_each, BenchContext, CompareReport,
+    DecodeBenchReport, DecodeBenchSpec, ProfileRow,
 };
 use kvlab_engine::bench::golden::{check_golden, GoldenReport};
 use kvlab_engine::checkpoint::source::find_tokenizer;
@@ -101,15 +101,20 @@ enum BenchCommand {
         /// Prefill chunk size.
         #[arg(long, default_value_t = 512)]
         chunk: usize,
-        /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README). Several,
-        /// comma-separated (`f16,tq4@all`): one prefill in the first, then each cache's decode
-        /// from the same depth in `--rounds` alternating rounds (the cache switched as the app
-        /// switches it), with each one's speed as a ratio to the first's.
+        /// KV cache SPEC (`f16`, `f32`, `tq4`, `k4v3@all`, …; see the README; `presets` for
+        /// every preset of the app's menu). Several, comma-separated (`f16,tq4@all`): one
+        /// prefill in the first, then each cache's decode from the same depth in `--rounds`
+        /// alternating rounds (the cache switched as the app switches it), with each one's
+        /// speed as a ratio to the first's.
         #[arg(long, default_value = "f16")]
         kv: String,
         /// Rounds of a several-SPEC comparison; each cache's best round is reported.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// With several SPECs, also time each cache's own prefill of the context (a fresh
+        /// cache each, `--rounds` alternating rounds), as a ratio to the first's.
+        #[arg(long)]
+        prefill_each: bool,
         /// Device: cpu, auto, metal, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -179,6 +184,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             chunk,
             kv,
             rounds,
+            prefill_each,
             device,
             dtype,
             weights,
@@ -191,10 +197,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             if ctx == 0 {
                 bail!("--ctx must be at least 1");
             }
-            let cache_specs = kv
-                .split(',')
-                .map(|s| CacheSpec::parse(s).with_context(|| format!("bad --kv `{s}`")))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let cache_specs = crate::fidelity::specs(&kv)?;
             let cache_spec = cache_specs[0];
             let comparing = cache_specs.len() > 1;
             if comparing && (profile || golden.is_some()) {
@@ -202,6 +205,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             if comparing && rounds == 0 {
                 bail!("--rounds must be at least 1");
+            }
+            if prefill_each && !comparing {
+                bail!("--prefill-each compares several --kv SPECs");
             }
             let device = select_device(crate::model_args::parse_device(&device)?)?;
             let dtype = match dtype {
@@ -253,8 +259,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             };
             if comparing {
                 let policies: Vec<_> = cache_specs.iter().map(|c| c.to_policy()).collect();
+                let prefills = if prefill_each {
+                    Some(bench_prefill_each(&m, &spec, &policies, rounds)?)
+                } else {
+                    None
+                };
                 let r = bench_decode_compare(&m, &spec, &policies, rounds)?;
-                return print_comparison(&r, &cache_specs, &path, load_secs, json);
+                return print_comparison(&r, prefills, &cache_specs, &path, load_secs, json);
             }
             let r = bench_decode(&m, &spec)?;
             let golden = match &golden {
@@ -335,11 +346,16 @@ struct CompareJson<'a> {
     kv: Vec<String>,
     /// Each cache's best decode tok/s over the first's.
     speed_vs_first: Vec<f64>,
+    /// With `--prefill-each`: each cache's own prefill, seconds per round.
+    prefill_each_secs: Option<Vec<Vec<f64>>>,
+    /// With `--prefill-each`: each cache's best prefill tok/s over the first's.
+    prefill_vs_first: Option<Vec<f64>>,
 }
 
 /// A several-SPEC comparison: one row per cache, its best round and the ratio to the first.
 fn print_comparison(
     r: &CompareReport,
+    prefills: Option<Vec<Vec<f64>>>,
     specs: &[CacheSpec],
     path: &std::path::Path,
     load_secs: f64,
@@ -351,16 +367,45 @@ fn print_comparison(
         .map(|row| row.best_tok_per_s(r.decode_tokens))
         .collect();
     let ratios: Vec<f64> = best.iter().map(|b| b / best[0]).collect();
+    // Each cache's best prefill (its fastest round) in tok/s.
+    let tokens = r.prefill_tokens as f64;
+    let best_prefill: Option<Vec<f64>> = prefills.as_ref().map(|p| {
+        p.iter()
+            .map(|secs| tokens / secs.iter().copied().fold(f64::INFINITY, f64::min).max(1e-9))
+            .collect()
+    });
+    let prefill_ratios: Option<Vec<f64>> = best_prefill
+        .as_ref()
+        .map(|b| b.iter().map(|x| x / b[0]).collect());
     if json {
         let out = CompareJson {
             report: r,
             kv: specs.iter().map(|s| s.to_string()).collect(),
             speed_vs_first: ratios,
+            prefill_each_secs: prefills,
+            prefill_vs_first: prefill_ratios,
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!("model   {} (loaded in {load_secs:.1}s)", path.display());
+    if let (Some(p), Some(b), Some(ratio)) = (&prefills, &best_prefill, &prefill_ratios) {
+        let rounds = p.first().map_or(0, Vec::len);
+        println!(
+            "prefill {} tokens into each cache, best of {rounds} alternating rounds:",
+            r.prefill_tokens
+        );
+        for (((secs, spec), b), ratio) in p.iter().zip(specs).zip(b).zip(ratio) {
+            let each: Vec<String> = secs.iter().map(|s| format!("{:.1}", tokens / s)).collect();
+            println!(
+                "  {:<12} {:>7.1} tok/s  ×{:.2}  (rounds: {})",
+                spec.to_string(),
+                b,
+                ratio,
+                each.join(" ")
+            );
+        }
+    }
     println!(
         "prefill {} tokens in {:.2}s: {:.1} tok/s ({})",
         r.prefill_tokens,

@@ -172,8 +172,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The SPECs `--kv` names, `presets` expanded.
-fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
+/// The SPECs a `--kv` list names, `presets` expanded to every preset of the app's menu
+/// (`kvlab fidelity` and `kvlab bench decode`).
+pub(crate) fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if item == "presets" {
@@ -181,7 +182,7 @@ fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
                 out.push(CacheSpec::parse(&p.specs.all)?);
             }
         } else {
-            out.push(CacheSpec::parse(item).with_context(|| format!("--kv {item}"))?);
+            out.push(CacheSpec::parse(item).with_context(|| format!("bad --kv `{item}`"))?);
         }
     }
     if out.is_empty() {

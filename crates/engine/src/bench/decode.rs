@@ -231,6 +231,31 @@ pub fn bench_decode_compare(
     })
 }
 
+/// Prefill speed of several cache precisions: in each of `rounds` rounds every policy in turn
+/// prefills the whole context into a fresh cache of its own (so its encoding and its
+/// attention over what it holds are timed, as a new conversation pays them), alternating in
+/// time as [`bench_decode_compare`]'s decodes do. `secs[policy][round]`; `spec.decode`,
+/// `spec.policy` and `spec.profile` are not used.
+pub fn bench_prefill_each(
+    model: &Model,
+    spec: &DecodeBenchSpec,
+    policies: &[PrecisionPolicy],
+    rounds: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let ids = context_ids(model, &spec.context)?;
+    let mut secs = vec![Vec::with_capacity(rounds); policies.len()];
+    for _ in 0..rounds.max(1) {
+        for (policy, row) in policies.iter().zip(&mut secs) {
+            let mut cache = model.new_cache(policy)?;
+            let mut sampler = new_sampler(spec)?;
+            let t = Instant::now();
+            prefill(model, &ids, spec.prefill_chunk, &mut cache, &mut sampler)?;
+            row.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(secs)
+}
+
 /// The token ids a benchmark context stands for.
 fn context_ids(model: &Model, context: &BenchContext) -> Result<Vec<u32>> {
     Ok(match context {
