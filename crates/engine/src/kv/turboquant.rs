@@ -84,10 +84,10 @@ const SCORE_BUDGET: usize = 1 << 20;
 const MIN_CENTER_ROWS: usize = 16;
 
 /// Below this many (query, key) pairs a block is processed on the calling thread. Low enough
-/// that a decode step over a sliding window (8 query heads × 512 keys, over two segments)
-/// runs on two cores, as the f16 path's 256-key blocks do: a TurboQuant call there takes
-/// ~0.25 ms, far above the pool's dispatch cost.
-const PARALLEL_MIN_PAIRS: usize = 1 << 12;
+/// that a decode step over a sliding window (4 query heads × 512 keys on the 270M, 8 on
+/// E2B) runs on two cores, as the f16 path's 256-key blocks do: a call there takes
+/// 45–65 µs on one core, far above the pool's dispatch cost.
+const PARALLEL_MIN_PAIRS: usize = 1 << 11;
 
 /// Keys per unit of work where a segment is cut into key ranges (dense and ggml-block sides):
 /// a sliding layer's 512-key window splits four ways, as the f16 path's 256-key blocks split
