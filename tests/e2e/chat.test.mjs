@@ -89,6 +89,20 @@ async function waitForStats(index, timeout = 120_000) {
   return (await answers())[index];
 }
 
+/** Regenerates the last answer and waits until its stats say only the last of its `prompt`
+ * tokens ran (the rest read from the cache); `was` (the stats before) names a failure. */
+async function regenerateFromCache(prompt, was) {
+  await (await $('[data-testid="regenerate"]')).click();
+  const again = new RegExp(`prompt ${prompt} \\(${prompt - 1} cached\\)`);
+  await app.browser.waitUntil(
+    async () => {
+      const stats = await (await answers()).at(-1).$('[data-testid="stats"]');
+      return (await stats.isExisting()) && again.test(await stats.getText());
+    },
+    { timeout: 60_000, timeoutMsg: `the regenerated answer did not reuse ${prompt - 1} of ${prompt} prompt tokens (${was})` },
+  );
+}
+
 before(async () => {
   app = await launchApp({ env: { KVLAB_DATA_DIR: DATA_DIR } });
 });
@@ -418,17 +432,8 @@ test("a conversation saved with its KV cache: after a relaunch the next answer r
   // The unbroken answer is a regenerated one: its last prompt token runs alone, as it will
   // after the relaunch. The first answer's came in the prompt's chunk, whose attention sums
   // the same products in another order, and a greedy answer can follow a near-tie either way.
-  const prompt0 = Number(first.match(/prompt (\d+)/)[1]);
   await (await $('[data-testid="send"]')).waitForExist({ timeout: 30_000 });
-  await (await $('[data-testid="regenerate"]')).click();
-  const regenerated = new RegExp(`prompt ${prompt0} \\(${prompt0 - 1} cached\\)`);
-  await app.browser.waitUntil(
-    async () => {
-      const stats = await (await answers()).at(-1).$('[data-testid="stats"]');
-      return (await stats.isExisting()) && regenerated.test(await stats.getText());
-    },
-    { timeout: 60_000, timeoutMsg: `the answer was not regenerated from ${prompt0 - 1} cached tokens (${first})` },
-  );
+  await regenerateFromCache(Number(first.match(/prompt (\d+)/)[1]), first);
   const unbroken = await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText();
   const count = (await $$('[data-testid="message"]')).length;
   // Saved on demand, as quitting does: WebKitWebDriver's window close never reaches the app
@@ -473,15 +478,7 @@ test("a conversation saved with its KV cache: after a relaunch the next answer r
     { timeout: 30_000, timeoutMsg: "the restored answer shows no stats" },
   );
   const prompt = Number(before.match(/prompt (\d+)/)[1]);
-  await (await $('[data-testid="regenerate"]')).click();
-  const again = new RegExp(`prompt ${prompt} \\(${prompt - 1} cached\\)`);
-  await app.browser.waitUntil(
-    async () => {
-      const stats = await (await answers()).at(-1).$('[data-testid="stats"]');
-      return (await stats.isExisting()) && again.test(await stats.getText());
-    },
-    { timeout: 60_000, timeoutMsg: `the regenerated answer did not reuse ${prompt - 1} of ${prompt} prompt tokens (${before})` },
-  );
+  await regenerateFromCache(prompt, before);
   assert.ok(tokens >= prompt, `restored ${tokens} tokens, the prompt has ${prompt}`);
   assert.equal(await (await (await answers()).at(-1).$('[data-testid="answer"]')).getText(), unbroken);
   await shot("main-window.png");

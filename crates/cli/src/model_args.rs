@@ -161,9 +161,43 @@ pub fn parse_device(s: &str) -> anyhow::Result<DeviceChoice> {
     })
 }
 
+/// The SPECs a `--kv` list names, `presets` expanded to every preset of the app's menu
+/// (`kvlab fidelity` and `kvlab bench decode`).
+pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "presets" {
+            for p in kvlab_engine::kv::presets::presets() {
+                out.push(CacheSpec::parse(&p.specs.all)?);
+            }
+        } else {
+            out.push(CacheSpec::parse(item).with_context(|| format!("bad --kv `{item}`"))?);
+        }
+    }
+    if out.is_empty() {
+        bail!("--kv names no cache");
+    }
+    Ok(out)
+}
+
 /// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …) into a cache policy.
 pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {
     Ok(CacheSpec::parse(spec)
         .with_context(|| format!("bad --kv `{spec}`"))?
         .to_policy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_expand_to_every_menu_preset() {
+        let all = kv_specs("presets").unwrap();
+        assert_eq!(all.len(), kvlab_engine::kv::presets::presets().len());
+        assert!(all.iter().any(|s| s.to_string() == "f16"));
+        assert_eq!(kv_specs("f16, tq4").unwrap().len(), 2);
+        assert!(kv_specs("tq9").is_err());
+        assert!(kv_specs("").is_err());
+    }
 }

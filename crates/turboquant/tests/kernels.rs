@@ -99,6 +99,14 @@ fn all_specs(d: usize) -> Vec<Spec> {
     out
 }
 
+/// 3-bit prod (2-bit mse and QJL): the codec whose kernels nothing else can stand in for.
+fn prod3() -> Spec {
+    Spec {
+        variant: Variant::Prod,
+        ..Spec::mse(Bits::B3)
+    }
+}
+
 fn filled_block(codec: &Codec, n: usize, seed: u64) -> (CodeBlock, Vec<f32>) {
     let mut rng = TestRng::new(seed);
     let d = codec.dim();
@@ -260,14 +268,7 @@ fn rotated_rows_score_as_the_kernels_do() {
             ));
         }
     }
-    let prod = Codec::new(
-        64,
-        Spec {
-            variant: Variant::Prod,
-            ..Spec::mse(Bits::B3)
-        },
-    )
-    .unwrap();
+    let prod = Codec::new(64, prod3()).unwrap();
     let mut out = vec![1.0; 64];
     assert!(!prod.rotated_queries(&vec![0.5; 64], &mut out).unwrap());
     assert_eq!(out, vec![1.0; 64]);
@@ -316,14 +317,7 @@ fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
             }
         }
     }
-    let prod = Codec::new(
-        64,
-        Spec {
-            variant: Variant::Prod,
-            ..Spec::mse(Bits::B3)
-        },
-    )
-    .unwrap();
+    let prod = Codec::new(64, prod3()).unwrap();
     assert!(!prod.works_by_products());
     let mut out = vec![1.0; 64];
     assert!(!prod.unrotated_sums(&vec![0.5; 64], &mut out).unwrap());
@@ -334,14 +328,7 @@ fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
 /// (chunks of 37 records), and leaves every other column as it was.
 #[test]
 fn scores_of_a_record_range_equal_the_whole_blocks() {
-    for spec in [
-        Spec::mse(Bits::B4),
-        Spec::mse(Bits::B3_5),
-        Spec {
-            variant: Variant::Prod,
-            ..Spec::mse(Bits::B3)
-        },
-    ] {
+    for spec in [Spec::mse(Bits::B4), Spec::mse(Bits::B3_5), prod3()] {
         let d = 128;
         let codec = Codec::new(d, spec).unwrap();
         let n = 100;

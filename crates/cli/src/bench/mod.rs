@@ -197,7 +197,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             if ctx == 0 {
                 bail!("--ctx must be at least 1");
             }
-            let cache_specs = crate::fidelity::specs(&kv)?;
+            let cache_specs = crate::model_args::kv_specs(&kv)?;
             let cache_spec = cache_specs[0];
             let comparing = cache_specs.len() > 1;
             if comparing && (profile || golden.is_some()) {

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_engine::generate::sweep::{bits_per_coordinate, quantile, SweepPoint};
-use kvlab_engine::kv::{presets, CacheSpec, KvPrecision};
+use kvlab_engine::kv::{CacheSpec, KvPrecision};
 use kvlab_engine::Model;
 use serde::{Deserialize, Serialize};
 
@@ -172,25 +172,6 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The SPECs a `--kv` list names, `presets` expanded to every preset of the app's menu
-/// (`kvlab fidelity` and `kvlab bench decode`).
-pub(crate) fn specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
-    let mut out = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        if item == "presets" {
-            for p in presets::presets() {
-                out.push(CacheSpec::parse(&p.specs.all)?);
-            }
-        } else {
-            out.push(CacheSpec::parse(item).with_context(|| format!("bad --kv `{item}`"))?);
-        }
-    }
-    if out.is_empty() {
-        bail!("--kv names no cache");
-    }
-    Ok(out)
-}
-
 /// The per-layer sensitivity scan: `kv` on one cache-owning layer at a time.
 fn layers(args: LayersArgs) -> anyhow::Result<()> {
     let test = CacheSpec::parse(&args.kv).with_context(|| format!("--kv {}", args.kv))?;
@@ -267,7 +248,7 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
 }
 
 fn sweep(args: SweepArgs) -> anyhow::Result<()> {
-    let caches = specs(&args.kv)?;
+    let caches = crate::model_args::kv_specs(&args.kv)?;
     let peers: Vec<PeerPoint> = match &args.peer {
         Some(p) => serde_json::from_slice(
             &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
@@ -363,16 +344,6 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn presets_expand_to_every_menu_preset() {
-        let all = specs("presets").unwrap();
-        assert_eq!(all.len(), presets::presets().len());
-        assert!(all.iter().any(|s| s.to_string() == "f16"));
-        assert_eq!(specs("f16, tq4").unwrap().len(), 2);
-        assert!(specs("tq9").is_err());
-        assert!(specs("").is_err());
-    }
 
     #[test]
     fn peer_points_read_from_json() {

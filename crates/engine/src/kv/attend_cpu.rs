@@ -7,6 +7,7 @@
 //! semantics as the general path in `attend`.
 
 use candle_core::{DType, Storage, Tensor};
+use half::f16;
 
 use super::pool;
 use super::storage::AttendSpec;
@@ -19,16 +20,16 @@ use super::split_softmax::{merge, Partial};
 /// Query rows (`group × t`) per kv head up to which the fast path is used.
 pub const MAX_ROWS: usize = 32;
 
-/// Row-major view of a `[n_kv, s, d]` tensor whose rows are contiguous.
-struct Rows<'a, T> {
-    data: &'a [T],
+/// Row-major view of a `[n_kv, s, d]` f16 tensor whose rows are contiguous.
+struct Rows<'a> {
+    data: &'a [f16],
     offset: usize,
     head_stride: usize,
     row_stride: usize,
 }
 
-impl<T> Rows<'_, T> {
-    fn row(&self, head: usize, j: usize, d: usize) -> &[T] {
+impl Rows<'_> {
+    fn row(&self, head: usize, j: usize, d: usize) -> &[f16] {
         let at = self.offset + head * self.head_stride + j * self.row_stride;
         &self.data[at..at + d]
     }
@@ -73,7 +74,7 @@ pub fn try_attend(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Resu
             query_start: spec.query_start + a,
             ..*spec
         };
-        let out = run::<half::f16>(&qv, k, v, &pass, (n_kv, group, tb, d, s), split_keys)?;
+        let out = run(&qv, k, v, &pass, (n_kv, group, tb, d, s), split_keys)?;
         Ok(Tensor::from_vec(out, (n_heads, tb, d), q.device())?)
     };
     let mut parts = if starts.len() >= PARALLEL_PASSES {
@@ -96,11 +97,7 @@ pub fn try_attend(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttendSpec) -> Resu
     }))
 }
 
-/// Element types the fast path reads from a candle tensor: the kernels' rows.
-trait Elem: attention::Elem + candle_core::WithDType {}
-impl Elem for half::f16 {}
-
-fn run<T: Elem>(
+fn run(
     q: &[f32],
     k: &Tensor,
     v: &Tensor,
@@ -118,13 +115,13 @@ fn run<T: Elem>(
         ));
     };
     let kr = Rows {
-        data: kc.as_slice::<T>()?,
+        data: kc.as_slice::<f16>()?,
         offset: k_off,
         head_stride: k_hs,
         row_stride: k_rs,
     };
     let vr = Rows {
-        data: vc.as_slice::<T>()?,
+        data: vc.as_slice::<f16>()?,
         offset: v_off,
         head_stride: v_hs,
         row_stride: v_rs,
@@ -163,7 +160,7 @@ fn run<T: Elem>(
     for h in 0..n_kv {
         let qh = &q[h * n_rows * d..(h + 1) * n_rows * d];
         let partial = |&(a, b): &(usize, usize)| {
-            block_partial::<T>(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale)
+            block_partial(qh, &kr, &vr, h, (a, b), &range, (group, t, d), scale)
         };
         // Off the pool when the caller already spreads passes over it (nesting would block).
         let parts: Vec<Partial> = if split_keys && blocks.len() > 1 {
@@ -185,10 +182,10 @@ const KEY_BLOCK: usize = 256;
 /// widened in registers ([`kvlab_cpu::attention`]); the softmax's exponentials are
 /// [`kvlab_cpu::vmath::exp`], vectorized.
 #[allow(clippy::too_many_arguments)]
-fn block_partial<T: Elem>(
+fn block_partial(
     qh: &[f32],
-    kr: &Rows<'_, T>,
-    vr: &Rows<'_, T>,
+    kr: &Rows<'_>,
+    vr: &Rows<'_>,
     h: usize,
     (a, b): (usize, usize),
     range: &(dyn Fn(usize) -> (usize, usize) + Sync),
@@ -197,8 +194,8 @@ fn block_partial<T: Elem>(
 ) -> Partial {
     let n_rows = group * t;
     let span = b - a;
-    let keys: Vec<&[T]> = (a..b).map(|j| kr.row(h, j, d)).collect();
-    let vals: Vec<&[T]> = (a..b).map(|j| vr.row(h, j, d)).collect();
+    let keys: Vec<&[f16]> = (a..b).map(|j| kr.row(h, j, d)).collect();
+    let vals: Vec<&[f16]> = (a..b).map(|j| vr.row(h, j, d)).collect();
     let mut sc = vec![0f32; n_rows * span];
     attention::scores(qh, &keys, &vals, n_rows, scale, &mut sc);
     // Keys a row may not see (causal, or outside its window) score −∞.

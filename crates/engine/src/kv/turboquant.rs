@@ -1000,11 +1000,7 @@ impl TurboQuantStorage {
         let by_range =
             g < BLOCK_GEMM_MIN_ROWS && self.key.sums_by_range() && self.value.sums_by_range();
         let mut units: Vec<(usize, usize, usize)> = Vec::new();
-        for s in lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS) {
-            let n = self.key.seg_len(&self.key.heads[hk][s]);
-            let base = s * SEGMENT_TOKENS;
-            let a = lo.saturating_sub(base).min(n);
-            let b = hi.saturating_sub(base).min(n).max(a);
+        for (s, a, b) in self.segment_spans(hk, lo, hi) {
             if by_range {
                 let mut at = a;
                 while at < b {
@@ -1027,13 +1023,9 @@ impl TurboQuantStorage {
                         &(s, ua, ub): &(usize, usize, usize)|
          -> Result<Partial> {
             let n = self.key.seg_len(&self.key.heads[hk][s]);
-            let base = s * SEGMENT_TOKENS;
             // Row r sees the unit's tokens `cols(r)`; only their union is scored (a sliding
             // window's dropped front and a causal block's future are never read).
-            let cols = |(rlo, rhi): (usize, usize)| {
-                let from = rlo.saturating_sub(base).clamp(ua, ub);
-                (from, rhi.saturating_sub(base).clamp(ua, ub).max(from))
-            };
+            let cols = |r: (usize, usize)| seen_rows(r, s * SEGMENT_TOKENS, ua, ub);
             let lo = ranges.iter().map(|&r| cols(r).0).min().unwrap_or(ua);
             let hi = ranges.iter().map(|&r| cols(r).1).max().unwrap_or(ua);
             let mut w = vec![0f32; g * n];
@@ -1109,6 +1101,22 @@ impl TurboQuantStorage {
         Ok(())
     }
 
+    /// The segments of head `hk` that stored tokens `lo..hi` reach, each as `(segment, a,
+    /// b)`: its rows `a..b` among them (`a == b` where it holds none).
+    fn segment_spans(
+        &self,
+        hk: usize,
+        lo: usize,
+        hi: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS)).map(move |s| {
+            let n = self.key.seg_len(&self.key.heads[hk][s]);
+            let base = s * SEGMENT_TOKENS;
+            let a = lo.saturating_sub(base).min(n);
+            (s, a, hi.saturating_sub(base).min(n).max(a))
+        })
+    }
+
     /// Decodes held tokens `from..from + len` of every head into `[n_kv, len, d]` f32.
     fn decode_range(&self, side: &Side, from: usize, len: usize) -> Result<Vec<f32>> {
         let (h, d) = (self.shape.n_kv_heads, self.shape.head_dim);
@@ -1133,6 +1141,13 @@ impl TurboQuantStorage {
             })?;
         Ok(out)
     }
+}
+
+/// The rows of `a..b`, in a segment whose first token is stored token `base`, that a query
+/// seeing stored tokens `rlo..rhi` sees (an empty range where it sees none of them).
+fn seen_rows((rlo, rhi): (usize, usize), base: usize, a: usize, b: usize) -> (usize, usize) {
+    let from = rlo.saturating_sub(base).clamp(a, b);
+    (from, rhi.saturating_sub(base).clamp(a, b).max(from))
 }
 
 /// Segment kinds in a saved side.

@@ -13,7 +13,7 @@ use half::f16;
 use kvlab_cpu::attention::{self, Elem};
 use kvlab_cpu::vmath::exp_shifted_sum;
 
-use super::{Seg, Side, TurboQuantStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS};
+use super::{seen_rows, Seg, Side, TurboQuantStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS};
 use crate::error::{EngineError, Result};
 use crate::kv::pool;
 use crate::kv::split_softmax::Partial;
@@ -152,21 +152,14 @@ impl TurboQuantStorage {
         let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
         let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
         let value_codec = self.value.codec.as_deref();
-        for s in lo / SEGMENT_TOKENS..hi.div_ceil(SEGMENT_TOKENS) {
-            let n = self.key.seg_len(&self.key.heads[hk][s]);
-            let base = s * SEGMENT_TOKENS;
-            let (a, b) = (
-                lo.saturating_sub(base).min(n),
-                hi.saturating_sub(base).min(n),
-            );
-            if a >= b {
+        for (s, a, b) in self.segment_spans(hk, lo, hi) {
+            if a == b {
                 continue;
             }
             // The decoded rows (relative to `a`) position `i` sees.
             let seen = |i: usize| {
-                let (rlo, rhi) = ranges[i];
-                let from = rlo.saturating_sub(base).clamp(a, b);
-                (from - a, rhi.saturating_sub(base).clamp(a, b).max(from) - a)
+                let (from, to) = seen_rows(ranges[i], s * SEGMENT_TOKENS, a, b);
+                (from - a, to - a)
             };
             // Latest passes first: under causal masks they see the most.
             let live: Vec<(usize, usize, usize)> = (0..passes.len())
