@@ -419,7 +419,14 @@ test("the Local API switch serves the loaded model to an OpenAI-style client, th
   assert.ok(body.usage.kv_bytes > 0);
   await shot("server.png");
   await toggle.click();
-  await urlEl.waitForDisplayed({ reverse: true, timeout: 5_000 });
+  try {
+    // The stop answers at once, yet twice the URL was still shown after 5 s (cause not
+    // found: a lost click or a stalled webview); a failure now says which state it saw.
+    await urlEl.waitForDisplayed({ reverse: true, timeout: 15_000 });
+  } catch (e) {
+    await shot("server-stop-timeout.png");
+    throw new Error(`${e.message}; the toggle says "${await toggle.getText()}"`);
+  }
   await assert.rejects(fetch(`${url}/models`));
 });
 
