@@ -207,9 +207,11 @@ pub fn lloyd_max(dim: usize, bits: u8, law: Law) -> Codebook {
     let half = 1usize << (bits - 1);
     let sigma = 1.0 / (dim as f64).sqrt();
     // Positive-half centroids, started where high-resolution theory puts them (the quantiles
-    // of the density's cube root, Panter–Dite), then iterated to the fixed point: Lloyd's
-    // iteration crawls with many levels, and from there little is left for it to do.
+    // of the density's cube root, Panter–Dite), taken to the fixed point by Newton's method,
+    // then checked (and, should Newton have stopped early, finished) by Lloyd's iteration,
+    // which from there has nothing or little left to do.
     let mut c = companded_start(&mom, half);
+    newton(&mom, &mut c, 1e-11 * sigma);
     let mut edges = vec![0.0; half + 1];
     let mut cells = vec![[0.0f64; 3]; half];
     for _ in 0..200_000 {
@@ -251,6 +253,85 @@ pub fn lloyd_max(dim: usize, bits: u8, law: Law) -> Codebook {
         centroids,
         thresholds,
         mse: per_coord * dim as f64,
+    }
+}
+
+/// Moves the positive-half levels `c` (increasing, inside (0, top)) to Lloyd–Max's fixed point
+/// T(c) = c by Newton's method, stopping once no level would move by `tol`; leaves `c` at the
+/// last good iterate if a step would break the order (Lloyd's iteration then finishes).
+///
+/// T_i, the mean of cell i, depends on c_{i−1}, c_i and c_{i+1} only (through the cell's edges,
+/// the midpoints), so the Jacobian of T(c) − c is tridiagonal and a step costs O(levels).
+/// Lloyd's own iteration converges linearly at a rate near 1 with many levels: about 75,000
+/// iterations for 128 (8 bits), 0.6 s of a codec's construction, where Newton takes a handful.
+fn newton(mom: &Moments, c: &mut [f64], tol: f64) {
+    let half = c.len();
+    let mut edges = vec![0.0; half + 1];
+    let (mut lower, mut diag, mut upper, mut rhs) = (
+        vec![0.0; half],
+        vec![0.0; half],
+        vec![0.0; half],
+        vec![0.0; half],
+    );
+    for _ in 0..100 {
+        edges[0] = 0.0;
+        for i in 1..half {
+            edges[i] = 0.5 * (c[i - 1] + c[i]);
+        }
+        edges[half] = mom.top;
+        let mut lo = mom.upto(0.0);
+        let mut worst = 0.0f64;
+        for i in 0..half {
+            let hi = mom.upto(edges[i + 1]);
+            let mass = hi[0] - lo[0];
+            if mass <= 0.0 || !mass.is_finite() {
+                return;
+            }
+            let t = (hi[1] - lo[1]) / mass;
+            lo = hi;
+            // ∂T_i/∂e = ±p(e)(e − T_i)/mass at each edge; each interior edge moves by half
+            // of each neighbouring level's step.
+            lower[i] = if i > 0 {
+                0.5 * mom.density(edges[i]) / mom.norm * (t - edges[i]) / mass
+            } else {
+                0.0
+            };
+            upper[i] = if i + 1 < half {
+                0.5 * mom.density(edges[i + 1]) / mom.norm * (edges[i + 1] - t) / mass
+            } else {
+                0.0
+            };
+            diag[i] = lower[i] + upper[i] - 1.0;
+            rhs[i] = c[i] - t; // −F_i
+            worst = worst.max((t - c[i]).abs());
+        }
+        if worst < tol {
+            return;
+        }
+        // Thomas' algorithm on (lower, diag, upper)·δ = rhs, in place.
+        for i in 1..half {
+            let m = lower[i] / diag[i - 1];
+            diag[i] -= m * upper[i - 1];
+            rhs[i] -= m * rhs[i - 1];
+        }
+        let mut step = vec![0.0; half];
+        for i in (0..half).rev() {
+            let above = if i + 1 < half {
+                upper[i] * step[i + 1]
+            } else {
+                0.0
+            };
+            step[i] = (rhs[i] - above) / diag[i];
+        }
+        let next: Vec<f64> = c.iter().zip(&step).map(|(a, d)| a + d).collect();
+        let ordered = next.iter().all(|v| v.is_finite())
+            && next[0] > 0.0
+            && next[half - 1] < mom.top
+            && next.windows(2).all(|w| w[0] < w[1]);
+        if !ordered {
+            return;
+        }
+        c.copy_from_slice(&next);
     }
 }
 

@@ -27,6 +27,7 @@ pub mod prng;
 mod qjl;
 mod rotation;
 mod scratch;
+mod shared;
 mod spec;
 #[cfg(test)]
 mod structured_tests;

@@ -1,7 +1,10 @@
 //! The seeded Gaussian sketch S (d×d) of the `prod` variant: residual signs sign(S·r) and the
 //! query-side projection S·q used by the unbiased inner-product estimator.
 
+use std::sync::Arc;
+
 use crate::prng::Rng;
+use crate::shared;
 
 const STREAM: u64 = 0x0051_4A4C; // "QJL"
 
@@ -9,13 +12,15 @@ const STREAM: u64 = 0x0051_4A4C; // "QJL"
 pub(crate) struct Qjl {
     dim: usize,
     /// Row-major S with i.i.d. N(0, 1) entries.
-    s: Vec<f32>,
+    s: Arc<[f32]>,
 }
 
 impl Qjl {
     pub(crate) fn new(dim: usize, seed: u64) -> Self {
-        let mut rng = Rng::new(seed, STREAM);
-        let s = (0..dim * dim).map(|_| rng.gaussian() as f32).collect();
+        let s = shared::matrix(shared::Kind::Qjl, dim, seed, || {
+            let mut rng = Rng::new(seed, STREAM);
+            (0..dim * dim).map(|_| rng.gaussian() as f32).collect()
+        });
         Qjl { dim, s }
     }
 

@@ -1,7 +1,10 @@
 //! Seeded orthogonal rotations of R^d with exact inverses: a randomized Walsh–Hadamard
 //! transform (O(d log d)) and a dense Haar rotation (O(d²), the reference).
 
+use std::sync::Arc;
+
 use crate::prng::Rng;
+use crate::shared;
 
 /// Stream id of the rotation's random numbers (keeps them independent of other seeded parts).
 const STREAM: u64 = 0x524F_5441_5445; // "ROTATE"
@@ -121,15 +124,23 @@ fn fwht(x: &mut [f32]) {
 #[derive(Clone, Debug)]
 pub(crate) struct Haar {
     dim: usize,
-    /// Row-major Π (row i gives output coordinate i).
-    q: Vec<f32>,
+    /// Row-major Π (row i gives output coordinate i), shared by the codecs of one
+    /// (dim, seed).
+    q: Arc<[f32]>,
 }
 
 impl Haar {
     pub(crate) fn new(dim: usize, seed: u64) -> Self {
-        let mut rng = Rng::new(seed, STREAM ^ 0x4841_4152); // distinct from the Hadamard signs
-                                                            // Rows of a Gaussian matrix, orthonormalized in f64 with modified Gram–Schmidt applied
-                                                            // twice ("twice is enough" for orthogonality to machine precision).
+        let q = shared::matrix(shared::Kind::Haar, dim, seed, || Self::build(dim, seed));
+        Haar { dim, q }
+    }
+
+    /// Row-major Π for (`dim`, `seed`): O(d³).
+    fn build(dim: usize, seed: u64) -> Vec<f32> {
+        // Distinct from the Hadamard signs' stream.
+        let mut rng = Rng::new(seed, STREAM ^ 0x4841_4152);
+        // Rows of a Gaussian matrix, orthonormalized in f64 with modified Gram–Schmidt
+        // applied twice ("twice is enough" for orthogonality to machine precision).
         let mut rows: Vec<Vec<f64>> = (0..dim)
             .map(|_| (0..dim).map(|_| rng.gaussian()).collect())
             .collect();
@@ -149,11 +160,9 @@ impl Haar {
                 *v /= norm;
             }
         }
-        let q = rows
-            .iter()
+        rows.iter()
             .flat_map(|r| r.iter().map(|&v| v as f32))
-            .collect();
-        Haar { dim, q }
+            .collect()
     }
 
     fn forward(&self, x: &[f32], out: &mut [f32]) {
