@@ -13,8 +13,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # One package list and feature set for clippy, tests and the app build (scripts/test.sh), so
 # every crate is compiled once; scripts/hostile.sh runs its tests with the same.
 # kvlab-engine/hub: the app enables it anyway; named so the Hub download code and its tests
-# are always compiled, linted and run.
-TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-cpu -p kvlab-assets -p kvlab-server --features kvlab/custom-protocol,kvlab-engine/hub)
+# are always compiled, linted and run. kvlab-turboquant/bench: the codec's criterion bench,
+# compiled and linted here (and nowhere else in a test run).
+TEST_PACKAGES=(-p kvlab -p kvlab-cli -p kvlab-engine -p kvlab-turboquant -p kvlab-cpu -p kvlab-assets -p kvlab-server --features kvlab/custom-protocol,kvlab-engine/hub,kvlab-turboquant/bench)
 
 # Clippy lints the workspace's crates while they compile (as `cargo clippy` runs its driver
 # over a check build), so scripts/test.sh's one build serves the lints, the tests and the app:

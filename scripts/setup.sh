@@ -93,19 +93,55 @@ install_openai_client() {
   cp "$req" "$venv/requirements.txt"
 }
 
+# Runs "$@" in the background, its output kept in a log that `wait_all` shows; the installs
+# below are independent of each other and mostly wait on the network.
+BG_LOGS="$(mktemp -d)"
+trap 'rm -rf "$BG_LOGS"' EXIT
+bg_pids=()
+bg_names=()
+in_background() {
+  local name="$1"
+  shift
+  ("$@") >"$BG_LOGS/$name.log" 2>&1 &
+  bg_pids+=("$!")
+  bg_names+=("$name")
+}
+
+# Waits for every background install, prints each one's output, and fails if any failed.
+wait_all() {
+  local i failed=0
+  for i in "${!bg_pids[@]}"; do
+    if wait "${bg_pids[$i]}"; then
+      cat "$BG_LOGS/${bg_names[$i]}.log" >&2
+    else
+      cat "$BG_LOGS/${bg_names[$i]}.log" >&2
+      say "${bg_names[$i]} failed"
+      failed=1
+    fi
+  done
+  return "$failed"
+}
+
+fetch_assets() {
+  say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"
+  # The small kvlab-assets crate alone (no candle, no engine): the engine and the CLI are
+  # built once, later, with the test or app features.
+  cargo run --quiet -p kvlab-assets -- fetch
+}
+
 check_disk
 install_system_packages
 install_rust
 lint_while_building
 command -v npm >/dev/null || { say "Node.js 20+ and npm are required"; exit 1; }
-npm_ci "$ROOT/ui"
+# Side by side: a cold CI machine spent 218 s here one after another. The two compiles
+# (tauri-driver, the asset fetcher) share the cores; the rest is downloads.
+in_background ui-npm npm_ci "$ROOT/ui"
+in_background assets fetch_assets
 if [ "$MODE" = test ]; then
-  install_tauri_driver
-  install_rust_targets
-  npm_ci "$ROOT/tests/e2e"
-  install_openai_client
+  in_background tauri-driver install_tauri_driver
+  in_background rust-targets install_rust_targets
+  in_background e2e-npm npm_ci "$ROOT/tests/e2e"
+  in_background openai install_openai_client
 fi
-say "fetching the offline assets (model, tokenizer, texts) into $KVLAB_CACHE/assets"
-# The small kvlab-assets crate alone (no candle, no engine): the engine and the CLI are built
-# once, later, with the test or app features.
-cargo run --quiet -p kvlab-assets -- fetch
+wait_all
