@@ -111,10 +111,10 @@ in_background() {
 wait_all() {
   local i failed=0
   for i in "${!bg_pids[@]}"; do
-    if wait "${bg_pids[$i]}"; then
-      cat "$BG_LOGS/${bg_names[$i]}.log" >&2
-    else
-      cat "$BG_LOGS/${bg_names[$i]}.log" >&2
+    local status=0
+    wait "${bg_pids[$i]}" || status=$?
+    cat "$BG_LOGS/${bg_names[$i]}.log" >&2
+    if [ "$status" -ne 0 ]; then
       say "${bg_names[$i]} failed"
       failed=1
     fi

@@ -170,6 +170,23 @@ impl Moments {
             (self.c[2][i] + s[2]) / self.norm,
         ]
     }
+
+    /// The cells of the positive-half levels `c`: `edges` set to 0, the midpoints and `top`,
+    /// and each cell's (mass, first moment, second moment) in `cells`.
+    fn cells(&self, c: &[f64], edges: &mut [f64], cells: &mut [[f64; 3]]) {
+        let half = c.len();
+        edges[0] = 0.0;
+        for i in 1..half {
+            edges[i] = 0.5 * (c[i - 1] + c[i]);
+        }
+        edges[half] = self.top;
+        let mut lo = self.upto(0.0);
+        for (i, cell) in cells.iter_mut().enumerate() {
+            let hi = self.upto(edges[i + 1]);
+            *cell = [hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]];
+            lo = hi;
+        }
+    }
 }
 
 /// `half` positive levels at the midpoint quantiles of f^⅓ on [0, top] (the optimal point
@@ -215,21 +232,13 @@ pub fn lloyd_max(dim: usize, bits: u8, law: Law) -> Codebook {
     let mut edges = vec![0.0; half + 1];
     let mut cells = vec![[0.0f64; 3]; half];
     for _ in 0..200_000 {
-        edges[0] = 0.0;
-        for i in 1..half {
-            edges[i] = 0.5 * (c[i - 1] + c[i]);
-        }
-        edges[half] = mom.top;
-        let mut lo = mom.upto(0.0);
+        mom.cells(&c, &mut edges, &mut cells);
         let mut moved = 0.0f64;
-        for i in 0..half {
-            let hi = mom.upto(edges[i + 1]);
-            cells[i] = [hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]];
-            lo = hi;
-            if cells[i][0] > 0.0 {
-                let nc = cells[i][1] / cells[i][0];
-                moved = moved.max((nc - c[i]).abs());
-                c[i] = nc;
+        for (ci, m) in c.iter_mut().zip(&cells) {
+            if m[0] > 0.0 {
+                let nc = m[1] / m[0];
+                moved = moved.max((nc - *ci).abs());
+                *ci = nc;
             }
         }
         // 1e-11 σ: the fixed point to well below f32's resolution of the levels (the
@@ -267,6 +276,7 @@ pub fn lloyd_max(dim: usize, bits: u8, law: Law) -> Codebook {
 fn newton(mom: &Moments, c: &mut [f64], tol: f64) {
     let half = c.len();
     let mut edges = vec![0.0; half + 1];
+    let mut cells = vec![[0.0f64; 3]; half];
     let (mut lower, mut diag, mut upper, mut rhs) = (
         vec![0.0; half],
         vec![0.0; half],
@@ -274,21 +284,14 @@ fn newton(mom: &Moments, c: &mut [f64], tol: f64) {
         vec![0.0; half],
     );
     for _ in 0..100 {
-        edges[0] = 0.0;
-        for i in 1..half {
-            edges[i] = 0.5 * (c[i - 1] + c[i]);
-        }
-        edges[half] = mom.top;
-        let mut lo = mom.upto(0.0);
+        mom.cells(c, &mut edges, &mut cells);
         let mut worst = 0.0f64;
         for i in 0..half {
-            let hi = mom.upto(edges[i + 1]);
-            let mass = hi[0] - lo[0];
+            let mass = cells[i][0];
             if mass <= 0.0 || !mass.is_finite() {
                 return;
             }
-            let t = (hi[1] - lo[1]) / mass;
-            lo = hi;
+            let t = cells[i][1] / mass;
             // ∂T_i/∂e = ±p(e)(e − T_i)/mass at each edge; each interior edge moves by half
             // of each neighbouring level's step.
             lower[i] = if i > 0 {

@@ -47,8 +47,7 @@ pub(crate) fn matrix(
         return m;
     }
     let built: Arc<[f32]> = build().into();
-    let bytes = built.len() * std::mem::size_of::<f32>();
-    if bytes > LARGEST {
+    if bytes(&built) > LARGEST {
         return built;
     }
     let mut entries = cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -56,14 +55,18 @@ pub(crate) fn matrix(
         return m; // built meanwhile by another thread: one copy stays shared
     }
     entries.push_back((key, built.clone()));
-    let mut held: usize = entries.iter().map(|(_, m)| m.len() * 4).sum();
+    let mut held: usize = entries.iter().map(|(_, m)| bytes(m)).sum();
     while held > BUDGET {
         match entries.pop_front() {
-            Some((_, m)) => held -= m.len() * 4,
+            Some((_, m)) => held -= bytes(&m),
             None => break,
         }
     }
     built
+}
+
+fn bytes(m: &[f32]) -> usize {
+    std::mem::size_of_val(m)
 }
 
 #[cfg(test)]
