@@ -55,7 +55,7 @@ export KVLAB_REQUIRE_ASSETS=1
 # One package list and feature set for the lints, tests and the app build (TEST_PACKAGES in
 # common.sh), so every crate is compiled once (the CLI turns on kvlab-engine/bench; a build of
 # the app alone would not); kvlab-engine/hub keeps the Hub code and its tests
-# (crates/engine/tests/hub_download.rs) always compiled, linted and run.
+# (crates/engine/tests/it/hub_download.rs) always compiled, linted and run.
 FEATURES=("${TEST_PACKAGES[@]}")
 
 step ui-build npm --prefix ui run --silent build

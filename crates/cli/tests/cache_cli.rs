@@ -2,7 +2,7 @@
 //! 24 tokens saved and continued for 16 prints exactly what one unbroken run of 40 prints
 //! after its first 24, without reading the saved tokens again. One TurboQuant cache: every
 //! precision's bit-identical restore and every refused file are the engine's tests
-//! (crates/engine/tests/kv_persist.rs); this one proves the CLI's wiring, at 7 s a run.
+//! (crates/engine/tests/it/kv_persist.rs); this one proves the CLI's wiring, at 7 s a run.
 
 use std::path::Path;
 use std::process::Command;

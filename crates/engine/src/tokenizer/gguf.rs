@@ -4,7 +4,7 @@
 //! it: BPE with byte fallback over merges derived from the piece scores, the `" "` → `"▁"`
 //! normalizer, control and user-defined pieces as added tokens, and the `▁` / byte-fallback /
 //! fuse decoder. On Gemma 3 270M this reproduces the `gemma-tokenizer` asset's vocabulary and
-//! merge list exactly (tests/tokenizer_gguf_real.rs). candle's `TokenizerFromGguf` builds
+//! merge list exactly (tests/it/tokenizer_gguf_real.rs). candle's `TokenizerFromGguf` builds
 //! byte-level (GPT-2) BPE, which would mangle a byte-fallback vocabulary: it is not used.
 
 use std::collections::HashMap;

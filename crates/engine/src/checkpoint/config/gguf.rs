@@ -1,6 +1,6 @@
 //! Builds a [`ModelConfig`] from GGUF metadata: llama.cpp's `gemma3` keys (checked against
 //! a real Gemma 3 270M file) and its `gemma4` keys (checked against llama.cpp's own converter
-//! output, tests/gguf_converted.rs). What a Gemma 3 file cannot say (layer types,
+//! output, tests/it/gguf_converted.rs). What a Gemma 3 file cannot say (layer types,
 //! `query_pre_attn_scalar`) is assumed as llama.cpp assumes it, with a warning.
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,5 +1,5 @@
 //! Maps Hugging Face logical tensor names to llama.cpp GGUF names (`gemma3` verified on a real
-//! file, Gemma 4's on llama.cpp's converter output: tests/gguf_converted.rs).
+//! file, Gemma 4's on llama.cpp's converter output: tests/it/gguf_converted.rs).
 
 /// Translates a logical name (`layers.3.mlp.up_proj.weight`) to its GGUF name
 /// (`blk.3.ffn_up.weight`); unknown names pass through unchanged.

@@ -1,5 +1,5 @@
 //! Gemma 4 in GGUF files: llama.cpp's `gemma4` keys (checked against its own converter
-//! output, tests/gguf_converted.rs).
+//! output, tests/it/gguf_converted.rs).
 
 use crate::checkpoint::config::gguf::{end_ids, num, token_id, GgufHeader};
 use crate::checkpoint::config::resolve::RawConfig;

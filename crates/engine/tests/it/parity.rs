@@ -2,7 +2,7 @@
 //! full-sequence logits, chunked incremental logits (the fixture's schedule), and greedy
 //! generation, for both config spellings.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! reference checkpoints): the Gemma 4 files reproduce the transformers goldens, full and
 //! chunked, and the Gemma 3 files load with llama.cpp's assumptions, stated as warnings.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

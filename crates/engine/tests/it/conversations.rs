@@ -6,7 +6,7 @@
 //! one conversation, a spill with no disk, a corrupt spill file, many clients at once, and a
 //! client that leaves mid-prefill.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! its new tokens, an oversize prompt and a corrupt model are clean coded errors, and the
 //! engine stays usable after each.
 
-mod common;
+use crate::common;
 
 // HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.

@@ -4,7 +4,7 @@
 //! error that leaves the conversation exactly as it was; and a process killed while saving
 //! leaves the previous file whole.
 
-mod common;
+use crate::common;
 
 // HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.
@@ -299,6 +299,9 @@ fn cache_save_loop_child() {
     let sessions: Vec<Session> = (1..=4)
         .map(|n| session(&model, "tq3.5@all", &save_n(n)))
         .collect();
+    // The parent kills only after this line: a loaded machine starts a child slowly, and a
+    // kill before the first save would prove nothing.
+    println!("SAVING");
     for s in sessions.iter().cycle() {
         s.save_cache(&file, "m").expect("save");
     }
@@ -323,16 +326,22 @@ fn hostile_a_cache_save_killed_midway_leaves_the_previous_file_whole() {
         let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
             .args([
                 "--exact",
-                "cache_save_loop_child",
+                "kv_persist::cache_save_loop_child",
                 "--ignored",
+                "--nocapture",
                 "--test-threads=1",
             ])
             .env(LOOP_DIR, dir.path())
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn");
-        std::thread::sleep(std::time::Duration::from_millis(150 + rng.below(250)));
+        let stdout = child.stdout.take().expect("stdout");
+        let saving = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .map_while(Result::ok)
+            .any(|l| l.contains("SAVING"));
+        assert!(saving, "kill {kill}: the child ended before saving");
+        std::thread::sleep(std::time::Duration::from_millis(10 + rng.below(250)));
         // SIGKILL: nothing of the child's runs after it.
         child.kill().expect("kill");
         assert!(!child.wait().expect("wait").success(), "kill {kill}");

@@ -4,7 +4,7 @@
 //! Alice, greedy continuation is the same but at near-ties of the dense logits, and the
 //! logits stay close. (The tiny random
 //! references are built to amplify round-off — unscaled attention, sharp routing — and are
-//! no measure of a quantizer; tests/isq.rs pins their figures.) Needs the offline assets.
+//! no measure of a quantizer; tests/it/isq.rs pins their figures.) Needs the offline assets.
 
 use std::collections::HashMap;
 use std::path::Path;

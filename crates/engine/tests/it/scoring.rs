@@ -2,7 +2,7 @@
 //! chunked runs equal those of the reference's full-sequence logits, and scheduled
 //! all-position logits equal the reference's incremental logits.
 
-mod common;
+use crate::common;
 
 use candle_core::{Tensor, D};
 use kvlab_engine::generate::score::{chunked_logits, next_token_logprobs, ChunkSchedule};

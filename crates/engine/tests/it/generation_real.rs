@@ -119,6 +119,6 @@ fn chunked_perplexity_on_alice_equals_one_pass() {
     assert!((one.ppl - chunked.ppl).abs() / one.ppl < 1e-4);
     assert!((one.ppl - chunked_f16.ppl).abs() / one.ppl < 1e-2);
     // Correct GELU-tanh Gemma 3 270M scores ≈ 23 here (the ≈ 68 in docs/assets.md came from a
-    // SiLU MLP; see tests/real_model.rs).
+    // SiLU MLP; see tests/it/real_model.rs).
     assert!((15.0..35.0).contains(&one.ppl), "{}", one.ppl);
 }

@@ -2,9 +2,9 @@
 //! multimodal `model.language_model.` prefix (vision tensors skipped), and Gemma 4 GGUF files
 //! written with llama.cpp's naming by this project's own writer. They pin the plumbing (quantized
 //! types, per-layer keys); the naming itself is proven on llama.cpp's converter output in
-//! tests/gguf_converted.rs.
+//! tests/it/gguf_converted.rs.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

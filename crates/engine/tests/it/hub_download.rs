@@ -782,7 +782,7 @@ fn hostile_hub_disk_full_mid_download() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "disk_full_child",
+            "hub_download::disk_full_child",
             "--ignored",
             "--nocapture",
             "--test-threads=1",

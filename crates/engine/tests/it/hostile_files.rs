@@ -5,7 +5,7 @@
 //! coded error, with the model loaded before still loaded and usable. Each test is named
 //! `hostile_*` and prints `HOSTILE <fault> -> <code>` for the tally (scripts/hostile.sh).
 
-mod common;
+use crate::common;
 
 // HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.

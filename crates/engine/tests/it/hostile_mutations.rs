@@ -12,7 +12,7 @@
 //! and feature list> --test hostile_mutations -- --nocapture` (1000 cases took 25 s here). Failing cases shrink and are kept in
 //! `hostile_mutations.proptest-regressions`, which is committed and replayed first.
 
-mod common;
+use crate::common;
 
 // HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.
@@ -255,7 +255,7 @@ fn campaign(
         cases,
         // Relative to the package root, where cargo runs tests.
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/hostile_mutations.proptest-regressions",
+            "tests/it/hostile_mutations.proptest-regressions",
         ))),
         ..config()
     });

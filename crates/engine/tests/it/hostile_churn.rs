@@ -10,7 +10,7 @@
 //! token. Every job ends with exactly one terminal event and nothing after it, and the last
 //! memory sample's bytes equal the engine's count and the replay's.
 
-mod common;
+use crate::common;
 
 // HOSTILE lines go to the stderr handle itself, which libtest does not capture, so
 // scripts/hostile.sh finds them in an ordinary `cargo test` log.

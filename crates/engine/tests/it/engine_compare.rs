@@ -5,7 +5,7 @@
 //! checkpoints without a chat template, and the rewind margin that lets an answer be
 //! regenerated without prefilling again.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -377,7 +377,7 @@ fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
         std::fs::write(dir.path().join("tokenizer_config.json"), config).expect("write");
         dir
     };
-    let with = copy(Some(include_str!("fixtures/templates/gemma3_it.jinja")));
+    let with = copy(Some(include_str!("../fixtures/templates/gemma3_it.jinja")));
     load(
         &s.engine,
         &with.path().join("model.safetensors"),

@@ -2,7 +2,7 @@
 //! and with multi-token chunks after it has filled; F16 storage stays close; memory is
 //! exact; reset, rewind, conversion and failed steps leave the cache consistent.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

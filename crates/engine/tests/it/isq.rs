@@ -1,9 +1,9 @@
 //! In-situ quantization of safetensors checkpoints (`--weights`) on the tiny references: Q8_0
-//! moves the logits by measured amounts (real weights: tests/isq_real.rs); what is held is
+//! moves the logits by measured amounts (real weights: tests/it/isq_real.rs); what is held is
 //! what the header-only estimate said, for every choice; 16-bit tables are never expanded
 //! to f32.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 
@@ -21,7 +21,7 @@ const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];
 /// Measured: tiny_e 3.71, tiny_dense 1.66, tiny_gemma3 1.41; tiny_moe 11.7 (its router,
 /// near ties by construction, picks other experts). The bound is 1.2× the worst dense one;
 /// greedy decoding stays equal on tiny_e and tiny_gemma3 (32/32 ids; tiny_dense 20,
-/// tiny_moe 12). The greedy proof on real weights is tests/isq_real.rs.
+/// tiny_moe 12). The greedy proof on real weights is tests/it/isq_real.rs.
 const TOL_Q8_0: f32 = 4.5;
 
 fn opts(weights: WeightsChoice) -> LoadOptions {
