@@ -1,7 +1,8 @@
 //! `kvlab bench stream`: the machine's memory bandwidth as STREAM's copy kernel measures it
 //! (`a[i] = b[i]` over arrays far larger than the caches, on the compute threads, bytes read
 //! plus bytes written per second, best of several passes), the yardstick `scripts/bench.sh`
-//! divides a decode's weight traffic by.
+//! divides a decode's weight traffic by, and the instruction set the kernels run (figures
+//! from an AVX2 machine and an AVX-512 one do not compare).
 
 use std::time::Instant;
 
@@ -25,6 +26,9 @@ pub struct BenchStreamArgs {
 #[derive(Debug, Serialize)]
 struct StreamReport {
     threads: usize,
+    /// The widest kernel family this CPU runs: `avx512`, `avx512+vnni`, `avx2`, `neon` or
+    /// `portable`.
+    kernels: &'static str,
     bytes_per_array: usize,
     /// Bytes read plus bytes written per second, fastest pass.
     copy_bytes_per_sec: f64,
@@ -55,6 +59,7 @@ pub fn run(args: BenchStreamArgs) -> anyhow::Result<()> {
     anyhow::ensure!(dst[n - 1] == src[n - 1], "the copy did not happen");
     let report = StreamReport {
         threads,
+        kernels: kernels(),
         bytes_per_array: n * 4,
         copy_bytes_per_sec: 2.0 * (n * 4) as f64 / best,
     };
@@ -62,12 +67,25 @@ pub fn run(args: BenchStreamArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "stream copy: {:.1} GB/s ({} threads, {} MiB arrays, best of {})",
+            "stream copy: {:.1} GB/s ({} threads, {} MiB arrays, best of {}); kernels: {}",
             report.copy_bytes_per_sec / 1e9,
             threads,
             args.mib,
-            args.passes
+            args.passes,
+            report.kernels
         );
     }
     Ok(())
+}
+
+/// The widest kernel family [`kvlab_cpu::features`] selects on this CPU.
+fn kernels() -> &'static str {
+    let f = kvlab_cpu::features();
+    match (f.avx512, f.avx512_vnni, f.avx2, f.neon) {
+        (true, true, ..) => "avx512+vnni",
+        (true, false, ..) => "avx512",
+        (_, _, true, _) => "avx2",
+        (.., true) => "neon",
+        _ => "portable",
+    }
 }
