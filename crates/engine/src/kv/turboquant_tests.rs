@@ -68,6 +68,23 @@ fn check_against_dense_within(
     chunks: &[usize],
     tol: f32,
 ) -> Result<()> {
+    let as_given = |q: &Tensor, _: f32| Ok(q.clone());
+    check_against_dense_scored(precision, n_heads, n_kv, d, window, chunks, tol, &as_given)
+}
+
+/// [`check_against_dense_within`], the dense attention given the queries as `scored(q,
+/// scale)` makes them (what the storage's keys are dotted with).
+#[allow(clippy::too_many_arguments)]
+fn check_against_dense_scored(
+    precision: TqPrecision,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    window: Option<usize>,
+    chunks: &[usize],
+    tol: f32,
+    scored: &dyn Fn(&Tensor, f32) -> Result<Tensor>,
+) -> Result<()> {
     let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
     let (mut seq, mut key_start) = (0usize, 0usize);
     for (step, &c) in chunks.iter().enumerate() {
@@ -82,7 +99,7 @@ fn check_against_dense_within(
         };
         let got = s.attend(&q, &spec)?;
         let (k, v) = s.to_dense()?;
-        let want = attend_dense(&q, &k, &v, &spec)?;
+        let want = attend_dense(&scored(&q, spec.scale as f32)?, &k, &v, &spec)?;
         let err = max_abs(&(&got - &want)?)?;
         let scale = max_abs(&want)?.max(1.0);
         assert!(
@@ -683,6 +700,73 @@ fn block_keys_and_values_together_attend_like_dense_attention_over_what_they_hol
         };
         check_against_dense_within(precision, 4, 1, 256, None, &[300, 1, 40, 1], 2e-2)?;
         check_against_dense_within(precision, 4, 1, 256, Some(100), &[300, 1, 40, 1], 2e-2)?;
+    }
+    Ok(())
+}
+
+/// Queries in the model's domain as ggml's flash attention dots them with block keys: scaled,
+/// rotated as the keys are, quantized to the keys' dot type and back, rotated back (the
+/// Hadamard matrix is its own inverse) and unscaled (a power of two: exact).
+fn as_ggml_scores(q: &Tensor, ty: BlockType, width: Option<usize>, scale: f32) -> Result<Tensor> {
+    let (h, t, d) = q.dims3()?;
+    let mut rows = q.flatten_all()?.to_vec1::<f32>()?;
+    let mut bytes = vec![0u8; ty.query_bytes(d)?];
+    for r in rows.chunks_exact_mut(d) {
+        r.iter_mut().for_each(|x| *x *= scale);
+        if let Some(w) = width {
+            kvlab_turboquant::ggml::hadamard_rotate(r, w)?;
+        }
+        ty.quantize_query(r, &mut bytes)?;
+        ty.dequantize_query(&bytes, r)?;
+        if let Some(w) = width {
+            kvlab_turboquant::ggml::hadamard_rotate(r, w)?;
+        }
+        r.iter_mut().for_each(|x| *x /= scale);
+    }
+    Ok(Tensor::from_vec(rows, (h, t, d), &Device::Cpu)?)
+}
+
+#[test]
+fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Result<()> {
+    // Dense attention over the held keys and values, with the query as ggml's flash
+    // attention has it (rotated, in q8_0): equal up to the order of f32 sums, in prefill
+    // (300 and 40 rows) and decode (1 row), whole and in a sliding window, each side alone
+    // and both together. (q4_1 and q5_1 keys dot with a q8_1 query whose sum is rounded to
+    // f16: not a query of floats.)
+    for text in [
+        "q8_0",
+        "q4_0",
+        "q4_0+norot",
+        "q8_0/q4_0",
+        "q4_0/q8_0",
+        "q4_0/f16",
+        "iq4_nl",
+        "q5_0/q4_0",
+    ] {
+        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+            panic!("{text} is dense");
+        };
+        let TqSide::Block(ty) = precision.key else {
+            panic!("{text}: keys in blocks");
+        };
+        let d = 256;
+        let width = precision
+            .rotate
+            .then(|| kvlab_turboquant::ggml::key_rotation_width(d))
+            .flatten();
+        let scored = |q: &Tensor, scale: f32| as_ggml_scores(q, ty, width, scale);
+        for window in [None, Some(100)] {
+            check_against_dense_scored(
+                precision,
+                4,
+                1,
+                d,
+                window,
+                &[300, 1, 40, 1],
+                2e-5,
+                &scored,
+            )?;
+        }
     }
     Ok(())
 }
