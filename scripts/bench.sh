@@ -84,8 +84,11 @@ declare -A PATHS
 for m in "${MODELS[@]}"; do PATHS[$m]="$(model_path "$m")"; done
 say "models ${MODELS[*]}, $THREADS threads, depths ${DEPTHS[*]}, best of $ROUNDS rounds"
 # Which machine: ratios from an AVX2 CPU and an AVX-512 one are not the same figures.
-cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' ||
-  sysctl -n machdep.cpu.brand_string 2>/dev/null || echo unknown)"
+if [ -r /proc/cpuinfo ]; then
+  cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+else
+  cpu="$(sysctl -n machdep.cpu.brand_string 2>/dev/null || true)"
+fi
 say "CPU: ${cpu:-unknown}, $(nproc 2>/dev/null || sysctl -n hw.ncpu) cores; KV Lab's kernels: $(
   "$KVLAB" --threads "$THREADS" bench stream --mib 64 --passes 1 --json 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["kernels"])')"

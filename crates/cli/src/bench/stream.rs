@@ -26,8 +26,8 @@ pub struct BenchStreamArgs {
 #[derive(Debug, Serialize)]
 struct StreamReport {
     threads: usize,
-    /// The widest kernel family this CPU runs: `avx512`, `avx512+vnni`, `avx2`, `neon` or
-    /// `portable`.
+    /// The kernel family this CPU runs ([`kvlab_turboquant::Backend`]): `avx512`, `avx2`,
+    /// `neon` or `portable`.
     kernels: &'static str,
     bytes_per_array: usize,
     /// Bytes read plus bytes written per second, fastest pass.
@@ -59,7 +59,7 @@ pub fn run(args: BenchStreamArgs) -> anyhow::Result<()> {
     anyhow::ensure!(dst[n - 1] == src[n - 1], "the copy did not happen");
     let report = StreamReport {
         threads,
-        kernels: kernels(),
+        kernels: kvlab_turboquant::Backend::detect().name(),
         bytes_per_array: n * 4,
         copy_bytes_per_sec: 2.0 * (n * 4) as f64 / best,
     };
@@ -76,16 +76,4 @@ pub fn run(args: BenchStreamArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The widest kernel family [`kvlab_cpu::features`] selects on this CPU.
-fn kernels() -> &'static str {
-    let f = kvlab_cpu::features();
-    match (f.avx512, f.avx512_vnni, f.avx2, f.neon) {
-        (true, true, ..) => "avx512+vnni",
-        (true, false, ..) => "avx512",
-        (_, _, true, _) => "avx2",
-        (.., true) => "neon",
-        _ => "portable",
-    }
 }
