@@ -2,18 +2,12 @@
 //! unsupported architecture, truncated file, corrupt header, contradictory config.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use candle_core::quantized::gguf_file;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use kvlab_engine::{EngineError, LoadOptions, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+use crate::common::{self, fixture};
 
 /// A temp dir holding tiny_dense's config and the given tensors.
 fn write_model(tensors: &HashMap<String, Tensor>, config: &str) -> tempfile::TempDir {
@@ -165,63 +159,11 @@ fn missing_config_is_io_error_with_path() {
     }
 }
 
-/// A minimal Gemma 3 GGUF: one layer, hidden 32, 2 heads, 1 kv head, head_dim 16.
-fn write_gguf(path: &Path, arch: &str) {
-    use gguf_file::Value;
-    let dev = Device::Cpu;
-    let (h, v, ff, hd) = (32usize, 64usize, 64usize, 16usize);
-    let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    let mut add = |name: &str, dims: &[usize]| {
-        let t = Tensor::ones(dims, candle_core::DType::F32, &dev).expect("ones");
-        tensors.push((
-            name.to_string(),
-            QTensor::quantize(&t, GgmlDType::F32).expect("q"),
-        ));
-    };
-    add("token_embd.weight", &[v, h]);
-    add("output_norm.weight", &[h]);
-    for (n, d) in [
-        ("attn_norm.weight", vec![h]),
-        ("attn_q.weight", vec![2 * hd, h]),
-        ("attn_k.weight", vec![hd, h]),
-        ("attn_v.weight", vec![hd, h]),
-        ("attn_output.weight", vec![h, 2 * hd]),
-        ("attn_q_norm.weight", vec![hd]),
-        ("attn_k_norm.weight", vec![hd]),
-        ("post_attention_norm.weight", vec![h]),
-        ("ffn_norm.weight", vec![h]),
-        ("ffn_gate.weight", vec![ff, h]),
-        ("ffn_up.weight", vec![ff, h]),
-        ("ffn_down.weight", vec![h, ff]),
-        ("post_ffw_norm.weight", vec![h]),
-    ] {
-        add(&format!("blk.0.{n}"), &d);
-    }
-    let md: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
-        (format!("{arch}.block_count"), Value::U32(1)),
-        (format!("{arch}.embedding_length"), Value::U32(h as u32)),
-        (format!("{arch}.feed_forward_length"), Value::U32(ff as u32)),
-        (format!("{arch}.attention.head_count"), Value::U32(2)),
-        (format!("{arch}.attention.head_count_kv"), Value::U32(1)),
-        (
-            format!("{arch}.attention.key_length"),
-            Value::U32(hd as u32),
-        ),
-        (format!("{arch}.attention.sliding_window"), Value::U32(4)),
-        (format!("{arch}.context_length"), Value::U32(128)),
-    ];
-    let mut f = std::fs::File::create(path).expect("create");
-    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut f, &md_refs, &t_refs).expect("write gguf");
-}
-
 #[test]
 fn minimal_gguf_loads_and_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("m.gguf");
-    write_gguf(&p, "gemma3");
+    common::write_tiny_gguf(&p, 1);
     let model = Model::load(&p, &LoadOptions::default()).expect("load");
     let mut cache = model
         .new_cache(&kvlab_engine::PrecisionPolicy::uniform(
@@ -238,7 +180,7 @@ fn minimal_gguf_loads_and_runs() {
 fn gguf_of_other_architecture_is_unsupported() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("m.gguf");
-    write_gguf(&p, "llama");
+    common::write_tiny_gguf_as(&p, "llama", 1);
     match Model::load(&p, &LoadOptions::default()) {
         Err(EngineError::UnsupportedArchitecture(a)) => assert_eq!(a, "llama"),
         other => panic!("expected UnsupportedArchitecture, got {other:?}"),
@@ -249,7 +191,7 @@ fn gguf_of_other_architecture_is_unsupported() {
 fn truncated_gguf_is_corrupt_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("m.gguf");
-    write_gguf(&p, "gemma3");
+    common::write_tiny_gguf(&p, 1);
     let bytes = std::fs::read(&p).expect("read");
     std::fs::write(&p, &bytes[..bytes.len() - 100]).expect("truncate");
     match Model::load(&p, &LoadOptions::default()) {

@@ -103,6 +103,12 @@ pub fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
 /// A minimal Gemma 3 GGUF with a vocabulary (one layer, hidden 32, 64 tokens) that declares
 /// `blocks` layers.
 pub fn write_tiny_gguf(path: &Path, blocks: u32) {
+    write_tiny_gguf_as(path, "gemma3", blocks);
+}
+
+/// [`write_tiny_gguf`] with its metadata under architecture `arch` (`general.architecture`
+/// and the `{arch}.*` keys): one layer, 2 heads, 1 kv head, head_dim 16.
+pub fn write_tiny_gguf_as(path: &Path, arch: &str, blocks: u32) {
     use candle_core::quantized::gguf_file::{self, Value};
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{DType, Device, Tensor};
@@ -135,18 +141,18 @@ pub fn write_tiny_gguf(path: &Path, blocks: u32) {
     }
     let pieces: Vec<Value> = (0..v).map(|i| Value::String(format!("t{i}"))).collect();
     let md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.block_count"), Value::U32(blocks)),
+        (format!("{arch}.embedding_length"), Value::U32(h as u32)),
+        (format!("{arch}.feed_forward_length"), Value::U32(ff as u32)),
+        (format!("{arch}.attention.head_count"), Value::U32(2)),
+        (format!("{arch}.attention.head_count_kv"), Value::U32(1)),
         (
-            "general.architecture".into(),
-            Value::String("gemma3".into()),
+            format!("{arch}.attention.key_length"),
+            Value::U32(hd as u32),
         ),
-        ("gemma3.block_count".into(), Value::U32(blocks)),
-        ("gemma3.embedding_length".into(), Value::U32(h as u32)),
-        ("gemma3.feed_forward_length".into(), Value::U32(ff as u32)),
-        ("gemma3.attention.head_count".into(), Value::U32(2)),
-        ("gemma3.attention.head_count_kv".into(), Value::U32(1)),
-        ("gemma3.attention.key_length".into(), Value::U32(hd as u32)),
-        ("gemma3.attention.sliding_window".into(), Value::U32(4)),
-        ("gemma3.context_length".into(), Value::U32(128)),
+        (format!("{arch}.attention.sliding_window"), Value::U32(4)),
+        (format!("{arch}.context_length"), Value::U32(128)),
         ("tokenizer.ggml.model".into(), Value::String("llama".into())),
         ("tokenizer.ggml.tokens".into(), Value::Array(pieces)),
         (
