@@ -708,7 +708,7 @@ fn as_ggml_scores(q: &Tensor, ty: BlockType, width: Option<usize>, scale: f32) -
 fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Result<()> {
     // Dense attention over the held keys and values, with the query as ggml's flash
     // attention has it (rotated, in q8_0): equal up to the order of f32 sums, in prefill
-    // (300 and 40 rows) and decode (1 row), whole and in a sliding window, each side alone
+    // (300, 40 and 400 rows, the last across a segment's end) and decode (1 row), whole and in a sliding window, each side alone
     // and both together (f16 keys are dotted with the query as it is). (q4_1 and q5_1 keys
     // dot with a q8_1 query whose sum is rounded to f16: not a query of floats.)
     for text in [
@@ -742,7 +742,8 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
                 1,
                 d,
                 window,
-                &[300, 1, 40, 1],
+                // Past a segment (512 tokens) too: prefill then reads several.
+                &[300, 1, 40, 1, 400, 1],
                 2e-5,
                 &scored,
             )?;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common;
 use kvlab_engine::checkpoint::source::hub::{download_repo, DownloadProgress, HubOptions};
 use kvlab_engine::checkpoint::source::hub_retry::RetryPolicy;
 use kvlab_engine::checkpoint::source::SourceError;
@@ -124,16 +125,8 @@ impl FakeHub {
 
     /// Serves on a free local port; returns the endpoint URL.
     fn serve(self: &Arc<Self>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let hub = Arc::clone(self);
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let hub = Arc::clone(&hub);
-                std::thread::spawn(move || hub.answer(conn));
-            }
-        });
-        url
+        common::serve_http(move |conn| hub.answer(conn))
     }
 
     fn requests(&self) -> Vec<Request> {

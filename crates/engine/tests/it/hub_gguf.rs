@@ -6,11 +6,12 @@
 #![cfg(feature = "hub")]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use crate::common;
 use kvlab_engine::checkpoint::source::hub::{download_model, list_gguf_quants, HubOptions};
 use kvlab_engine::checkpoint::source::{find_tokenizer, SourceError};
 use kvlab_engine::contract::ErrorCode;
@@ -55,16 +56,8 @@ impl FakeHub {
     }
 
     fn serve(self: &Arc<Self>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
         let hub = Arc::clone(self);
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let hub = Arc::clone(&hub);
-                std::thread::spawn(move || hub.answer(conn));
-            }
-        });
-        url
+        common::serve_http(move |conn| hub.answer(conn))
     }
 
     fn gets(&self) -> Vec<String> {

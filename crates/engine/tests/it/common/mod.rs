@@ -178,3 +178,19 @@ pub fn default_conversation(
         .find(|c| c.id == id)
         .expect("the default conversation")
 }
+
+/// Serves HTTP on a free local port, each connection on its own thread through `answer`;
+/// returns the endpoint URL (`http://127.0.0.1:PORT`). The listener lives as long as the
+/// test process.
+pub fn serve_http(answer: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a local port");
+    let url = format!("http://{}", listener.local_addr().expect("local address"));
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let answer = std::sync::Arc::clone(&answer);
+            std::thread::spawn(move || answer(conn));
+        }
+    });
+    url
+}
