@@ -43,6 +43,28 @@ MODEL="${KLD_MODEL:-$("$KVLAB_BIN" assets path gemma3-270m)}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
+# llama.cpp's mean KLD and its standard error across windows, from a --kl-divergence log:
+# its per-chunk lines carry the running mean (every chunk scores as many tokens), so chunk
+# i's own mean is i*m_i - (i-1)*m_(i-1). Tokens within a window are not independent, so
+# the spread of window means is the noise a pooled mean carries; llama.cpp's own `±` is
+# the per-token one and much smaller.
+llama_kld() {
+  python3 - "$1" <<'PY'
+import math, re, sys
+cum = []
+for line in open(sys.argv[1], errors="replace"):
+    f = line.split()
+    if len(f) >= 10 and re.fullmatch(r"\d+", f[0]) and f[2] == "±" and f[8] == "±":
+        cum.append(float(f[7]))
+mean = next((float(l.split()[2]) for l in open(sys.argv[1], errors="replace")
+             if re.match(r"^Mean +KLD:", l)), float("nan"))
+w = [i * m - (i - 1) * p for i, (m, p) in enumerate(zip(cum, [0.0] + cum), start=1)]
+n = len(w)
+se = math.sqrt(sum((x - sum(w) / n) ** 2 for x in w) / (n - 1) / n) if n > 1 else 0.0
+print(mean, se)
+PY
+}
+
 for text in "${TEXTS[@]}"; do
   file="$WORK/$(basename "$text").normalized"
   "$KVLAB_BIN" fidelity text --text "$text" >"$file"
@@ -58,8 +80,8 @@ for text in "${TEXTS[@]}"; do
     say "$text: llama.cpp -ctk $k -ctv $v ${env[*]}"
     env "${env[@]}" "${ppl[@]}" --kl-divergence-base "$WORK/base.kld" --kl-divergence \
       -ctk "$k" -ctv "$v" >"$WORK/run.log" 2>&1
-    kld="$(awk '/^Mean +KLD:/ {print $3; exit}' "$WORK/run.log")"
-    echo "$text llama $c ${kld:-nan}" >>"$WORK/results"
+    read -r kld se < <(llama_kld "$WORK/run.log")
+    echo "$text llama $c ${kld:-nan} - ${se:-nan}" >>"$WORK/results"
   done
   say "$text: llama.cpp f16, one token at a time (-ub 1)"
   "${ppl[@]}" -ub 1 --kl-divergence-base "$WORK/base.kld" --kl-divergence -ctk f16 -ctv f16 \
@@ -73,33 +95,42 @@ for text in "${TEXTS[@]}"; do
     python3 -c '
 import json, sys
 for r in json.load(sys.stdin):
-    print(sys.argv[1], "kvlab", r["kv"], r["mean_kld"], r["bits_per_coordinate"])' "$text" \
+    print(sys.argv[1], "kvlab", r["kv"], r["mean_kld"], r["bits_per_coordinate"],
+          r["kld_stderr"])' "$text" \
     >>"$WORK/results"
 done
 
 python3 - "$WORK/results" "$MODEL" "$CTX" "$WINDOWS" <<'PY'
-import sys
+import math, sys
 rows, order = {}, []
 for line in open(sys.argv[1]):
-    text, who, kv, kld, *bits = line.split()
+    text, who, kv, kld, *rest = line.split()
+    bits = float(rest[0]) if rest and rest[0] != "-" else None
+    se = float(rest[1]) if len(rest) > 1 else float("nan")
     # Both rows carry the SPEC as given (canonical, as the sweep prints it).
-    rows.setdefault((text, kv), {})[who] = (float(kld), float(bits[0]) if bits else None)
+    rows.setdefault((text, kv), {})[who] = (float(kld), bits, se)
     if (text, kv) not in order:
         order.append((text, kv))
 print(f"\nKL divergence against each program's own f16 cache: {sys.argv[2]}, "
       f"{sys.argv[4]} windows of {sys.argv[3]} tokens, second halves scored")
-print(f"{'text':<14} {'cache':<14} {'bits':>5} {'llama.cpp':>10} {'KV Lab':>10} {'ratio':>7} {'diff':>8}")
+print(f"{'text':<14} {'cache':<14} {'bits':>5} {'llama.cpp':>18} {'KV Lab':>18} {'ratio':>7} "
+      f"{'diff':>8} {'diff/σ':>7}")
 for text, kv in order:
     r = rows[(text, kv)]
     if "llama" not in r or "kvlab" not in r:
         continue
-    (l, _), (k, bits) = r["llama"], r["kvlab"]
+    (l, _, sl), (k, bits, sk) = r["llama"], r["kvlab"]
     ratio = k / l if l > 0 else float("nan")
-    print(f"{text:<14} {kv:<14} {bits:>5.2f} {l:>10.5f} {k:>10.5f} {ratio:>7.3f} {k - l:>+8.5f}")
+    sigma = math.hypot(sl, sk)
+    z = (k - l) / sigma if sigma > 0 else float("nan")
+    print(f"{text:<14} {kv:<14} {bits:>5.2f} {l:>9.5f} ±{sl:>7.5f} {k:>9.5f} ±{sk:>7.5f} "
+          f"{ratio:>7.3f} {k - l:>+8.5f} {z:>+7.2f}")
 for text, kv in order:
     if "floor" in rows[(text, kv)]:
         print(f"{text:<14} llama.cpp's own f16 one token at a time (-ub 1) against its f16 "
               f"prefill: {rows[(text, kv)]['floor'][0]:.5f}")
+print("±: standard error of each mean from the spread of its windows' means; diff/σ: the "
+      "difference in units of both errors combined")
 print("targets (issue 35): q4_0, q8_0/q4_0 and q4_0+norot within 10% (ratio 0.9-1.1); "
       "q8_0 within 0.002")
 PY

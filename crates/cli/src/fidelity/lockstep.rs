@@ -21,6 +21,12 @@ pub struct FidelityOut {
     pub ppl_reference: f64,
     /// Mean KL(reference ‖ test) per position, nats.
     pub mean_kld: f64,
+    /// Each window's own mean KL, in order: how far one window's figure moves from
+    /// another's, the noise a pooled mean carries (tokens within a window are not
+    /// independent: a perturbation early in it shifts every later position).
+    pub window_mean_klds: Vec<f64>,
+    /// Standard error of `mean_kld` from the spread of the window means (0 for one window).
+    pub kld_stderr: f64,
     /// Largest per-position KL.
     pub max_kld: f64,
     /// Fraction of positions whose most likely next token agrees.
@@ -122,6 +128,7 @@ pub fn measure_many(
             n => format!("{n} caches"),
         };
         let mut positions = vec![Vec::new(); group.len()];
+        let mut window_means = vec![Vec::new(); group.len()];
         for (w, ids) in cut.windows.iter().enumerate() {
             let reports = compare_many_from(
                 model,
@@ -141,7 +148,8 @@ pub fn measure_many(
                     true
                 },
             )?;
-            for (p, r) in positions.iter_mut().zip(reports) {
+            for ((p, m), r) in positions.iter_mut().zip(&mut window_means).zip(reports) {
+                m.push(r.mean_kld);
                 p.extend(r.positions);
             }
         }
@@ -149,8 +157,8 @@ pub fn measure_many(
             eprintln!();
         }
         let seconds = t0.elapsed().as_secs_f64();
-        for (test, positions) in tests[group].iter().zip(positions) {
-            out.push(summarize(test, positions, cut, refr, seconds));
+        for ((test, positions), means) in tests[group].iter().zip(positions).zip(window_means) {
+            out.push(summarize(test, positions, means, cut, refr, seconds));
         }
     }
     Ok(out)
@@ -160,6 +168,7 @@ pub fn measure_many(
 fn summarize(
     test: &Labelled,
     positions: Vec<PositionFidelity>,
+    window_mean_klds: Vec<f64>,
     cut: &Windows<'_>,
     refr: &CacheSpec,
     seconds: f64,
@@ -170,6 +179,8 @@ fn summarize(
         ppl: r.ppl,
         ppl_reference: r.ppl_reference,
         mean_kld: r.mean_kld,
+        kld_stderr: stderr_of_mean(&window_mean_klds),
+        window_mean_klds,
         max_kld: r.max_kld,
         top1_agreement: r.top1_agreement,
         max_logit_error: r.max_logit_error,
@@ -182,6 +193,18 @@ fn summarize(
         seconds,
     };
     (out, klds)
+}
+
+/// The standard error of the mean of `xs` (sample standard deviation over √n), 0 for fewer
+/// than two.
+pub fn stderr_of_mean(xs: &[f64]) -> f64 {
+    let n = xs.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (var / n as f64).sqrt()
 }
 
 /// Runs the comparison and prints it (JSON with `json`, else one line).
@@ -201,12 +224,13 @@ pub fn run(
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "kv {} vs {}: ppl {:.3} (reference {:.3}), mean KLD {:.5}, top-1 agreement {:.2}%, max logit error {:.3}, {} tokens, {:.1}s",
+            "kv {} vs {}: ppl {:.3} (reference {:.3}), mean KLD {:.5} ± {:.5} (windows), top-1 agreement {:.2}%, max logit error {:.3}, {} tokens, {:.1}s",
             out.kv,
             out.reference,
             out.ppl,
             out.ppl_reference,
             out.mean_kld,
+            out.kld_stderr,
             100.0 * out.top1_agreement,
             out.max_logit_error,
             out.tokens_scored,
@@ -214,4 +238,26 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_spread_gives_the_standard_error_of_the_pooled_mean() {
+        // Sample sd of 1..4 is √(5/3); over √4.
+        let se = stderr_of_mean(&[1.0, 2.0, 3.0, 4.0]);
+        assert!((se - (5.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-12, "{se}");
+        assert!(stderr_of_mean(&[0.2, 0.2, 0.2]) < 1e-15);
+        assert_eq!(stderr_of_mean(&[0.3]), 0.0);
+        assert_eq!(stderr_of_mean(&[]), 0.0);
+    }
+
+    #[test]
+    fn windows_start_with_bos_and_drop_the_remainder() {
+        let all: Vec<u32> = (0..10).collect();
+        let w = cut_windows(&all, 4);
+        assert_eq!(w, vec![vec![0, 1, 2, 3], vec![0, 5, 6, 7]]);
+    }
 }

@@ -150,6 +150,18 @@ pub struct SweepArgs {
     json: bool,
 }
 
+/// One cache's row of `fidelity sweep`: the engine's point and how much its mean moves
+/// between windows (the `--json` array's element).
+#[derive(Debug, Clone, Serialize)]
+struct SweptCache {
+    #[serde(flatten)]
+    point: SweepPoint,
+    /// Standard error of `mean_kld` from the spread of the window means.
+    kld_stderr: f64,
+    /// Each window's mean KL divergence, in order.
+    window_mean_klds: Vec<f64>,
+}
+
 /// A peer's point, from `--peer`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PeerPoint {
@@ -279,15 +291,19 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let measured = measure_many(model, &cut, &tests, reference, chunk, args.json)?;
     let mut rows = Vec::with_capacity(tests.len());
     for (test, (out, klds)) in tests.iter().zip(measured) {
-        rows.push(SweepPoint {
-            kv: test.label.clone(),
-            bits_per_coordinate: bits_per_coordinate(model, &test.policy, ctx)?,
-            mean_kld: out.mean_kld,
-            p99_kld: quantile(&klds, 0.99),
-            top1_agreement: out.top1_agreement,
-            ppl: out.ppl,
-            ppl_reference: out.ppl_reference,
-            tokens_scored: out.tokens_scored,
+        rows.push(SweptCache {
+            point: SweepPoint {
+                kv: test.label.clone(),
+                bits_per_coordinate: bits_per_coordinate(model, &test.policy, ctx)?,
+                mean_kld: out.mean_kld,
+                p99_kld: quantile(&klds, 0.99),
+                top1_agreement: out.top1_agreement,
+                ppl: out.ppl,
+                ppl_reference: out.ppl_reference,
+                tokens_scored: out.tokens_scored,
+            },
+            kld_stderr: out.kld_stderr,
+            window_mean_klds: out.window_mean_klds,
         });
     }
     if args.json {
@@ -299,28 +315,40 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         );
         let width = rows
             .iter()
-            .map(|r| r.kv.len())
+            .map(|r| r.point.kv.len())
             .chain(peers.iter().map(|p| p.label.len()))
             .max()
             .unwrap_or(5)
             .max(5);
         println!(
-            "{:<width$} {:>6} {:>10} {:>10} {:>7} {:>9}",
-            "cache", "bits", "mean KLD", "p99 KLD", "top-1", "ppl"
+            "{:<width$} {:>6} {:>10} {:>9} {:>10} {:>7} {:>9}",
+            "cache", "bits", "mean KLD", "± windows", "p99 KLD", "top-1", "ppl"
         );
-        for r in &rows {
+        for SweptCache {
+            point: r,
+            kld_stderr,
+            ..
+        } in &rows
+        {
             println!(
-                "{:<width$} {:>6.2} {:>10.5} {:>10.4} {:>6.2}% {:>9.3}",
+                "{:<width$} {:>6.2} {:>10.5} {:>9.5} {:>10.4} {:>6.2}% {:>9.3}",
                 r.kv,
                 r.bits_per_coordinate,
                 r.mean_kld,
+                kld_stderr,
                 r.p99_kld,
                 100.0 * r.top1_agreement,
                 r.ppl
             );
         }
         if let Some(r) = rows.first() {
-            println!("reference ppl {:.3}", r.ppl_reference);
+            println!("reference ppl {:.3}", r.point.ppl_reference);
+        }
+        if windows > 1 {
+            println!(
+                "± windows: the standard error of the mean from the spread of the {windows} \
+                 windows' own means"
+            );
         }
         if let Some(file) = &args.peer {
             println!("peers, from {}:", file.display());
@@ -333,7 +361,8 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &args.plot {
-        crate::fidelity::plot::draw(&rows, &peers, path)?;
+        let points: Vec<SweepPoint> = rows.iter().map(|r| r.point.clone()).collect();
+        crate::fidelity::plot::draw(&points, &peers, path)?;
         if !args.json {
             println!("plot: {}", path.display());
         }
