@@ -180,7 +180,7 @@ test("Esc stops an answer mid-stream", async () => {
   await setNumber(app.browser, "max-tokens", 24);
 });
 
-test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → TQ 3.6)", async () => {
+test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → f32/q4_0 → TQ 3.6)", async () => {
   const current = await $('[data-testid="cache-current"]');
   const policy = () => current.getAttribute("data-policy");
   const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
@@ -201,6 +201,19 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   await app.browser.waitUntil(async () => (await policy()) === "q8_0", { timeout: 30_000 });
   const q8 = await kvBytes();
   assert.equal(q8 * 64, half * 34, `q8_0 holds 34/64 of f16 (${q8} vs ${half})`);
+  // Keys and values apart, any two formats: f32 keys (4 bytes a coordinate) beside q4_0
+  // values (18 bytes for 32) hold 73/64 of f16's 4 bytes a coordinate pair.
+  await (await $('[data-testid="split-kv"]')).click();
+  await (await $('[data-testid="split-keys"]')).selectByVisibleText("FP32");
+  await (await $('[data-testid="split-values"]')).selectByVisibleText("q4_0");
+  const apply = await $('[data-testid="split-apply"]');
+  await apply.waitForEnabled({ timeout: 30_000 });
+  await apply.click();
+  await waitForPolicy("f32/q4_0", 30_000);
+  const mixed = await kvBytes();
+  assert.equal(mixed * 64, half * 73, `f32/q4_0 holds 73/64 of f16 (${mixed} vs ${half})`);
+  await shot("cache-split-f32-q4_0.png");
+  await (await $('[data-testid="split-kv"]')).click();
   await choosePrecision("k4v3+qw");
   // The engine's canonical SPEC: TurboQuant on every layer, as the "all" scope asks.
   await app.browser.waitUntil(async () => (await policy()) === "k4v3+qw@all", { timeout: 30_000 });
@@ -212,7 +225,7 @@ test("switching the cache precision mid-conversation marks the timeline and shri
     await (await $('[data-testid="preset-measured"]')).getText(),
     /^k4v3\+qw@all · 3\.63 bits per coordinate · mean KLD 0\.\d+ · top-1 \d+(\.\d)?% vs FP16$/,
   );
-  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "4", { timeout: 5_000 });
+  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "5", { timeout: 5_000 });
   // The conversation goes on in the new precision.
   const i = await send("Thanks!");
   const a = await waitForStats(i);

@@ -53,7 +53,7 @@ export type CacheOptions = {
  */
 presets: Array<CachePreset>, 
 /**
- * Formats a side may take (for keys and values set apart).
+ * Formats a side may take (for keys and values set apart): every row of the registry.
  */
 formats: Array<FormatOption>, 
 /**

@@ -189,27 +189,32 @@ impl SideFormat {
         }
     }
 
-    /// The storage side this format stands for in a quantized layer, with the defaults a
-    /// SPEC gets (TurboQuant keys keep the unbiased norm scale, `kv::spec`); `None` for the
-    /// dense formats other than f16, which only fill whole dense layers.
-    pub(crate) fn side(self, is_key: bool) -> Option<TqSide> {
+    /// The storage side this format stands for in a layer whose keys and values differ,
+    /// with the defaults a SPEC gets (TurboQuant keys keep the unbiased norm scale,
+    /// `kv::spec`).
+    pub(crate) fn side(self, is_key: bool) -> TqSide {
         match self.row().kind {
-            Kind::Dense(_) if self == SideFormat::F16 => Some(TqSide::F16),
-            Kind::Dense(_) => None,
-            Kind::TurboQuant(bits) => Some(TqSide::Codes(Spec {
+            Kind::Dense(_) => match self {
+                SideFormat::F32 => TqSide::F32,
+                SideFormat::Bf16 => TqSide::Bf16,
+                _ => TqSide::F16,
+            },
+            Kind::TurboQuant(bits) => TqSide::Codes(Spec {
                 unbiased: is_key,
                 ..Spec::mse(bits)
-            })),
-            Kind::Block(t) => Some(TqSide::Block(t)),
+            }),
+            Kind::Block(t) => TqSide::Block(t),
         }
     }
 }
 
-/// Bytes one stored vector of `head_dim` coordinates takes on a side of a quantized layer:
-/// f16, TurboQuant codes as the codec lays them out, or ggml's blocks.
+/// Bytes one stored vector of `head_dim` coordinates takes on a side of a layer whose keys
+/// and values differ: dense floats, TurboQuant codes as the codec lays them out, or ggml's
+/// blocks.
 pub(crate) fn side_bytes(side: &TqSide, head_dim: usize) -> Result<usize> {
     match side {
-        TqSide::F16 => Ok(head_dim * 2),
+        TqSide::F16 | TqSide::Bf16 => Ok(head_dim * 2),
+        TqSide::F32 => Ok(head_dim * 4),
         TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
             .map_err(|e| EngineError::invalid(e.to_string())),
         TqSide::Block(ty) => ty
@@ -238,14 +243,16 @@ mod tests {
     #[test]
     fn bytes_follow_the_formats() {
         // 256-wide heads: q8_0 8 blocks of 34 bytes, q4_0 of 18: 8.5 and 4.5 bits.
-        let q8 = SideFormat::Q8_0.side(true).unwrap();
-        let q4 = SideFormat::Q4_0.side(false).unwrap();
+        let q8 = SideFormat::Q8_0.side(true);
+        let q4 = SideFormat::Q4_0.side(false);
         assert_eq!(side_bytes(&q8, 256).unwrap() * 8, 256 * 17 / 2);
         assert_eq!(side_bytes(&q4, 256).unwrap() * 8, 256 * 9 / 2);
         assert_eq!(side_bytes(&TqSide::F16, 256).unwrap(), 512);
         assert!(side_bytes(&q8, 80).is_err());
         assert_eq!(SideFormat::Q4_1.bits_per_coordinate(), 5.0);
         assert_eq!(SideFormat::Tq3_5.bits_per_coordinate(), 3.5);
-        assert_eq!(SideFormat::F32.side(true), None);
+        assert_eq!(SideFormat::F32.side(true), TqSide::F32);
+        assert_eq!(side_bytes(&TqSide::F32, 256).unwrap(), 1024);
+        assert_eq!(side_bytes(&TqSide::Bf16, 256).unwrap(), 512);
     }
 }

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 pub use super::format::SideFormat;
-use super::spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
+use super::spec::{CacheSpec, LayerScope, TqPrecision};
 use super::storage::KvPrecision;
 use super::PrecisionPolicy;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
 /// A cache as a user picks it: each side's format and the layers it applies to (the other
 /// layers stay f16).
@@ -26,9 +26,9 @@ pub struct CacheChoice {
 }
 
 impl CacheChoice {
-    /// The SPEC this choice stands for, built from the registry's rows. Dense formats
-    /// cover both sides (`f32` keys with `f32` values); quantized sides (TurboQuant or
-    /// llama.cpp's types) may differ, and either may be `f16`. TurboQuant keys are
+    /// The SPEC this choice stands for, built from the registry's rows: one dense format on
+    /// both sides is a dense cache, any other two formats a layer of each (`f32` keys with
+    /// `q4_0` values, `q8_0` with TurboQuant 3-bit). TurboQuant keys are
     /// query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of the
     /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`).
     pub fn spec(&self) -> Result<CacheSpec> {
@@ -41,16 +41,7 @@ impl CacheChoice {
             };
             return Ok(CacheSpec::dense(precision, self.scope));
         }
-        let (Some(key), Some(value)) = (k.side(true), v.side(false)) else {
-            return Err(EngineError::invalid(format!(
-                "keys {} with values {}: a side can only be f16 when the other is quantized",
-                k.label(),
-                v.label()
-            )));
-        };
-        if key == TqSide::F16 && value == TqSide::F16 {
-            return Ok(CacheSpec::Dense(KvPrecision::F16));
-        }
+        let (key, value) = (k.side(true), v.side(false));
         let precision = TqPrecision {
             weigh_keys: k.is_turboquant(),
             ..TqPrecision::new(key, value)
@@ -171,7 +162,7 @@ pub struct LabeledSpec {
 pub struct CacheOptions {
     /// The presets, in menu order.
     pub presets: Vec<CachePreset>,
-    /// Formats a side may take (for keys and values set apart).
+    /// Formats a side may take (for keys and values set apart): every row of the registry.
     pub formats: Vec<FormatOption>,
     /// The cache a model loads with unless the user picks another.
     pub default_spec: String,
@@ -287,7 +278,6 @@ pub fn cache_options() -> CacheOptions {
         compare,
         presets,
         formats: SideFormat::all()
-            .filter(|f| !f.is_dense() || *f == SideFormat::F16)
             .map(|format| FormatOption {
                 format,
                 label: format.label().to_string(),
@@ -389,9 +379,20 @@ mod tests {
             spec(choice(F16, Tq3, LayerScope::All)).unwrap(),
             "kf16v3@all"
         );
-        assert!(spec(choice(F32, Tq3, LayerScope::All)).is_err());
-        assert!(spec(choice(F16, F32, LayerScope::All)).is_err());
-        assert!(spec(choice(Q8_0, Bf16, LayerScope::All)).is_err());
+        // Any two formats: a dense side may be any dense format.
+        assert_eq!(
+            spec(choice(F32, Tq3, LayerScope::All)).unwrap(),
+            "f32/tq3@all"
+        );
+        assert_eq!(spec(choice(F16, F32, LayerScope::All)).unwrap(), "f16/f32");
+        assert_eq!(
+            spec(choice(Q8_0, Bf16, LayerScope::Full)).unwrap(),
+            "q8_0/bf16@full"
+        );
+        for (k, v) in [(F32, Q4_0), (Bf16, Tq3), (F16, Bf16)] {
+            let s = choice(k, v, LayerScope::All).spec().unwrap();
+            assert_eq!(CacheSpec::parse(&s.to_string()).unwrap(), s);
+        }
         // llama.cpp's types: every layer by default, as -ctk/-ctv.
         assert_eq!(spec(choice(Q8_0, Q8_0, LayerScope::All)).unwrap(), "q8_0");
         assert_eq!(
@@ -487,8 +488,8 @@ mod tests {
                 .map(|f| f.label.as_str())
                 .collect::<Vec<_>>(),
             [
-                "FP16", "TQ 8", "TQ 6", "TQ 5", "TQ 4.5", "TQ 4", "TQ 3.5", "TQ 3", "TQ 2.5",
-                "TQ 2", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"
+                "FP32", "FP16", "BF16", "TQ 8", "TQ 6", "TQ 5", "TQ 4.5", "TQ 4", "TQ 3.5", "TQ 3",
+                "TQ 2.5", "TQ 2", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"
             ]
         );
         // The UI names caches only through these; the suggested cache is the least lossy

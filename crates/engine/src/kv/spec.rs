@@ -12,14 +12,17 @@
 //! BASE    := "tq" BITS                                keys and values at BITS
 //!          | "k" SIDE "v" SIDE                        keys and values apart
 //!          | TYPE                                     llama.cpp's type on both sides
-//!          | PSIDE "/" PSIDE                          keys/values, as -ctk/-ctv
+//!          | PSIDE "/" PSIDE                          keys/values, as -ctk/-ctv: any two
+//!                                                     formats of the registry (`kv::format`)
+//!                                                     but one dense dtype twice (that is DENSE)
 //! SIDE    := BITS | "f16"                             f16: that side stays dense f16
-//! PSIDE   := TYPE | "tq" BITS | "f16"
+//! PSIDE   := TYPE | "tq" BITS | "f16" | "bf16" | "f32"
 //! TYPE    := "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "iq4_nl"   ggml's blocks
 //! BITS    := "1" | "2" | "2.5" | "3" | "3.5" | "4" | "4.5" | "5" | "5.5" | "6" | "7" | "8"
 //! SCOPE   := "full" | "sliding" | "all"              which layers are quantized; the
 //!                                                     default is "all" when a side is a
-//!                                                     TYPE (as llama.cpp), else "full"
+//!                                                     TYPE (as llama.cpp) or neither is
+//!                                                     "tq", else "full"
 //! OPTION  := "mse" (default) | "prod"                 TurboQuant variant
 //!          | "nc"                                     norm correction (mse only)
 //!          | "ub" | "plain"                            norm scale of both sides (below)
@@ -93,6 +96,10 @@ use crate::error::{EngineError, Result};
 pub enum TqSide {
     /// Dense IEEE half precision (e.g. values kept exact while keys are quantized).
     F16,
+    /// Dense bfloat16.
+    Bf16,
+    /// Dense 32-bit floats.
+    F32,
     /// TurboQuant codes under this codec spec.
     Codes(Spec),
     /// One of llama.cpp's block types (`q8_0`, `q4_0`, …), bit for bit as ggml stores it.
@@ -116,10 +123,22 @@ impl TqSide {
         }
     }
 
+    /// The dtype of a dense side.
+    pub fn dense_dtype(&self) -> Option<candle_core::DType> {
+        match self {
+            TqSide::F16 => Some(candle_core::DType::F16),
+            TqSide::Bf16 => Some(candle_core::DType::BF16),
+            TqSide::F32 => Some(candle_core::DType::F32),
+            _ => None,
+        }
+    }
+
     /// The side's token in the `key/value` SPEC form (`f16`, `tq3.5`, `q8_0`).
     fn token(&self) -> String {
         match self {
             TqSide::F16 => "f16".to_string(),
+            TqSide::Bf16 => "bf16".to_string(),
+            TqSide::F32 => "f32".to_string(),
             TqSide::Codes(c) => format!("tq{}", bits_str(c.bits)),
             TqSide::Block(b) => b.name().to_string(),
         }
@@ -173,10 +192,25 @@ impl TqPrecision {
         self.key.block().is_some() || self.value.block().is_some()
     }
 
+    /// Whether a side is TurboQuant codes.
+    pub fn has_codes(&self) -> bool {
+        self.key.spec().is_some() || self.value.spec().is_some()
+    }
+
+    /// Whether the SPEC takes the `key/value` form (llama.cpp's types, or a dense side other
+    /// than f16) rather than TurboQuant's `kXvY`.
+    fn pair_form(&self) -> bool {
+        self.has_block()
+            || [self.key, self.value]
+                .iter()
+                .any(|s| matches!(s, TqSide::Bf16 | TqSide::F32))
+    }
+
     /// The layers a SPEC of this precision covers when it names no scope: every layer for
-    /// llama.cpp's types (what `-ctk`/`-ctv` do), the full-attention ones for TurboQuant.
+    /// llama.cpp's types (what `-ctk`/`-ctv` do) and for two dense formats, the
+    /// full-attention ones for TurboQuant.
     pub fn default_scope(&self) -> LayerScope {
-        if self.has_block() {
+        if self.has_block() || !self.has_codes() {
             LayerScope::All
         } else {
             LayerScope::Full
@@ -185,9 +219,9 @@ impl TqPrecision {
 }
 
 impl fmt::Display for TqPrecision {
-    /// The SPEC form without a scope (`tq4`, `k4vf16+nc`, `q8_0/q4_0+norot`).
+    /// The SPEC form without a scope (`tq4`, `k4vf16+nc`, `q8_0/q4_0+norot`, `f32/tq3`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.has_block() {
+        if self.pair_form() {
             let (k, v) = (self.key.token(), self.value.token());
             if k == v {
                 f.write_str(&k)?;
@@ -508,16 +542,18 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
         let Some((k, v)) = kv.split_once('v') else {
             return Err(bad(input, "`k…` must be followed by `v…`"));
         };
-        let tok = |b: Option<Bits>| b.map_or(SideTok::F16, SideTok::Bits);
+        let tok = |b: Option<Bits>| b.map_or(SideTok::Dense(TqSide::F16), SideTok::Bits);
         (tok(parse_side(input, k)?), tok(parse_side(input, v)?))
     } else {
         return Err(bad(input, format!("unknown format `{base}`")));
     };
-    if key == SideTok::F16 && value == SideTok::F16 {
-        return Err(bad(
-            input,
-            "neither keys nor values are quantized; use `f16`",
-        ));
+    if let (SideTok::Dense(k), SideTok::Dense(v)) = (key, value) {
+        if k == v {
+            return Err(bad(
+                input,
+                format!("keys and values are both {0}; use `{0}`", k.token()),
+            ));
+        }
     }
     let has_tq = matches!(key, SideTok::Bits(_)) || matches!(value, SideTok::Bits(_));
     let has_block = matches!(key, SideTok::Block(_)) || matches!(value, SideTok::Block(_));
@@ -634,7 +670,7 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
 
     let make = |side: SideTok, is_key: bool| -> Result<TqSide> {
         let bits = match side {
-            SideTok::F16 => return Ok(TqSide::F16),
+            SideTok::Dense(d) => return Ok(d),
             SideTok::Block(t) => return Ok(TqSide::Block(t)),
             SideTok::Bits(bits) => bits,
         };
@@ -669,26 +705,29 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
 /// One side of a SPEC before its options are known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SideTok {
-    F16,
+    /// A dense side (`TqSide::F16`, `Bf16` or `F32`).
+    Dense(TqSide),
     Bits(Bits),
     Block(BlockType),
 }
 
-/// A side of the `key/value` form, as the registry names it: `f16`, `tq` BITS or one of
-/// llama.cpp's type names.
+/// A side of the `key/value` form, as the registry names it: `f32`, `f16`, `bf16`, `tq`
+/// BITS or one of llama.cpp's type names.
 fn parse_pair_side(spec: &str, s: &str) -> Result<SideTok> {
-    use super::format::{Kind, SideFormat};
-    match SideFormat::from_token(s).map(|f| (f, f.row().kind)) {
-        Some((SideFormat::F16, _)) => Ok(SideTok::F16),
-        Some((_, Kind::TurboQuant(bits))) => Ok(SideTok::Bits(bits)),
-        Some((_, Kind::Block(t))) => Ok(SideTok::Block(t)),
-        _ => Err(bad(
+    use super::format::SideFormat;
+    let Some(format) = SideFormat::from_token(s) else {
+        return Err(bad(
             spec,
             format!(
-                "`{s}` is not a side format (f16, tq BITS, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
+                "`{s}` is not a side format (f32, f16, bf16, tq BITS, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
             ),
-        )),
-    }
+        ));
+    };
+    Ok(match format.side(true) {
+        TqSide::Codes(c) => SideTok::Bits(c.bits),
+        TqSide::Block(t) => SideTok::Block(t),
+        dense => SideTok::Dense(dense),
+    })
 }
 
 #[cfg(test)]
@@ -845,6 +884,15 @@ mod tests {
         assert_eq!(p.key, TqSide::Block(Q8_0));
         assert_eq!(p.value, tq(Bits::B3));
         assert_eq!(scope, LayerScope::Full);
+        // Dense pairs cover every layer as llama.cpp's types do; a TurboQuant side keeps
+        // TurboQuant's full-attention default.
+        let (p, scope) = pair("f32/bf16")?;
+        assert_eq!(
+            (p.key, p.value, scope),
+            (TqSide::F32, TqSide::Bf16, LayerScope::All)
+        );
+        let (p, scope) = pair("bf16/tq3")?;
+        assert_eq!((p.key, scope), (TqSide::Bf16, LayerScope::Full));
         let (p, _) = pair("tq4/q4_1+qw+nc")?;
         assert!(p.weigh_keys);
         assert_eq!(p.key.spec().map(|s| s.norm_correction), Some(true));
@@ -861,6 +909,13 @@ mod tests {
             // Without a llama.cpp side, the slash form is TurboQuant's.
             ("tq4/tq3", "k4v3"),
             ("f16/tq3@all", "kf16v3@all"),
+            // Any two formats of the registry, dense ones included (as -ctk/-ctv take them).
+            ("f32/q4_0", "f32/q4_0"),
+            ("q8_0/bf16@full", "q8_0/bf16@full"),
+            ("tq4/f32+qw", "tq4/f32+qw"),
+            ("bf16/tq3@all", "bf16/tq3@all"),
+            ("F32/BF16", "f32/bf16"),
+            ("bf16/f16@sliding", "bf16/f16@sliding"),
         ] {
             let s = CacheSpec::parse(input)?;
             assert_eq!(s.to_string(), canonical, "{input}");
@@ -873,8 +928,11 @@ mod tests {
             "tq4+norot",
             "q4_0+norot+norot",
             "q9_0",
-            "q8_0/f32",
             "f16/f16",
+            "f32/f32",
+            "bf16/bf16@all",
+            "f32/bf16+nocenter",
+            "f32/bf16+norot",
             "q8_0/",
             "/q4_0",
             "q8_0/q4_0/q4_0",

@@ -1,8 +1,8 @@
 //! Quantized K/V storage: tokens are encoded as they are appended (no dense copy outlives
 //! the chunk that brought them), keys and values each in their own side format (TurboQuant
-//! codes under a codec spec, one of llama.cpp's block types, or dense f16; `kv::format`), one
-//! stream of segments per kv head; attention reads the stored form directly, on every
-//! device, and the held tokens are never decoded on the decode path.
+//! codes under a codec spec, one of llama.cpp's block types, or dense f16, bf16 or f32;
+//! `kv::format`), one stream of segments per kv head; attention reads the stored form
+//! directly, on every device, and the held tokens are never decoded on the decode path.
 //!
 //! llama.cpp's block types are held as ggml holds them, rotated as upstream rotates them
 //! (`kv::spec`): the queries are rotated once per call, quantized to the keys' dot type and
@@ -13,7 +13,8 @@
 //! products, added in another order.
 //!
 //! Layout: every kv head holds its tokens in segments of [`SEGMENT_TOKENS`] (each a
-//! `CodeBlock`, or an f16 row buffer for a dense side); all segments but the last are full.
+//! `CodeBlock`, ggml blocks, or a row buffer in a dense side's dtype); all segments but the
+//! last are full.
 //! Segments let a sliding window forget its oldest tokens by dropping whole segments (the
 //! `front` tokens of the first segment are kept but masked), and let one decode step spread
 //! a long context over all cores even when the model has a single kv head.
@@ -59,7 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use half::f16;
+use half::{bf16, f16};
 use kvlab_turboquant::ggml::{self, BlockType};
 use kvlab_turboquant::{CodeBlock, Codec, Scratch};
 use rayon::prelude::*;
@@ -157,10 +158,131 @@ fn weighed_span(
 /// One segment of one side of one kv head.
 enum Seg {
     Codes(CodeBlock),
-    /// Row-major `tokens × dim` half floats.
-    Dense(Vec<f16>),
+    /// Row-major `tokens × dim` dense floats.
+    Dense(DenseRows),
     /// Row-major ggml blocks, `tokens × row_bytes`.
     Blocks(Vec<u8>),
+}
+
+/// A dense side's segment in the side's dtype (f16, bf16 or f32).
+enum DenseRows {
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+    F32(Vec<f32>),
+}
+
+/// Reserves room for `add` more floats in a segment of rows of `d`, 128 rows at a time (never
+/// past a whole segment) so the reserve stays small.
+fn grow<T>(v: &mut Vec<T>, add: usize, d: usize) {
+    if v.capacity() < v.len() + add {
+        let want = (v.len() + add).div_ceil(128 * d) * 128 * d;
+        v.reserve_exact(want.min(SEGMENT_TOKENS * d).max(v.len() + add) - v.len());
+    }
+}
+
+impl DenseRows {
+    fn new(dtype: DType) -> Self {
+        match dtype {
+            DType::BF16 => DenseRows::Bf16(Vec::new()),
+            DType::F32 => DenseRows::F32(Vec::new()),
+            _ => DenseRows::F16(Vec::new()),
+        }
+    }
+
+    /// Floats held.
+    fn len(&self) -> usize {
+        match self {
+            DenseRows::F16(v) => v.len(),
+            DenseRows::Bf16(v) => v.len(),
+            DenseRows::F32(v) => v.len(),
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        match self {
+            DenseRows::F16(v) => 2 * v.capacity(),
+            DenseRows::Bf16(v) => 2 * v.capacity(),
+            DenseRows::F32(v) => 4 * v.capacity(),
+        }
+    }
+
+    /// Appends `xs` (rows of `d`), rounded to the dtype.
+    fn extend(&mut self, xs: &[f32], d: usize) {
+        match self {
+            DenseRows::F16(v) => {
+                grow(v, xs.len(), d);
+                v.extend(xs.iter().map(|&x| f16::from_f32(x)));
+            }
+            DenseRows::Bf16(v) => {
+                grow(v, xs.len(), d);
+                v.extend(xs.iter().map(|&x| bf16::from_f32(x)));
+            }
+            DenseRows::F32(v) => {
+                grow(v, xs.len(), d);
+                v.extend_from_slice(xs);
+            }
+        }
+    }
+
+    /// Keeps the first `n` floats.
+    fn truncate(&mut self, n: usize) {
+        match self {
+            DenseRows::F16(v) => v.truncate(n),
+            DenseRows::Bf16(v) => v.truncate(n),
+            DenseRows::F32(v) => v.truncate(n),
+        }
+    }
+
+    /// Floats `at..at + out.len()` into `out`; `None` past the end.
+    fn read(&self, at: usize, out: &mut [f32]) -> Option<()> {
+        let range = at..at + out.len();
+        match self {
+            DenseRows::F16(v) => {
+                for (o, x) in out.iter_mut().zip(v.get(range)?) {
+                    *o = x.to_f32();
+                }
+            }
+            DenseRows::Bf16(v) => {
+                for (o, x) in out.iter_mut().zip(v.get(range)?) {
+                    *o = x.to_f32();
+                }
+            }
+            DenseRows::F32(v) => out.copy_from_slice(v.get(range)?),
+        }
+        Some(())
+    }
+
+    /// The floats as saved: each one's little-endian bytes.
+    fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            DenseRows::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            DenseRows::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            DenseRows::F32(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        }
+    }
+
+    /// What [`DenseRows::to_bytes`] wrote for a side of `dtype`; `None` unless `bytes` is
+    /// whole floats.
+    fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<Self> {
+        if !bytes.len().is_multiple_of(dtype.size_in_bytes()) {
+            return None;
+        }
+        let u16s = || {
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        Some(match dtype {
+            DType::BF16 => DenseRows::Bf16(u16s().map(bf16::from_bits).collect()),
+            DType::F32 => DenseRows::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            _ => DenseRows::F16(u16s().map(f16::from_bits).collect()),
+        })
+    }
 }
 
 /// A side stored in one of llama.cpp's block types, rotated as upstream rotates it.
@@ -214,6 +336,8 @@ struct Side {
     codec: Option<Arc<Codec>>,
     /// Set for a side in one of llama.cpp's block types (then `codec` is `None`).
     block: Option<BlockSide>,
+    /// The dtype of a dense side (neither `codec` nor `block`).
+    dense: DType,
     dim: usize,
     heads: Vec<Vec<Seg>>,
     /// Whether coded vectors are stored relative to a per-head offset.
@@ -275,6 +399,7 @@ impl Side {
         Ok(Self {
             codec,
             block,
+            dense: side.dense_dtype().unwrap_or(DType::F16),
             dim,
             heads: (0..n_heads).map(|_| Vec::new()).collect(),
             center,
@@ -308,7 +433,7 @@ impl Side {
         match (&self.codec, &self.block) {
             (Some(c), _) => c.bytes_per_vector(),
             (None, Some(b)) => b.row_bytes,
-            (None, None) => 2 * self.dim,
+            (None, None) => self.dense.size_in_bytes() * self.dim,
         }
     }
 
@@ -324,7 +449,7 @@ impl Side {
         match (&self.codec, &self.block) {
             (Some(c), _) => Seg::Codes(c.new_block()),
             (None, Some(_)) => Seg::Blocks(Vec::new()),
-            (None, None) => Seg::Dense(Vec::new()),
+            (None, None) => Seg::Dense(DenseRows::new(self.dense)),
         }
     }
 
@@ -391,14 +516,7 @@ impl Side {
             let (now, rest) = rows.split_at(take * d);
             match (seg, &self.codec) {
                 (Seg::Codes(b), Some(codec)) => codec.encode_batch(now, b)?,
-                (Seg::Dense(v), _) => {
-                    // Grow a segment 128 tokens at a time so the reserve stays small.
-                    if v.capacity() < v.len() + now.len() {
-                        let want = (v.len() + now.len()).div_ceil(128 * d) * 128 * d;
-                        v.reserve_exact(want.min(SEGMENT_TOKENS * d) - v.len());
-                    }
-                    v.extend(now.iter().map(|&x| f16::from_f32(x)));
-                }
+                (Seg::Dense(v), _) => v.extend(now, d),
                 (Seg::Blocks(v), _) => {
                     let Some(b) = &self.block else {
                         return Err(EngineError::invalid("block segment without a block type"));
@@ -462,7 +580,7 @@ impl Side {
                 .flatten()
                 .map(|s| match s {
                     Seg::Codes(b) => b.bytes_allocated(),
-                    Seg::Dense(v) => 2 * v.capacity(),
+                    Seg::Dense(v) => v.capacity_bytes(),
                     Seg::Blocks(v) => v.capacity(),
                 })
                 .sum::<usize>()
@@ -496,12 +614,8 @@ impl Side {
                     }
                 }
                 (Seg::Dense(v), _) => {
-                    let src = v
-                        .get(i * d..(i + 1) * d)
+                    v.read(i * d, row)
                         .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
-                    for (o, x) in row.iter_mut().zip(src) {
-                        *o = x.to_f32();
-                    }
                 }
                 (Seg::Blocks(v), _) => {
                     let b = self.block_side()?;
@@ -616,9 +730,8 @@ impl Side {
                 let n = v.len() / d;
                 let mut row = vec![0f32; d];
                 for t in cols.start..cols.end.min(n) {
-                    for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
-                        *o = x.to_f32();
-                    }
+                    v.read(t * d, &mut row)
+                        .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
                     for (qi, q) in queries.chunks_exact(d).enumerate() {
                         out[qi * n + t] = q.iter().zip(&row).map(|(a, b)| a * b).sum();
                     }
@@ -700,9 +813,8 @@ impl Side {
                 out.fill(0.0);
                 let mut row = vec![0f32; d];
                 for t in rows.start.min(n)..rows.end.min(n) {
-                    for (o, x) in row.iter_mut().zip(&v[t * d..(t + 1) * d]) {
-                        *o = x.to_f32();
-                    }
+                    v.read(t * d, &mut row)
+                        .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
                     for (qi, o) in out.chunks_exact_mut(d).enumerate() {
                         let w = weights[qi * n + t];
                         if w != 0.0 {
@@ -1182,9 +1294,10 @@ impl Side {
                         w.bytes(&bytes);
                     }
                     Seg::Dense(v) => {
+                        let bytes = v.to_bytes();
                         w.u8(SEG_DENSE);
-                        w.len(v.len() * 2);
-                        w.u16s(v.iter().map(|x| x.to_bits()));
+                        w.len(bytes.len());
+                        w.bytes(&bytes);
                     }
                     Seg::Blocks(v) => {
                         w.u8(SEG_BLOCKS);
@@ -1237,12 +1350,12 @@ impl Side {
                     (SEG_BLOCKS, None) if self.block.is_some() && len % row == 0 => {
                         Seg::Blocks(bytes.to_vec())
                     }
-                    (SEG_DENSE, None) if self.block.is_none() && len % (2 * d) == 0 => Seg::Dense(
-                        bytes
-                            .chunks_exact(2)
-                            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-                            .collect(),
-                    ),
+                    (SEG_DENSE, None) if self.block.is_none() && len % row == 0 => {
+                        match DenseRows::from_bytes(self.dense, bytes) {
+                            Some(v) => Seg::Dense(v),
+                            None => return Err(corrupt("a dense segment of partial floats")),
+                        }
+                    }
                     _ => {
                         return Err(corrupt(format!(
                             "segment kind {kind} of {len} bytes does not fit this side"

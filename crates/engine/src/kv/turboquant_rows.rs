@@ -13,7 +13,9 @@ use half::f16;
 use kvlab_cpu::attention::{self, Elem};
 use kvlab_cpu::vmath::exp_shifted_sum;
 
-use super::{seen_rows, Seg, Side, TurboQuantStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS};
+use super::{
+    seen_rows, DenseRows, Seg, Side, TurboQuantStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS,
+};
 use crate::error::{EngineError, Result};
 use crate::kv::pool;
 use crate::kv::split_softmax::Partial;
@@ -28,9 +30,9 @@ const KEY_SPLITS: usize = 4;
 
 /// A segment's rows as the products read them.
 enum Rows<'a> {
-    /// A dense side's own f16 rows.
+    /// A dense f16 side's own rows.
     F16(&'a [f16]),
-    /// Decoded rows (`n × dim`).
+    /// Decoded rows (`n × dim`; a bf16 or f32 side's converted).
     F32(Vec<f32>),
 }
 
@@ -89,10 +91,16 @@ impl Side {
                     .ok_or_else(|| EngineError::invalid("rows past a block segment"))?;
                 Ok(Rows::F32(b.dequantize_rows(held, d)?))
             }
-            (Seg::Dense(v), _) => Ok(Rows::F16(
+            (Seg::Dense(DenseRows::F16(v)), _) => Ok(Rows::F16(
                 v.get(range.start * d..range.end * d)
                     .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?,
             )),
+            (Seg::Dense(v), _) => {
+                let mut out = vec![0f32; range.len() * d];
+                v.read(range.start * d, &mut out)
+                    .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
+                Ok(Rows::F32(out))
+            }
             (Seg::Codes(_), None) => Err(EngineError::invalid("code segment without a codec")),
         }
     }

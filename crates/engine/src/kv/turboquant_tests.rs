@@ -159,6 +159,9 @@ fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
     for p in [
         tq(codes(Bits::B4), TqSide::F16),
         tq(TqSide::F16, codes(Bits::B2_5)),
+        tq(codes(Bits::B3), TqSide::F32),
+        tq(TqSide::Bf16, codes(Bits::B4)),
+        tq(TqSide::Bf16, TqSide::F32),
         tq(TqSide::Codes(prod), TqSide::Codes(prod)),
         tq(TqSide::Codes(haar), TqSide::Codes(haar)),
     ] {
@@ -190,12 +193,18 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         "f16/iq4_nl",
         "q5_1/tq3",
         "q4_1+norot",
+        "f32/q4_0",
+        "q8_0/bf16",
+        "tq4/f32",
+        "bf16/tq3",
+        "f32/bf16",
     ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
         };
         let bpv = |s: &TqSide| match s {
-            TqSide::F16 => 2 * d,
+            TqSide::F16 | TqSide::Bf16 => 2 * d,
+            TqSide::F32 => 4 * d,
             TqSide::Codes(spec) => bytes_per_vector(d, spec).unwrap_or(0),
             TqSide::Block(t) => t.row_bytes(d).unwrap_or(0),
         };
@@ -219,6 +228,33 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         assert_eq!(s.bytes_used(), 4 * per_token + fixed, "{text}");
         s.truncate(0)?;
         assert_eq!((s.bytes_used(), s.bytes_allocated()), (0, 0), "{text}");
+    }
+    Ok(())
+}
+
+#[test]
+fn dense_sides_hold_their_dtype_exactly() -> Result<()> {
+    use candle_core::DType;
+    let (n_kv, d) = (2, 32);
+    let (k, v) = (tensor(1, n_kv, 40, d)?, tensor(2, n_kv, 40, d)?);
+    for (key, value) in [
+        (TqSide::F32, block(BlockType::Q4_0)),
+        (TqSide::Bf16, TqSide::F32),
+        (codes(Bits::B3), TqSide::Bf16),
+    ] {
+        let mut s = TurboQuantStorage::new(tq(key, value), shape(n_kv, d))?;
+        s.append(&k, &v)?;
+        let (k0, v0) = s.to_dense()?;
+        for (side, given, held) in [(key, &k, &k0), (value, &v, &v0)] {
+            if let Some(dt) = side.dense_dtype() {
+                // The given floats rounded to the side's dtype, nothing else.
+                let rounded = given.to_dtype(dt)?.to_dtype(DType::F32)?;
+                assert_eq!(max_abs(&(held - &rounded)?)?, 0.0, "{side:?}");
+                if dt == DType::BF16 {
+                    assert!(max_abs(&(held - given)?)? > 0.0, "bf16 rounds");
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -549,8 +585,10 @@ fn block_sides_hold_ggml_bytes_of_upstreams_rotation() -> Result<()> {
 #[test]
 fn block_keys_score_as_ggml_with_the_query_in_the_dot_type() -> Result<()> {
     let (n_kv, t, d) = (1, 40, 256);
-    for kt in BlockType::ALL {
-        let p = tq(block(kt), TqSide::F16);
+    for (i, kt) in BlockType::ALL.into_iter().enumerate() {
+        // Values in each dense format in turn: they play no part in the scores.
+        let values = [TqSide::F16, TqSide::Bf16, TqSide::F32][i % 3];
+        let p = tq(block(kt), values);
         let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
         let k = tensor(3, n_kv, t, d)?;
         s.append(&k, &tensor(4, n_kv, t, d)?)?;
@@ -605,6 +643,8 @@ fn block_sides_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
     for p in [
         tq(TqSide::F16, block(BlockType::Q4_0)),
         tq(TqSide::F16, block(BlockType::Q8_0)),
+        tq(TqSide::F32, block(BlockType::Q4_0)),
+        tq(TqSide::Bf16, block(BlockType::Q8_0)),
         TqPrecision {
             rotate: false,
             ..tq(TqSide::F16, block(BlockType::Q5_1))
@@ -620,7 +660,15 @@ fn block_sides_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
 fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
     use crate::kv::wire::{WireReader, WireWriter};
     let (n_kv, d) = (2, 64);
-    for text in ["q8_0", "q8_0/q4_0", "f16/iq4_nl+norot", "q5_1/tq3"] {
+    for text in [
+        "q8_0",
+        "q8_0/q4_0",
+        "f16/iq4_nl+norot",
+        "q5_1/tq3",
+        "f32/q4_0",
+        "q8_0/bf16",
+        "bf16/f32",
+    ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
         };

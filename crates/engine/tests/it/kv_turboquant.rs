@@ -128,6 +128,9 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
             "k4v2.5@sliding",
             "k4vf16@all",
             "k4v3+qw@all",
+            // Dense sides in any dtype (the tiny models' 16-wide heads take no ggml blocks).
+            "f32/tq3",
+            "tq4/bf16@all",
         ] {
             let mut cache = model.new_cache(&policy(spec)).expect("cache");
             let ids = prompt(40);
@@ -160,7 +163,8 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                 let (bk, bv) = match prec {
                     kvlab_engine::KvPrecision::TurboQuant(p) => {
                         let b = |s: &TqSide| match s {
-                            TqSide::F16 => 2 * cfg.head_dim,
+                            TqSide::F16 | TqSide::Bf16 => 2 * cfg.head_dim,
+                            TqSide::F32 => 4 * cfg.head_dim,
                             TqSide::Codes(c) => bytes_per_vector(cfg.head_dim, c).expect("codec"),
                             TqSide::Block(t) => t.row_bytes(cfg.head_dim).expect("blocks"),
                         };
