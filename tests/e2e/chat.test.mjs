@@ -235,6 +235,88 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   await shot("cache-switch.png");
 });
 
+// Before the documents are dropped: the sweep scores every preset on the whole conversation,
+// and a short one (three turns) shows the same view in a fraction of the time.
+test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD and top-1", async () => {
+  await setNumber(app.browser, "max-tokens", 8);
+  await app.browser.keys(["Control", "k"]);
+  const view = await $('[data-testid="compare-view"]');
+  await view.waitForDisplayed({ timeout: 5_000 });
+  await (await $('[data-testid="compare-run"]')).click();
+  // Both panes stream at once: each shows text while still streaming.
+  await app.browser.waitUntil(
+    async () => {
+      const panes = await $$('[data-testid="compare-pane"]');
+      let seen = 0;
+      for (const p of panes) {
+        if ((await p.getAttribute("data-streaming")) === "true" && (await (await p.$('[data-testid="compare-text"]')).getText()).length > 0) seen += 1;
+      }
+      return seen === 2;
+    },
+    { timeout: 60_000, interval: 50, timeoutMsg: "the two panes did not stream together" },
+  );
+  const kld = await $('[data-testid="kld"]');
+  await kld.waitForDisplayed({ timeout: 120_000 });
+  // The suggested cache (k4v3+qw, TQ 3.6) on every layer of the 270M against its own f16
+  // cache, greedy, on this test's conversation (tq3.5 without query weighting measured
+  // mean KLD 0.135 and top-1 84.3% here). The bounds fail on a lossless "tested" cache
+  // (KLD 0) and on a broken one (several nats).
+  const kldValue = Number(await kld.getAttribute("data-value"));
+  const top1 = Number(await (await $('[data-testid="top1"]')).getAttribute("data-value"));
+  console.log(`compare: mean KLD ${kldValue}, top-1 ${top1}`);
+  assert.ok(kldValue > 0.003 && kldValue < 0.5, `mean KLD ${kldValue}`);
+  assert.ok(top1 > 0.6 && top1 <= 1, `top-1 ${top1}`);
+  const stats = await $$('[data-testid="compare-stats"]');
+  assert.equal(stats.length, 2);
+  assert.match(await stats[0].getText(), /cache f16/);
+  assert.match(await stats[1].getText(), /cache k4v3\+qw/);
+  // The memory bars are drawn to scale: FP16 is the longest, TQ 3.6 on all layers far shorter.
+  const fp16Bar = Number(await (await $('[data-testid="kv-bar-0"]')).getAttribute("data-fraction"));
+  const tqBar = Number(await (await $('[data-testid="kv-bar-1"]')).getAttribute("data-fraction"));
+  assert.equal(fp16Bar, 1);
+  assert.ok(tqBar > 0.1 && tqBar < 0.4, `TQ 3.6 bar fraction ${tqBar}`);
+  await shot("compare.png");
+  // The sweep: every preset (and the conversation's cache, ringed) scored on the reference's
+  // tokens, drawn as KLD against bits.
+  const sweepRun = await $('[data-testid="sweep-run"]');
+  await sweepRun.click();
+  const presets = Number(await (await $('[data-testid="sweep"]')).getAttribute("data-expected"));
+  assert.ok(presets >= 4, `${presets} caches to sweep`);
+  // Every cache is scored in one lockstep pass with the reference: the button shows how far.
+  await app.browser.waitUntil(async () => /^Sweeping… [1-9]\d*%$/.test(await sweepRun.getText()), {
+    timeout: 120_000,
+    interval: 100,
+    timeoutMsg: "the sweep showed no progress",
+  });
+  await shot("compare-sweeping.png");
+  await app.browser.waitUntil(async () => (await $$('[data-testid="sweep-point"]')).length === presets, {
+    timeout: 180_000,
+    timeoutMsg: "the sweep did not draw every cache",
+  });
+  const points = [];
+  for (const p of await $$('[data-testid="sweep-point"]')) {
+    points.push({
+      kv: await p.getAttribute("data-kv"),
+      bits: Number(await p.getAttribute("data-bits")),
+      kld: Number(await p.getAttribute("data-kld")),
+      current: (await p.getAttribute("data-current")) === "true",
+    });
+  }
+  console.log(`sweep: ${JSON.stringify(points)}`);
+  // The reference against itself loses nothing at 16 bits; every TurboQuant cache loses
+  // something with far fewer bits; the chat's own cache is the one ringed.
+  const f16 = points.find((p) => p.kv === "f16");
+  assert.deepEqual([f16.bits, f16.kld], [16, 0]);
+  for (const p of points.filter((p) => p.kv.includes("+qw"))) assert.ok(p.bits < 7 && p.kld > 0 && p.kld < 1, JSON.stringify(p));
+  const ringed = points.filter((p) => p.current);
+  assert.equal(ringed.length, 1);
+  assert.equal(ringed[0].kv, await (await $('[data-testid="cache-current"]')).getAttribute("data-policy"));
+  await shot("compare-sweep.png");
+  await app.browser.keys("Escape");
+  await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
+  await setNumber(app.browser, "max-tokens", 24);
+});
+
 test("a dropped text file shows its cost and goes into the prompt; a binary file is refused", async () => {
   const userCount = (await $$('[data-testid="message"][data-role="user"]')).length;
   await drop("blob.bin", [0x7f, 0x45, 0x4c, 0x46, 0, 0, 1, 2]);
@@ -323,85 +405,6 @@ test("a dropped PDF shows its text's token and KV costs and goes into the prompt
   );
   assert.match(prompt, /File `report\.pdf`:/);
   assert.match(prompt, /The secret word is pineapple\. The cache keeps keys and values for every token\.\n\nSecond page:/);
-});
-
-test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD and top-1", async () => {
-  await setNumber(app.browser, "max-tokens", 8);
-  await app.browser.keys(["Control", "k"]);
-  const view = await $('[data-testid="compare-view"]');
-  await view.waitForDisplayed({ timeout: 5_000 });
-  await (await $('[data-testid="compare-run"]')).click();
-  // Both panes stream at once: each shows text while still streaming.
-  await app.browser.waitUntil(
-    async () => {
-      const panes = await $$('[data-testid="compare-pane"]');
-      let seen = 0;
-      for (const p of panes) {
-        if ((await p.getAttribute("data-streaming")) === "true" && (await (await p.$('[data-testid="compare-text"]')).getText()).length > 0) seen += 1;
-      }
-      return seen === 2;
-    },
-    { timeout: 60_000, interval: 50, timeoutMsg: "the two panes did not stream together" },
-  );
-  const kld = await $('[data-testid="kld"]');
-  await kld.waitForDisplayed({ timeout: 120_000 });
-  // The suggested cache (k4v3+qw, TQ 3.6) on every layer of the 270M against its own f16
-  // cache, greedy, on this test's conversation (tq3.5 without query weighting measured
-  // mean KLD 0.135 and top-1 84.3% here). The bounds fail on a lossless "tested" cache
-  // (KLD 0) and on a broken one (several nats).
-  const kldValue = Number(await kld.getAttribute("data-value"));
-  const top1 = Number(await (await $('[data-testid="top1"]')).getAttribute("data-value"));
-  console.log(`compare: mean KLD ${kldValue}, top-1 ${top1}`);
-  assert.ok(kldValue > 0.003 && kldValue < 0.5, `mean KLD ${kldValue}`);
-  assert.ok(top1 > 0.6 && top1 <= 1, `top-1 ${top1}`);
-  const stats = await $$('[data-testid="compare-stats"]');
-  assert.equal(stats.length, 2);
-  assert.match(await stats[0].getText(), /cache f16/);
-  assert.match(await stats[1].getText(), /cache k4v3\+qw/);
-  // The memory bars are drawn to scale: FP16 is the longest, TQ 3.6 on all layers far shorter.
-  const fp16Bar = Number(await (await $('[data-testid="kv-bar-0"]')).getAttribute("data-fraction"));
-  const tqBar = Number(await (await $('[data-testid="kv-bar-1"]')).getAttribute("data-fraction"));
-  assert.equal(fp16Bar, 1);
-  assert.ok(tqBar > 0.1 && tqBar < 0.4, `TQ 3.6 bar fraction ${tqBar}`);
-  await shot("compare.png");
-  // The sweep: every preset (and the conversation's cache, ringed) scored on the reference's
-  // tokens, drawn as KLD against bits.
-  const sweepRun = await $('[data-testid="sweep-run"]');
-  await sweepRun.click();
-  const presets = Number(await (await $('[data-testid="sweep"]')).getAttribute("data-expected"));
-  assert.ok(presets >= 4, `${presets} caches to sweep`);
-  // Every cache is scored in one lockstep pass with the reference: the button shows how far.
-  await app.browser.waitUntil(async () => /^Sweeping… [1-9]\d*%$/.test(await sweepRun.getText()), {
-    timeout: 120_000,
-    interval: 100,
-    timeoutMsg: "the sweep showed no progress",
-  });
-  await shot("compare-sweeping.png");
-  await app.browser.waitUntil(async () => (await $$('[data-testid="sweep-point"]')).length === presets, {
-    timeout: 180_000,
-    timeoutMsg: "the sweep did not draw every cache",
-  });
-  const points = [];
-  for (const p of await $$('[data-testid="sweep-point"]')) {
-    points.push({
-      kv: await p.getAttribute("data-kv"),
-      bits: Number(await p.getAttribute("data-bits")),
-      kld: Number(await p.getAttribute("data-kld")),
-      current: (await p.getAttribute("data-current")) === "true",
-    });
-  }
-  console.log(`sweep: ${JSON.stringify(points)}`);
-  // The reference against itself loses nothing at 16 bits; every TurboQuant cache loses
-  // something with far fewer bits; the chat's own cache is the one ringed.
-  const f16 = points.find((p) => p.kv === "f16");
-  assert.deepEqual([f16.bits, f16.kld], [16, 0]);
-  for (const p of points.filter((p) => p.kv.includes("+qw"))) assert.ok(p.bits < 7 && p.kld > 0 && p.kld < 1, JSON.stringify(p));
-  const ringed = points.filter((p) => p.current);
-  assert.equal(ringed.length, 1);
-  assert.equal(ringed[0].kv, await (await $('[data-testid="cache-current"]')).getAttribute("data-policy"));
-  await shot("compare-sweep.png");
-  await app.browser.keys("Escape");
-  await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
 });
 
 test("the Local API switch serves the loaded model to an OpenAI-style client, then stops", async () => {
