@@ -39,4 +39,48 @@ describe("layoutSweep", () => {
     expect(l.yTicks.length).toBe(2);
     expect(l.points[0].kld).toBeGreaterThan(KLD_FLOOR);
   });
+
+  it("places labels of close points apart and off the other points", () => {
+    const wide: Box = { width: 420, height: 170, left: 38, right: 12, top: 10, bottom: 30 };
+    // The app's sweep of a short conversation (the e2e test's): TQ 3.1, TQ 3.6 and q4_0 sit
+    // within 40 px of one another, where labels right of their points overlapped.
+    const pts = [
+      point("f32", 32, 0.0014),
+      point("f16", 16, 0),
+      point("k8v4", 6.42, 0.0117),
+      point("k5v4", 4.92, 0.0117),
+      point("tq4", 4.42, 0.0197),
+      point("k4v3", 3.92, 0.0472),
+      point("tq3", 3.42, 0.0584),
+      point("q8_0", 8.5, 0.0017),
+      point("q8_0/q4_0", 6.5, 0.0052),
+      point("q4_0", 4.5, 0.0902),
+    ];
+    const names: Record<string, string> = { f32: "FP32", f16: "FP16", k8v4: "TQ 6.1", k5v4: "TQ 4.6", tq4: "TQ 4.1", k4v3: "TQ 3.6", tq3: "TQ 3.1" };
+    const l = layoutSweep(pts, (k) => names[k] ?? k, "k4v3", wide);
+    const rects = l.points.map((p) => {
+      const w = p.label.length * 4.7;
+      const x0 = p.anchor === "start" ? p.labelX : p.labelX - w;
+      return { x0, x1: x0 + w, y0: p.labelY - 7, y1: p.labelY + 2 };
+    });
+    for (let i = 0; i < rects.length; i++)
+      for (let j = i + 1; j < rects.length; j++) {
+        const [a, b] = [rects[i], rects[j]];
+        const clash = a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+        expect(clash, `${l.points[i].label} and ${l.points[j].label}`).toBe(false);
+      }
+    // No label covers another cache's point.
+    l.points.forEach((p, i) => {
+      l.points.forEach((q, j) => {
+        const r = rects[j];
+        const covers = i !== j && p.x > r.x0 - 4 && p.x < r.x1 + 4 && p.y > r.y0 - 4 && p.y < r.y1 + 4;
+        expect(covers, `${q.label} covers ${p.label}'s point`).toBe(false);
+      });
+    });
+    // Labels stay next to their points.
+    for (const p of l.points) expect(Math.abs(p.labelX - p.x)).toBe(6);
+    // A point near the right edge is labelled on its left.
+    const f32 = l.points.find((p) => p.kv === "f32")!;
+    expect(f32.anchor).toBe("end");
+  });
 });

@@ -18,6 +18,10 @@ export interface PlacedPoint {
   current: boolean;
   /** Below the floor: drawn on it, labelled "≈0". */
   floored: boolean;
+  /** Where the label's text is anchored, and on which side of it the text runs. */
+  labelX: number;
+  labelY: number;
+  anchor: "start" | "end";
 }
 
 export interface Tick {
@@ -58,18 +62,62 @@ export function layoutSweep(points: SweepPoint[], labelOf: (kv: string) => strin
   for (let e = x0; e <= x1; e++) xTicks.push({ at: px(2 ** e), label: String(2 ** e) });
   const yTicks: Tick[] = [];
   for (let e = y0; e <= y1; e++) yTicks.push({ at: py(10 ** e), label: e >= 0 ? String(10 ** e) : `1e${e}` });
-  return {
-    points: points.map((p, i) => ({
-      kv: p.kv,
-      label: labelOf(p.kv),
-      bits: p.bits_per_coordinate,
-      kld: p.mean_kld,
-      x: px(bits[i]),
-      y: py(klds[i]),
-      current: p.kv === current,
-      floored: p.mean_kld < KLD_FLOOR,
-    })),
-    xTicks,
-    yTicks,
-  };
+  const placed = points.map((p, i) => ({
+    kv: p.kv,
+    label: labelOf(p.kv),
+    bits: p.bits_per_coordinate,
+    kld: p.mean_kld,
+    x: px(bits[i]),
+    y: py(klds[i]),
+    current: p.kv === current,
+    floored: p.mean_kld < KLD_FLOOR,
+    labelX: 0,
+    labelY: 0,
+    anchor: "start" as "start" | "end",
+  }));
+  placeLabels(placed, box);
+  return { points: placed, xTicks, yTicks };
+}
+
+/** Width of a label's text at the chart's 8.5 px font, about (no text measuring here). */
+const CHAR_WIDTH = 4.7;
+const LABEL_HEIGHT = 9;
+const DOT_RADIUS = 4;
+
+interface Rect {
+  x0: number;
+  x1: number;
+  y0: number;
+  y1: number;
+}
+
+const overlaps = (a: Rect, b: Rect) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+
+/** Gives every label a place beside its point that overlaps no label placed before it and no
+ * other point, trying above-right, below-right, above-left and below-left (left first near
+ * the right edge); the current cache's label is placed first. Where no place is free the
+ * label keeps the first one that stays inside the chart. */
+function placeLabels(points: PlacedPoint[], box: Box) {
+  const taken: Rect[] = [];
+  const dots: Rect[] = points.map((p) => ({ x0: p.x - DOT_RADIUS, x1: p.x + DOT_RADIUS, y0: p.y - DOT_RADIUS, y1: p.y + DOT_RADIUS }));
+  const order = points.map((_, i) => i).sort((a, b) => Number(points[b].current) - Number(points[a].current) || points[a].x - points[b].x);
+  for (const i of order) {
+    const p = points[i];
+    const w = p.label.length * CHAR_WIDTH;
+    const nearRight = p.x > box.width * 0.75;
+    const sides: ("start" | "end")[] = nearRight ? ["end", "start"] : ["start", "end"];
+    const candidates = sides.flatMap((anchor) => [
+      { anchor, labelX: anchor === "start" ? p.x + 6 : p.x - 6, labelY: p.y - 5 },
+      { anchor, labelX: anchor === "start" ? p.x + 6 : p.x - 6, labelY: p.y + 4 + LABEL_HEIGHT },
+    ]);
+    const rect = (c: (typeof candidates)[number]): Rect => {
+      const x0 = c.anchor === "start" ? c.labelX : c.labelX - w;
+      return { x0, x1: x0 + w, y0: c.labelY - LABEL_HEIGHT + 2, y1: c.labelY + 2 };
+    };
+    const inside = (r: Rect) => r.x0 >= 0 && r.x1 <= box.width && r.y0 >= 0 && r.y1 <= box.height - box.bottom;
+    const free = (r: Rect) => inside(r) && !taken.some((t) => overlaps(t, r)) && !dots.some((d, j) => j !== i && overlaps(d, r));
+    const chosen = candidates.find((c) => free(rect(c))) ?? candidates.find((c) => inside(rect(c))) ?? candidates[0];
+    Object.assign(p, chosen);
+    taken.push(rect(chosen));
+  }
 }
