@@ -117,6 +117,10 @@ fn centroids8(word: u32, r: &SegRegs) -> __m256 {
 }
 
 fn load_u64(buf: &[u8], off: usize) -> u64 {
+    // Whole words (nearly every read) as one load; the record's last bytes zero-padded.
+    if let Some(Ok(a)) = buf.get(off..off.saturating_add(8)).map(<[u8; 8]>::try_from) {
+        return u64::from_le_bytes(a);
+    }
     let mut a = [0u8; 8];
     let rest = buf.get(off..).unwrap_or(&[]);
     let k = rest.len().min(8);
@@ -522,6 +526,71 @@ pub(crate) unsafe fn scores_wide(
     }
 }
 
+/// The first `groups` groups of eight `W`-bit codes of `seg` in record `rec`, scored against
+/// the `G` queries into `acc`; returns the codes done (`8 · groups`). Codes come eight to a
+/// word (two 4W-bit halves shifted lane by lane, or bytes as they are), their centroids by
+/// `lookup32` at 5 bits and by one gather otherwise.
+///
+/// # Safety
+/// AVX2 and FMA must be present; each query holds `seg.start + 8 · groups` floats or more.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn wide_groups<const W: usize, const G: usize>(
+    seg: &Seg,
+    rec: &[u8],
+    qs: &[&[f32]; G],
+    groups: usize,
+    acc: &mut [__m256; G],
+) -> usize {
+    let wi = W as i32;
+    let shifts = _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi);
+    let mask = _mm256_set1_epi32((1 << W) - 1);
+    // A 5-bit codebook's 32 centroids in four registers (see `lookup32`).
+    // SAFETY: the table holds 256 floats.
+    let quarters: [__m256; 4] =
+        std::array::from_fn(|k| unsafe { _mm256_loadu_ps(seg.table.as_ptr().add(8 * k)) });
+    for gi in 0..groups {
+        let word = load_u64(rec, seg.bit_offset / 8 + W * gi);
+        let idx = if W == 8 {
+            // Byte codes: widened as they are.
+            _mm256_cvtepu8_epi32(_mm_set_epi64x(0, word as i64))
+        } else {
+            let (a, b) = (word as u32 as i32, (word >> (4 * W)) as u32 as i32);
+            let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+            _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask)
+        };
+        let c = if W == 5 {
+            lookup32(&quarters, idx)
+        } else {
+            // SAFETY: every index is below 2^W ≤ 256, the table's length.
+            unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) }
+        };
+        let j = seg.start + 8 * gi;
+        for k in 0..G {
+            // SAFETY: j + 8 ≤ seg.start + 8 · groups, within every query (the contract).
+            let qv = unsafe { _mm256_loadu_ps(qs[k].as_ptr().add(j)) };
+            acc[k] = _mm256_fmadd_ps(c, qv, acc[k]);
+        }
+    }
+    8 * groups
+}
+
+/// The centroids of eight 5-bit codes (`idx`, one per lane) from a 32-entry table held as
+/// four eight-entry quarters: a permute per quarter picks by the code's low three bits, two
+/// blends pick the quarter by bits 3 and 4. The table's own floats, as a gather returns them,
+/// in seven single-cycle instructions where the gather (eight loads) was the wide scoring's
+/// bottleneck on AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lookup32(quarters: &[__m256; 4], idx: __m256i) -> __m256 {
+    let pick = |q: __m256| _mm256_permutevar8x32_ps(q, idx);
+    // Bit 3, then bit 4, moved to each lane's sign bit, which the blends read.
+    let bit3 = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx));
+    let bit4 = _mm256_castsi256_ps(_mm256_slli_epi32::<27>(idx));
+    let low = _mm256_blendv_ps(pick(quarters[0]), pick(quarters[1]), bit3);
+    let high = _mm256_blendv_ps(pick(quarters[2]), pick(quarters[3]), bit3);
+    _mm256_blendv_ps(low, high, bit4)
+}
+
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_wide_tile<const G: usize>(
@@ -540,34 +609,25 @@ unsafe fn scores_wide_tile<const G: usize>(
         let mut tail = [0.0f32; G];
         for seg in &ctx.segs {
             let w = seg.width as usize;
-            let wi = w as i32;
-            let shifts = _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi);
-            let mask = _mm256_set1_epi32((1 << w) - 1);
             let groups = if seg.bit_offset.is_multiple_of(8) {
                 seg.len / 8
             } else {
                 0
             };
-            for gi in 0..groups {
-                let word = load_u64(rec, seg.bit_offset / 8 + w * gi);
-                let idx = if w == 8 {
-                    // Byte codes: widened as they are.
-                    _mm256_cvtepu8_epi32(_mm_set_epi64x(0, word as i64))
-                } else {
-                    let (a, b) = (word as u32 as i32, (word >> (4 * w)) as u32 as i32);
-                    let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
-                    _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask)
-                };
-                // SAFETY: every index is below 2^w ≤ 256, the table's length.
-                let c = unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) };
-                let j = seg.start + 8 * gi;
-                for k in 0..G {
-                    // SAFETY: j + 8 ≤ seg.start + seg.len ≤ d.
-                    let qv = unsafe { _mm256_loadu_ps(qs[k].as_ptr().add(j)) };
-                    acc[k] = _mm256_fmadd_ps(c, qv, acc[k]);
+            // Each width's loop compiled apart (its shifts, masks and lookup fixed); a width
+            // without one goes through the scalar tail below.
+            // SAFETY: forwarded contract; the groups lie inside the record and the segment.
+            let whole = unsafe {
+                match w {
+                    4 => wide_groups::<4, G>(seg, rec, &qs, groups, &mut acc),
+                    5 => wide_groups::<5, G>(seg, rec, &qs, groups, &mut acc),
+                    6 => wide_groups::<6, G>(seg, rec, &qs, groups, &mut acc),
+                    7 => wide_groups::<7, G>(seg, rec, &qs, groups, &mut acc),
+                    8 => wide_groups::<8, G>(seg, rec, &qs, groups, &mut acc),
+                    _ => 0,
                 }
-            }
-            for kk in 8 * groups..seg.len {
+            };
+            for kk in whole..seg.len {
                 let c = seg.table[bits::read(rec, seg.bit_offset + kk * w, seg.width) as usize];
                 for k in 0..G {
                     tail[k] += qs[k][seg.start + kk] * c;
