@@ -397,8 +397,10 @@ struct BenchReport {
     scores_speedup_vs_f16: f64,
     group: usize,
     kernels: KernelsArg,
-    /// The backend that ran the kernels (`portable`, `avx2`, `avx512`, `neon`).
+    /// The backend that ran the scoring kernels (`portable`, `avx2`, `avx512`, `neon`).
     backend: &'static str,
+    /// The backend that ran the weighted sums (wide codebooks sum in portable code on x86).
+    accumulate_backend: &'static str,
     scores_multi_keys_per_s: f64,
     accumulate_keys_per_s: f64,
 }
@@ -468,6 +470,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             .clone()
             .and(codec.scores_multi(&qs, &block, &mut scratch, &mut out_multi));
     });
+    let scores_backend = scratch.last_backend().map_or("none", |b| b.name());
     let w: Vec<f32> = (0..a.keys).map(|_| gen.uniform() as f32).collect();
     let mut acc = vec![0.0f32; d];
     let t_acc = best_time(1.0, || {
@@ -492,7 +495,8 @@ fn bench(a: BenchArgs) -> Result<()> {
         scores_speedup_vs_f16: t_f16 / t_scores,
         group: a.group,
         kernels: a.kernels,
-        backend: scratch.last_backend().map_or("none", |b| b.name()),
+        backend: scores_backend,
+        accumulate_backend: scratch.last_backend().map_or("none", |b| b.name()),
         scores_multi_keys_per_s: n * a.group as f64 / t_multi,
         accumulate_keys_per_s: n / t_acc,
     };
@@ -501,14 +505,15 @@ fn bench(a: BenchArgs) -> Result<()> {
     } else {
         let m = |v: f64| v / 1e6;
         println!(
-            "dim {} bits {} keys {} ({} bytes/vector, {} threads, kernels {:?}: {})",
+            "dim {} bits {} keys {} ({} bytes/vector, {} threads, kernels {:?}: scores {}, sums {})",
             d,
             report.bits,
             a.keys,
             report.bytes_per_vector,
             report.threads,
             a.kernels,
-            report.backend
+            report.backend,
+            report.accumulate_backend
         );
         println!(
             "  encode:    {:8.2} M vectors/s (batch), {:.2} M/s (1 thread)",
