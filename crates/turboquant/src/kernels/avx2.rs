@@ -63,12 +63,22 @@ fn seg_regs(seg: &Seg) -> SegRegs {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn lookup(idx: __m256i, r: &SegRegs) -> __m256 {
-    let lo = _mm256_permutevar8x32_ps(r.table_lo, idx);
     if r.width < 4 {
-        return lo;
+        return _mm256_permutevar8x32_ps(r.table_lo, idx);
     }
-    let hi = _mm256_permutevar8x32_ps(r.table_hi, idx);
-    // Bit 3 of the code selects the upper half of the table (blendv reads the sign bit).
+    lookup16(r.table_lo, r.table_hi, idx)
+}
+
+/// The entries of a 16-entry table held as two eight-entry halves that bits 0–3 of each lane
+/// of `idx` name: a permute per half picks by the low three bits, bit 3 the half (blendv
+/// reads the sign bit).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lookup16(lo: __m256, hi: __m256, idx: __m256i) -> __m256 {
+    let (lo, hi) = (
+        _mm256_permutevar8x32_ps(lo, idx),
+        _mm256_permutevar8x32_ps(hi, idx),
+    );
     _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx)))
 }
 
@@ -528,8 +538,8 @@ pub(crate) unsafe fn scores_wide(
 
 /// The first `groups` groups of eight `W`-bit codes of `seg` in record `rec`, scored against
 /// the `G` queries into `acc`; returns the codes done (`8 · groups`). Codes come eight to a
-/// word (two 4W-bit halves shifted lane by lane, or bytes as they are), their centroids by
-/// `lookup32` at 5 bits and by one gather otherwise.
+/// word (two 4W-bit halves shifted lane by lane, or bytes as they are), their centroids from
+/// registers at 4 and 5 bits (`lookup16`, `lookup32`) and by one gather above.
 ///
 /// # Safety
 /// AVX2 and FMA must be present; each query holds `seg.start + 8 · groups` floats or more.
@@ -544,7 +554,7 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
     let wi = W as i32;
     let shifts = _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi);
     let mask = _mm256_set1_epi32((1 << W) - 1);
-    // A 5-bit codebook's 32 centroids in four registers (see `lookup32`).
+    // A 4- or 5-bit codebook's centroids in registers (the first two or all four quarters).
     // SAFETY: the table holds 256 floats.
     let quarters: [__m256; 4] =
         std::array::from_fn(|k| unsafe { _mm256_loadu_ps(seg.table.as_ptr().add(8 * k)) });
@@ -558,11 +568,11 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
             let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
             _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask)
         };
-        let c = if W == 5 {
-            lookup32(&quarters, idx)
-        } else {
+        let c = match W {
+            4 => lookup16(quarters[0], quarters[1], idx),
+            5 => lookup32(&quarters, idx),
             // SAFETY: every index is below 2^W ≤ 256, the table's length.
-            unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) }
+            _ => unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) },
         };
         let j = seg.start + 8 * gi;
         for k in 0..G {
@@ -575,20 +585,15 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
 }
 
 /// The centroids of eight 5-bit codes (`idx`, one per lane) from a 32-entry table held as
-/// four eight-entry quarters: a permute per quarter picks by the code's low three bits, two
-/// blends pick the quarter by bits 3 and 4. The table's own floats, as a gather returns them,
-/// in seven single-cycle instructions where the gather (eight loads) was the wide scoring's
-/// bottleneck on AVX2.
+/// four eight-entry quarters: [`lookup16`] in each half, bit 4 picks the half. The table's
+/// own floats, as a gather returns them, in seven single-cycle instructions where the gather
+/// (eight loads) was the wide scoring's bottleneck on AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lookup32(quarters: &[__m256; 4], idx: __m256i) -> __m256 {
-    let pick = |q: __m256| _mm256_permutevar8x32_ps(q, idx);
-    // Bit 3, then bit 4, moved to each lane's sign bit, which the blends read.
-    let bit3 = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx));
-    let bit4 = _mm256_castsi256_ps(_mm256_slli_epi32::<27>(idx));
-    let low = _mm256_blendv_ps(pick(quarters[0]), pick(quarters[1]), bit3);
-    let high = _mm256_blendv_ps(pick(quarters[2]), pick(quarters[3]), bit3);
-    _mm256_blendv_ps(low, high, bit4)
+    let low = lookup16(quarters[0], quarters[1], idx);
+    let high = lookup16(quarters[2], quarters[3], idx);
+    _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32::<27>(idx)))
 }
 
 #[allow(clippy::too_many_arguments)]
