@@ -213,13 +213,15 @@ impl SideFormat {
 /// blocks.
 pub(crate) fn side_bytes(side: &TqSide, head_dim: usize) -> Result<usize> {
     match side {
-        TqSide::F16 | TqSide::Bf16 => Ok(head_dim * 2),
-        TqSide::F32 => Ok(head_dim * 4),
         TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
             .map_err(|e| EngineError::invalid(e.to_string())),
         TqSide::Block(ty) => ty
             .row_bytes(head_dim)
             .map_err(|e| EngineError::invalid(format!("{}: {e}", ty.name()))),
+        dense => dense
+            .dense_dtype()
+            .map(|dtype| head_dim * dtype.size_in_bytes())
+            .ok_or_else(|| EngineError::invalid("a side with no byte formula")),
     }
 }
 

@@ -261,18 +261,15 @@ impl DenseRows {
         }
     }
 
-    /// What [`DenseRows::to_bytes`] wrote for a side of `dtype`; `None` unless `bytes` is
-    /// whole floats.
-    fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<Self> {
-        if !bytes.len().is_multiple_of(dtype.size_in_bytes()) {
-            return None;
-        }
+    /// What [`DenseRows::to_bytes`] wrote for a side of `dtype` (whole rows: the reader
+    /// checks the length against the side's row bytes).
+    fn from_bytes(dtype: DType, bytes: &[u8]) -> Self {
         let u16s = || {
             bytes
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
         };
-        Some(match dtype {
+        match dtype {
             DType::BF16 => DenseRows::Bf16(u16s().map(bf16::from_bits).collect()),
             DType::F32 => DenseRows::F32(
                 bytes
@@ -281,7 +278,7 @@ impl DenseRows {
                     .collect(),
             ),
             _ => DenseRows::F16(u16s().map(f16::from_bits).collect()),
-        })
+        }
     }
 }
 
@@ -1351,10 +1348,7 @@ impl Side {
                         Seg::Blocks(bytes.to_vec())
                     }
                     (SEG_DENSE, None) if self.block.is_none() && len % row == 0 => {
-                        match DenseRows::from_bytes(self.dense, bytes) {
-                            Some(v) => Seg::Dense(v),
-                            None => return Err(corrupt("a dense segment of partial floats")),
-                        }
+                        Seg::Dense(DenseRows::from_bytes(self.dense, bytes))
                     }
                     _ => {
                         return Err(corrupt(format!(

@@ -7,6 +7,7 @@
 //! order); no score matrix outlives a pass and a segment. Codecs with QJL and keys that dot
 //! with a q8_1 query (q4_1, q5_1) keep the general path.
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 use half::f16;
@@ -32,8 +33,8 @@ const KEY_SPLITS: usize = 4;
 enum Rows<'a> {
     /// A dense f16 side's own rows.
     F16(&'a [f16]),
-    /// Decoded rows (`n × dim`; a bf16 or f32 side's converted).
-    F32(Vec<f32>),
+    /// A dense f32 side's own rows, or rows decoded (`n × dim`; a bf16 side's converted).
+    F32(Cow<'a, [f32]>),
 }
 
 impl Side {
@@ -82,24 +83,28 @@ impl Side {
             (Seg::Codes(b), Some(c)) => {
                 let mut out = vec![0f32; range.len() * d];
                 c.rotated_rows(b, range, &mut out)?;
-                Ok(Rows::F32(out))
+                Ok(Rows::F32(Cow::Owned(out)))
             }
             (Seg::Blocks(v), _) => {
                 let b = self.block_side()?;
                 let held = v
                     .get(range.start * b.row_bytes..range.end * b.row_bytes)
                     .ok_or_else(|| EngineError::invalid("rows past a block segment"))?;
-                Ok(Rows::F32(b.dequantize_rows(held, d)?))
+                Ok(Rows::F32(Cow::Owned(b.dequantize_rows(held, d)?)))
             }
             (Seg::Dense(DenseRows::F16(v)), _) => Ok(Rows::F16(
                 v.get(range.start * d..range.end * d)
                     .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?,
             )),
+            (Seg::Dense(DenseRows::F32(v)), _) => Ok(Rows::F32(Cow::Borrowed(
+                v.get(range.start * d..range.end * d)
+                    .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?,
+            ))),
             (Seg::Dense(v), _) => {
                 let mut out = vec![0f32; range.len() * d];
                 v.read(range.start * d, &mut out)
                     .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
-                Ok(Rows::F32(out))
+                Ok(Rows::F32(Cow::Owned(out)))
             }
             (Seg::Codes(_), None) => Err(EngineError::invalid("code segment without a codec")),
         }
@@ -217,9 +222,11 @@ impl TurboQuantStorage {
                 let part = buf.part.get_or_insert_with(|| Partial::empty(rows, d));
                 let sc = &mut buf.scores;
                 match (&keys, &vals) {
-                    (Rows::F32(k), Rows::F32(v)) => unit(q, k, v, d, &u.keys, &seen, sc, part),
-                    (Rows::F32(k), Rows::F16(v)) => unit(q, k, v, d, &u.keys, &seen, sc, part),
-                    (Rows::F16(k), Rows::F32(v)) => unit(q, k, v, d, &u.keys, &seen, sc, part),
+                    (Rows::F32(k), Rows::F32(v)) => {
+                        unit(q, &k[..], &v[..], d, &u.keys, &seen, sc, part)
+                    }
+                    (Rows::F32(k), Rows::F16(v)) => unit(q, &k[..], v, d, &u.keys, &seen, sc, part),
+                    (Rows::F16(k), Rows::F32(v)) => unit(q, k, &v[..], d, &u.keys, &seen, sc, part),
                     (Rows::F16(k), Rows::F16(v)) => unit(q, k, v, d, &u.keys, &seen, sc, part),
                 }
                 // TurboQuant values were summed in their rotated domain: back to the
