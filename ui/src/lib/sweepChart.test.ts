@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { KLD_FLOOR, layoutSweep, type Box } from "./sweepChart";
+import { KLD_FLOOR, labelBox, layoutSweep, type Box } from "./sweepChart";
 import type { SweepPoint } from "./bindings";
 
 const box: Box = { width: 300, height: 160, left: 40, right: 10, top: 10, bottom: 20 };
@@ -58,11 +58,7 @@ describe("layoutSweep", () => {
     ];
     const names: Record<string, string> = { f32: "FP32", f16: "FP16", k8v4: "TQ 6.1", k5v4: "TQ 4.6", tq4: "TQ 4.1", k4v3: "TQ 3.6", tq3: "TQ 3.1" };
     const l = layoutSweep(pts, (k) => names[k] ?? k, "k4v3", wide);
-    const rects = l.points.map((p) => {
-      const w = p.label.length * 4.7;
-      const x0 = p.anchor === "start" ? p.labelX : p.labelX - w;
-      return { x0, x1: x0 + w, y0: p.labelY - 7, y1: p.labelY + 2 };
-    });
+    const rects = l.points.map((p) => labelBox(p.label, p));
     for (let i = 0; i < rects.length; i++)
       for (let j = i + 1; j < rects.length; j++) {
         const [a, b] = [rects[i], rects[j]];

@@ -84,11 +84,18 @@ const CHAR_WIDTH = 4.7;
 const LABEL_HEIGHT = 9;
 const DOT_RADIUS = 4;
 
-interface Rect {
+export interface Rect {
   x0: number;
   x1: number;
   y0: number;
   y1: number;
+}
+
+/** The box a label's text takes when anchored at (`labelX`, `labelY`) on side `anchor`. */
+export function labelBox(label: string, at: { labelX: number; labelY: number; anchor: "start" | "end" }): Rect {
+  const w = label.length * CHAR_WIDTH;
+  const x0 = at.anchor === "start" ? at.labelX : at.labelX - w;
+  return { x0, x1: x0 + w, y0: at.labelY - LABEL_HEIGHT + 2, y1: at.labelY + 2 };
 }
 
 const overlaps = (a: Rect, b: Rect) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
@@ -103,17 +110,13 @@ function placeLabels(points: PlacedPoint[], box: Box) {
   const order = points.map((_, i) => i).sort((a, b) => Number(points[b].current) - Number(points[a].current) || points[a].x - points[b].x);
   for (const i of order) {
     const p = points[i];
-    const w = p.label.length * CHAR_WIDTH;
     const nearRight = p.x > box.width * 0.75;
     const sides: ("start" | "end")[] = nearRight ? ["end", "start"] : ["start", "end"];
     const candidates = sides.flatMap((anchor) => [
       { anchor, labelX: anchor === "start" ? p.x + 6 : p.x - 6, labelY: p.y - 5 },
       { anchor, labelX: anchor === "start" ? p.x + 6 : p.x - 6, labelY: p.y + 4 + LABEL_HEIGHT },
     ]);
-    const rect = (c: (typeof candidates)[number]): Rect => {
-      const x0 = c.anchor === "start" ? c.labelX : c.labelX - w;
-      return { x0, x1: x0 + w, y0: c.labelY - LABEL_HEIGHT + 2, y1: c.labelY + 2 };
-    };
+    const rect = (c: (typeof candidates)[number]) => labelBox(p.label, c);
     const inside = (r: Rect) => r.x0 >= 0 && r.x1 <= box.width && r.y0 >= 0 && r.y1 <= box.height - box.bottom;
     const free = (r: Rect) => inside(r) && !taken.some((t) => overlaps(t, r)) && !dots.some((d, j) => j !== i && overlaps(d, r));
     const chosen = candidates.find((c) => free(rect(c))) ?? candidates.find((c) => inside(rect(c))) ?? candidates[0];
