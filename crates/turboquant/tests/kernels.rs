@@ -23,7 +23,7 @@ fn wide(spec: &Spec) -> bool {
 }
 
 /// The backend `spec`'s scores run on where `simd` is the CPU's: NEON scores every width, the
-/// x86 backends score wide codebooks too (by gathers) unless the spec carries QJL (prod).
+/// x86 backends score wide codebooks too (`scores_wide`) unless the spec carries QJL (prod).
 fn scores_backend(spec: &Spec, simd: Backend) -> Backend {
     let gathers = matches!(simd, Backend::Avx512 | Backend::Avx2) && spec.variant == Variant::Mse;
     if !wide(spec) || gathers || simd == Backend::Neon {

@@ -508,7 +508,8 @@ fn add_signs<const Q: usize>(
 
 /// Wide codes (5 to 8 bits, any codec without QJL) scored in AVX2, as `x86::scores_wide`
 /// does in AVX-512: 8 codes per word (two 4w-bit halves shifted lane by lane), their
-/// centroids by one gather, fused with up to 8 queries per decoded record.
+/// centroids from registers (4 and 5 bits) or by eight scalar loads (6 to 8), fused with up
+/// to 8 queries per decoded record.
 ///
 /// # Safety
 /// See the module contract; `ctx.qjl` is `None` and no segment has lane blocks.
@@ -538,8 +539,8 @@ pub(crate) unsafe fn scores_wide(
 
 /// The first `groups` groups of eight `W`-bit codes of `seg` in record `rec`, scored against
 /// the `G` queries into `acc`; returns the codes done (`8 · groups`). Codes come eight to a
-/// word (two 4W-bit halves shifted lane by lane, or bytes as they are), their centroids from
-/// registers at 4 and 5 bits (`lookup16`, `lookup32`) and by one gather above.
+/// word (two 4W-bit halves shifted lane by lane, or by scalar shifts), their centroids from
+/// registers at 4 and 5 bits (`lookup16`, `lookup32`) and by eight scalar loads above.
 ///
 /// # Safety
 /// AVX2 and FMA must be present; each query holds `seg.start + 8 · groups` floats or more.
@@ -560,19 +561,24 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
         std::array::from_fn(|k| unsafe { _mm256_loadu_ps(seg.table.as_ptr().add(8 * k)) });
     for gi in 0..groups {
         let word = load_u64(rec, seg.bit_offset / 8 + W * gi);
-        let idx = if W == 8 {
-            // Byte codes: widened as they are.
-            _mm256_cvtepu8_epi32(_mm_set_epi64x(0, word as i64))
-        } else {
+        let c = if W <= 5 {
+            // Codes as lanes: two 4W-bit halves shifted lane by lane.
             let (a, b) = (word as u32 as i32, (word >> (4 * W)) as u32 as i32);
             let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
-            _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask)
-        };
-        let c = match W {
-            4 => lookup16(quarters[0], quarters[1], idx),
-            5 => lookup32(&quarters, idx),
-            // SAFETY: every index is below 2^W ≤ 256, the table's length.
-            _ => unsafe { _mm256_i32gather_ps::<4>(seg.table.as_ptr(), idx) },
+            let idx = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
+            if W == 4 {
+                lookup16(quarters[0], quarters[1], idx)
+            } else {
+                lookup32(&quarters, idx)
+            }
+        } else {
+            // Eight scalar loads: on Zen 3 a gather of eight (microcoded) took about twice
+            // as long as eight loads from L1 and the inserts that join them. Every index is
+            // below 2^W ≤ 256, the table's length.
+            let t = &seg.table;
+            let m = (1u64 << W) - 1;
+            let at = |k: usize| t[((word >> (W * k)) & m) as usize];
+            _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
         };
         let j = seg.start + 8 * gi;
         for k in 0..G {

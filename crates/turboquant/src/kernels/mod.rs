@@ -61,7 +61,7 @@ pub(crate) struct Ctx {
     /// (sign bit offset, γ offset, √(π/2)/d) for prod.
     pub qjl: Option<(usize, usize, f32)>,
     /// Whether a segment is wider than 4 bits: its codebook does not fit the x86 backends'
-    /// 16-entry registers. Its scores (without QJL) run their gather kernels
+    /// 16-entry registers. Its scores (without QJL) run their wide kernels
     /// (`scores_wide`), in coordinate order; its weighted sums run the portable code. NEON
     /// scores and sums every width (four-register table lookups); encoders of wide codecs
     /// are portable everywhere.
@@ -235,7 +235,7 @@ impl Codec {
     }
 
     /// The backend this codec's scores run on: as [`Codec::backend`], except that a wide
-    /// codebook without QJL is scored by the x86 backends' gather kernels.
+    /// codebook without QJL is scored by the x86 backends' wide kernels.
     pub(crate) fn scores_backend(&self) -> Backend {
         match Backend::detect() {
             b @ (Backend::Avx512 | Backend::Avx2) if self.ctx.wide && self.ctx.qjl.is_none() => b,
