@@ -399,7 +399,7 @@ struct BenchReport {
     kernels: KernelsArg,
     /// The backend that ran the scoring kernels (`portable`, `avx2`, `avx512`, `neon`).
     backend: &'static str,
-    /// The backend that ran the weighted sums (wide codebooks sum in portable code on x86).
+    /// The backend that ran the weighted sums (wide codebooks: AVX2 on every x86 CPU with it).
     accumulate_backend: &'static str,
     scores_multi_keys_per_s: f64,
     accumulate_keys_per_s: f64,

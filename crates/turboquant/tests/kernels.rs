@@ -12,8 +12,9 @@ use proptest::prelude::*;
 const ALL_BITS: [Bits; 12] = Bits::ALL;
 
 /// Whether `spec` codes any coordinate with more than 4 bits (prod's mse part has one bit
-/// less): such codebooks do not fit the x86 backends' registers, so their kernels run the
-/// portable code but the scores without QJL ([`scores_backend`]); NEON reads every width.
+/// less): such codebooks do not fit the x86 backends' registers, so x86 runs them through its
+/// wide kernels without QJL ([`scores_backend`], [`sums_backend`]) and the portable code with
+/// it; NEON reads every width.
 fn wide(spec: &Spec) -> bool {
     let top = match spec.variant {
         Variant::Mse => spec.bits.value().ceil(),
@@ -34,12 +35,15 @@ fn scores_backend(spec: &Spec, simd: Backend) -> Backend {
 }
 
 /// The backend `spec`'s weighted sums run on: NEON for every width, the x86 backends for
-/// narrow codebooks only.
+/// narrow codebooks, and AVX2's wide kernel for wide ones without QJL on either x86 backend.
 fn sums_backend(spec: &Spec, simd: Backend) -> Backend {
-    if wide(spec) && simd != Backend::Neon {
-        Backend::Portable
-    } else {
+    let x86 = matches!(simd, Backend::Avx512 | Backend::Avx2);
+    if !wide(spec) || simd == Backend::Neon {
         simd
+    } else if x86 && spec.variant == Variant::Mse {
+        Backend::Avx2
+    } else {
+        Backend::Portable
     }
 }
 

@@ -552,34 +552,10 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
     groups: usize,
     acc: &mut [__m256; G],
 ) -> usize {
-    let wi = W as i32;
-    let shifts = _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi);
-    let mask = _mm256_set1_epi32((1 << W) - 1);
-    // A 4- or 5-bit codebook's centroids in registers (the first two or all four quarters).
-    // SAFETY: the table holds 256 floats.
-    let quarters: [__m256; 4] =
-        std::array::from_fn(|k| unsafe { _mm256_loadu_ps(seg.table.as_ptr().add(8 * k)) });
+    let book = WideBook::<W>::new(seg);
     for gi in 0..groups {
         let word = load_u64(rec, seg.bit_offset / 8 + W * gi);
-        let c = if W <= 5 {
-            // Codes as lanes: two 4W-bit halves shifted lane by lane.
-            let (a, b) = (word as u32 as i32, (word >> (4 * W)) as u32 as i32);
-            let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
-            let idx = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
-            if W == 4 {
-                lookup16(quarters[0], quarters[1], idx)
-            } else {
-                lookup32(&quarters, idx)
-            }
-        } else {
-            // Eight scalar loads: on Zen 3 a gather of eight (microcoded) took about twice
-            // as long as eight loads from L1 and the inserts that join them. Every index is
-            // below 2^W ≤ 256, the table's length.
-            let t = &seg.table;
-            let m = (1u64 << W) - 1;
-            let at = |k: usize| t[((word >> (W * k)) & m) as usize];
-            _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
-        };
+        let c = book.centroids(word);
         let j = seg.start + 8 * gi;
         for k in 0..G {
             // SAFETY: j + 8 ≤ seg.start + 8 · groups, within every query (the contract).
@@ -588,6 +564,174 @@ unsafe fn wide_groups<const W: usize, const G: usize>(
         }
     }
     8 * groups
+}
+
+/// Weighted sums over wide codes (5 to 8 bits, any codec without QJL) in AVX2, as `accumulate`
+/// does for narrow ones: each record some row weighs decoded once per tile of up to 8 rows,
+/// in coordinate order (wide codecs have no lane blocks), its centroids from `WideBook`.
+///
+/// # Safety
+/// See the module contract; `ctx.qjl` is `None` and no segment has lane blocks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn accumulate_wide(
+    ctx: &Ctx,
+    weights: &[f32],
+    g: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+) {
+    assert!(acc.len() >= g * ctx.dim);
+    for (q0, tile) in super::query_tiles(g, 8) {
+        // SAFETY (each arm): forwarded contract; the tile's rows lie within acc's g rows.
+        unsafe {
+            match tile {
+                8 => accumulate_wide_tile::<8>(ctx, weights, q0, n, base, chunk, acc),
+                4 => accumulate_wide_tile::<4>(ctx, weights, q0, n, base, chunk, acc),
+                2 => accumulate_wide_tile::<2>(ctx, weights, q0, n, base, chunk, acc),
+                _ => accumulate_wide_tile::<1>(ctx, weights, q0, n, base, chunk, acc),
+            }
+        }
+    }
+}
+
+/// Weighted sums of rows `q0..q0 + Q` over every record of `chunk`, wide codes.
+///
+/// # Safety
+/// See `accumulate_wide`; `acc` holds at least `(q0 + Q)·d` values.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_wide_tile<const Q: usize>(
+    ctx: &Ctx,
+    weights: &[f32],
+    q0: usize,
+    n: usize,
+    base: usize,
+    chunk: &[u8],
+    acc: &mut [f32],
+) {
+    let d = ctx.dim;
+    assert!(acc.len() >= (q0 + Q) * d);
+    let ap: [*mut f32; Q] = std::array::from_fn(|k| acc[(q0 + k) * d..].as_mut_ptr());
+    for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
+        let norm = read_f16(rec, ctx.norm_offset);
+        let s: [f32; Q] = std::array::from_fn(|k| weights[(q0 + k) * n + base + r] * norm);
+        // A record no row weighs (masked out) is skipped, as the narrow kernels skip it.
+        if s.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let sv: [__m256; Q] = std::array::from_fn(|k| _mm256_set1_ps(s[k]));
+        for seg in &ctx.segs {
+            let w = seg.width as usize;
+            let groups = if seg.bit_offset.is_multiple_of(8) {
+                seg.len / 8
+            } else {
+                0
+            };
+            // SAFETY: forwarded contract; the groups lie inside the record and the segment,
+            // and every row at ap[k] holds d values.
+            let whole = unsafe {
+                match w {
+                    4 => wide_sums::<4, Q>(seg, rec, &sv, groups, &ap),
+                    5 => wide_sums::<5, Q>(seg, rec, &sv, groups, &ap),
+                    6 => wide_sums::<6, Q>(seg, rec, &sv, groups, &ap),
+                    7 => wide_sums::<7, Q>(seg, rec, &sv, groups, &ap),
+                    8 => wide_sums::<8, Q>(seg, rec, &sv, groups, &ap),
+                    _ => 0,
+                }
+            };
+            for kk in whole..seg.len {
+                let c = seg.table[bits::read(rec, seg.bit_offset + kk * w, seg.width) as usize];
+                for k in 0..Q {
+                    // SAFETY: seg.start + kk < d, inside row k.
+                    unsafe { *ap[k].add(seg.start + kk) += s[k] * c };
+                }
+            }
+        }
+    }
+}
+
+/// The first `groups` groups of eight `W`-bit codes of `seg` in record `rec`, each centroid
+/// times `sv[k]` added into row k at `ap[k]`; returns the codes done (`8 · groups`).
+///
+/// # Safety
+/// AVX2 and FMA must be present; every `ap[k]` points at a row holding
+/// `seg.start + 8 · groups` floats or more.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn wide_sums<const W: usize, const Q: usize>(
+    seg: &Seg,
+    rec: &[u8],
+    sv: &[__m256; Q],
+    groups: usize,
+    ap: &[*mut f32; Q],
+) -> usize {
+    let book = WideBook::<W>::new(seg);
+    for gi in 0..groups {
+        let c = book.centroids(load_u64(rec, seg.bit_offset / 8 + W * gi));
+        let j = seg.start + 8 * gi;
+        for k in 0..Q {
+            // SAFETY: j + 8 ≤ seg.start + 8 · groups, within every row (the contract).
+            unsafe {
+                let p = ap[k].add(j);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv[k], _mm256_loadu_ps(p)));
+            }
+        }
+    }
+    8 * groups
+}
+
+/// A `W`-bit codebook (5 to 8 bits, or a 4-bit segment of a wide codec) ready to map eight
+/// codes of one little-endian word to their centroids: from registers at 4 and 5 bits
+/// (`lookup16`, `lookup32`), by eight scalar loads above. Shared by the wide scores and sums.
+struct WideBook<'a, const W: usize> {
+    table: &'a [f32; 256],
+    shifts: __m256i,
+    mask: __m256i,
+    /// A 4- or 5-bit codebook's centroids in registers (the first two or all four quarters).
+    quarters: [__m256; 4],
+}
+
+impl<'a, const W: usize> WideBook<'a, W> {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(seg: &'a Seg) -> Self {
+        let wi = W as i32;
+        // SAFETY: the table holds 256 floats.
+        let quarters =
+            std::array::from_fn(|k| unsafe { _mm256_loadu_ps(seg.table.as_ptr().add(8 * k)) });
+        WideBook {
+            table: &seg.table,
+            shifts: _mm256_setr_epi32(0, wi, 2 * wi, 3 * wi, 0, wi, 2 * wi, 3 * wi),
+            mask: _mm256_set1_epi32((1 << W) - 1),
+            quarters,
+        }
+    }
+
+    /// The centroids of the eight codes in the low `8·W` bits of `word`, in code order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn centroids(&self, word: u64) -> __m256 {
+        if W <= 5 {
+            // Codes as lanes: two 4W-bit halves shifted lane by lane.
+            let (a, b) = (word as u32 as i32, (word >> (4 * W)) as u32 as i32);
+            let v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+            let idx = _mm256_and_si256(_mm256_srlv_epi32(v, self.shifts), self.mask);
+            if W == 4 {
+                lookup16(self.quarters[0], self.quarters[1], idx)
+            } else {
+                lookup32(&self.quarters, idx)
+            }
+        } else {
+            // Eight scalar loads: on Zen 3 a gather of eight (microcoded) took about twice
+            // as long as eight loads from L1 and the inserts that join them. Every index is
+            // below 2^W ≤ 256, the table's length.
+            let m = (1u64 << W) - 1;
+            let at = |k: usize| self.table[((word >> (W * k)) & m) as usize];
+            _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
+        }
+    }
 }
 
 /// The centroids of eight 5-bit codes (`idx`, one per lane) from a 32-entry table held as

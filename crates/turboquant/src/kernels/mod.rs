@@ -61,8 +61,8 @@ pub(crate) struct Ctx {
     /// (sign bit offset, γ offset, √(π/2)/d) for prod.
     pub qjl: Option<(usize, usize, f32)>,
     /// Whether a segment is wider than 4 bits: its codebook does not fit the x86 backends'
-    /// 16-entry registers. Its scores (without QJL) run their wide kernels
-    /// (`scores_wide`), in coordinate order; its weighted sums run the portable code. NEON
+    /// 16-entry registers. Its scores and sums (without QJL) run their wide kernels
+    /// (`scores_wide`, AVX2's `accumulate_wide`), in coordinate order. NEON
     /// scores and sums every width (four-register table lookups); encoders of wide codecs
     /// are portable everywhere.
     pub wide: bool,
@@ -232,6 +232,21 @@ impl Codec {
             Backend::Avx512 | Backend::Avx2 if self.ctx.wide => Backend::Portable,
             b => b,
         }
+    }
+
+    /// The backend this codec's weighted sums run on: as [`Codec::backend`], except that a
+    /// wide codebook without QJL is summed by the AVX2 wide kernel on any x86 CPU that has
+    /// AVX2 (AVX-512 ones included: their codebooks outgrow its registers too).
+    pub(crate) fn sums_backend(&self) -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        if self.ctx.wide
+            && self.ctx.qjl.is_none()
+            && matches!(Backend::detect(), Backend::Avx512 | Backend::Avx2)
+            && x86::avx2_available()
+        {
+            return Backend::Avx2;
+        }
+        self.backend()
     }
 
     /// The backend this codec's scores run on: as [`Codec::backend`], except that a wide
@@ -489,7 +504,7 @@ impl Codec {
         self.check_len(g * n, weights.len())?;
         scratch.ensure(d, g);
         let ctx = &self.ctx;
-        let backend = self.backend();
+        let backend = self.sums_backend();
         let simd = backend.permuted();
         scratch.acc[..g * d].fill(0.0);
         scratch.acc_s[..g * d].fill(0.0);
@@ -504,6 +519,12 @@ impl Codec {
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx512 => unsafe {
                     x86::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
+                },
+                // SAFETY: as above; sums_backend chose AVX2 for a wide codec only without
+                // QJL, and wide codecs have no lane blocks.
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx2 if ctx.wide => unsafe {
+                    avx2::accumulate_wide(ctx, weights, g, n, base, chunk, acc)
                 },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
