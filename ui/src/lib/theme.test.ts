@@ -71,6 +71,7 @@ describe("themes", () => {
   it("give the chart the stylesheet's colours, KV parts in turn", () => {
     const c = chartColors((name) => light[name] ?? "");
     expect(c.marker).toBe(light["--chart-marker"]);
+    expect(c.labelBack).toBe(light["--panel"]);
     expect(seriesColor("process", 0, c)).toBe(light["--chart-process"]);
     expect(seriesColor("kv total", 0, c)).toBe(light["--chart-kv"]);
     expect(seriesColor("kv full f16", 0, c)).toBe(light["--chart-kv-1"]);

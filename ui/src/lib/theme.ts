@@ -41,6 +41,8 @@ export interface ChartColors {
   axis: string;
   grid: string;
   marker: string;
+  /** Behind a marker's label, so the series it crosses never run through its text. */
+  labelBack: string;
   process: string;
   weights: string;
   kv: string;
@@ -56,6 +58,7 @@ export function chartColors(read: (name: string) => string): ChartColors {
     axis: v("--chart-axis", "#8b95a5"),
     grid: v("--chart-grid", "#262c36"),
     marker: v("--chart-marker", "#e0af68"),
+    labelBack: v("--panel", "#1a1f27"),
     process: v("--chart-process", "#8b95a5"),
     weights: v("--chart-weights", "#bb9af7"),
     kv: v("--chart-kv", "#7aa2f7"),
