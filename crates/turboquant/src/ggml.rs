@@ -262,6 +262,13 @@ impl BlockType {
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
+        if kernel == ValueKernel::Avx2 && matches!(self, BlockType::Q8_0 | BlockType::Q4_0) {
+            // SAFETY: value_kernel chose AVX2 on a CPU with AVX2 and FMA; rows, weights and
+            // out were checked against n, d and g above.
+            unsafe { avx2::accumulate(self, rows, row, d, weights, out) };
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
         if kernel == ValueKernel::Avx512 {
             // SAFETY: value_kernel chose AVX-512 for q8_0/q4_0 only, on a CPU that has it;
             // rows, weights and out were checked against n, d and g above.
@@ -731,7 +738,7 @@ mod neon {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BlockType, BLOCK};
+    use super::{BlockType, BLOCK, VALUE_TILE};
 
     /// The 32 signed levels of a q8_0 or q4_0 key block.
     #[target_feature(enable = "avx2")]
@@ -750,7 +757,8 @@ mod avx2 {
     /// Dots of every key row with up to eight q8_0 queries (see `BlockType::dots`): per key
     /// block, each query's integer sum as `sum_i8` forms it, the eight reduced together
     /// (integer adds: exact in any order), then per query `block_term`'s float operations in
-    /// its order, lane by lane.
+    /// its order, lane by lane. Four queries or fewer (a decode step's group of query heads
+    /// sharing a kv head, on most models) take `dots4`, which does half the integer work.
     ///
     /// # Safety
     /// AVX2 must be present; `keys` is whole rows of `row` bytes, `queries` at most eight
@@ -767,6 +775,10 @@ mod avx2 {
         stride: usize,
     ) {
         let g = queries.len() / qrow;
+        if g <= 4 {
+            // SAFETY: as this function's contract, with at most four queries.
+            return unsafe { dots4(t, keys, row, queries, qrow, out, stride) };
+        }
         let blocks = row / t.block_bytes();
         let dq = query_scales(queries, qrow, blocks);
         let zero = [0u8; 2 + BLOCK];
@@ -808,6 +820,77 @@ mod avx2 {
             // SAFETY: AVX2 is present; out holds stride floats per query (the caller's
             // contract).
             unsafe { store_sums(acc, g, out, stride, tk) };
+        }
+    }
+
+    /// `dots8` for at most four queries, in the four lanes of 128-bit registers: the same
+    /// integer sums (exact) and the same float operations per lane, so the same floats.
+    ///
+    /// # Safety
+    /// As `dots8`, with at most four queries.
+    #[target_feature(enable = "avx2")]
+    unsafe fn dots4(
+        t: BlockType,
+        keys: &[u8],
+        row: usize,
+        queries: &[u8],
+        qrow: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let g = queries.len() / qrow;
+        let bb = t.block_bytes();
+        let blocks = row / bb;
+        let dq8 = query_scales(queries, qrow, blocks);
+        // The query codes by block, four queries per block (an absent query is zeros).
+        let mut ys = vec![0u8; blocks * 4 * BLOCK];
+        for (qi, q) in queries.chunks_exact(qrow).enumerate() {
+            for b in 0..blocks {
+                let codes = &q[b * (2 + BLOCK) + 2..(b + 1) * (2 + BLOCK)];
+                ys[(b * 4 + qi) * BLOCK..][..BLOCK].copy_from_slice(codes);
+            }
+        }
+        let ones = _mm256_set1_epi16(1);
+        for (tk, k) in keys.chunks_exact(row).enumerate() {
+            prefetch_ahead(keys, row, tk);
+            let mut acc = _mm_setzero_ps();
+            for b in 0..blocks {
+                let kb = &k[b * bb..(b + 1) * bb];
+                // SAFETY: kb is one whole block.
+                let x = unsafe { key_levels(t, kb) };
+                let ax = _mm256_sign_epi8(x, x);
+                let mut quads = [_mm256_setzero_si256(); 4];
+                for (qi, quad) in quads.iter_mut().enumerate() {
+                    // SAFETY: ys holds four blocks of 32 codes per key block.
+                    let y =
+                        unsafe { _mm256_loadu_si256(ys[(b * 4 + qi) * BLOCK..].as_ptr().cast()) };
+                    let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
+                    *quad = _mm256_madd_epi16(pairs, ones);
+                }
+                // Four vectors of eight partial sums → the four totals.
+                let h01 = _mm256_hadd_epi32(quads[0], quads[1]);
+                let h23 = _mm256_hadd_epi32(quads[2], quads[3]);
+                let h = _mm256_hadd_epi32(h01, h23);
+                let sumi =
+                    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                // `add_block_term`'s operations, in four lanes.
+                let fi = _mm_cvtepi32_ps(sumi);
+                let dk = _mm_set1_ps(super::read_f16(kb, 0));
+                // SAFETY: dq8 holds eight scales per block.
+                let dqv = unsafe { _mm_loadu_ps(dq8[b * 8..].as_ptr()) };
+                let term = if t == BlockType::Q8_0 {
+                    _mm_mul_ps(fi, _mm_mul_ps(dk, dqv))
+                } else {
+                    _mm_mul_ps(_mm_mul_ps(fi, dk), dqv)
+                };
+                acc = _mm_add_ps(acc, term);
+            }
+            let mut sums = [0f32; 4];
+            // SAFETY: sums has four floats.
+            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), acc) };
+            for (qi, &v) in sums.iter().enumerate().take(g) {
+                out[qi * stride + tk] = v;
+            }
         }
     }
 
@@ -942,6 +1025,158 @@ mod avx2 {
         }
     }
 
+    /// Eight coordinates of a q8_0 or q4_0 block, `quarter` 0 to 3, as
+    /// [`BlockType::dequantize_row`] makes them: the level (an exact float) times `scale`,
+    /// the block's.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `block` is one whole block of `t`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn levels8(t: BlockType, block: &[u8], quarter: usize, scale: __m256) -> __m256 {
+        let levels = if t == BlockType::Q8_0 {
+            // SAFETY: a q8_0 block is 34 bytes: 2 + 8·quarter + 8 ≤ 34.
+            let codes = unsafe { _mm_loadl_epi64(block[2 + 8 * quarter..].as_ptr().cast()) };
+            _mm256_cvtepi8_epi32(codes)
+        } else {
+            // Low nibbles of the 16 code bytes are coordinates 0..16, high nibbles 16..32.
+            // SAFETY: a q4_0 block is 18 bytes: 2 + 8·(quarter % 2) + 8 ≤ 18.
+            let packed = unsafe { _mm_loadl_epi64(block[2 + 8 * (quarter % 2)..].as_ptr().cast()) };
+            let nibbles = if quarter < 2 {
+                packed
+            } else {
+                _mm_srli_epi16::<4>(packed)
+            };
+            let codes = _mm256_cvtepu8_epi32(_mm_and_si128(nibbles, _mm_set1_epi8(0x0F)));
+            _mm256_sub_epi32(codes, _mm256_set1_epi32(8))
+        };
+        _mm256_mul_ps(_mm256_cvtepi32_ps(levels), scale)
+    }
+
+    /// `BlockType::accumulate_rows` for q8_0 and q4_0 rows, as `avx512::accumulate` sums
+    /// them in eight lanes: per tile of rows, per eight coordinates, each weighed row's
+    /// values made once in a register and fused-added into every output row that weighs it,
+    /// rows in order (zero weights skipped, as the portable code skips them). No row is
+    /// dequantized to memory.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present; `t` is q8_0 or q4_0, `rows` whole rows of `row` bytes
+    /// for `d` coordinates, `weights` `g · n` and `out` `g · d` floats (`g = out.len() / d`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn accumulate(
+        t: BlockType,
+        rows: &[u8],
+        row: usize,
+        d: usize,
+        weights: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = rows.len() / row;
+        let g = out.len() / d;
+        let bb = t.block_bytes();
+        let blocks = d / BLOCK;
+        // Per output row: its weighed rows in the tile (broadcast weight, row in tile).
+        let mut live = vec![[(_mm256_setzero_ps(), 0usize); VALUE_TILE]; g];
+        let mut count = vec![0usize; g];
+        // The tile's block scales, row by row, read once per tile.
+        let mut scales = vec![_mm256_setzero_ps(); VALUE_TILE * blocks];
+        let mut t0 = 0;
+        while t0 < n {
+            let m = (n - t0).min(VALUE_TILE);
+            for k in 0..VALUE_TILE {
+                prefetch_ahead(rows, row, t0 + k);
+            }
+            let full = m == VALUE_TILE
+                && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
+            if full {
+                // The common case (every row weighed by every output row): a block's 32
+                // coordinates of the tile's eight rows made once (32 vectors, held in L1),
+                // then per output row four independent chains of fused adds, one per eight
+                // coordinates, rows in order in each (one chain at a time waited on the
+                // FMA's latency).
+                for b in 0..blocks {
+                    let mut xs = [[_mm256_setzero_ps(); VALUE_TILE]; 4];
+                    for k in 0..VALUE_TILE {
+                        let at = (t0 + k) * row + b * bb;
+                        let block = &rows[at..at + bb];
+                        let sc = _mm256_set1_ps(super::read_f16(block, 0));
+                        for (quarter, x) in xs.iter_mut().enumerate() {
+                            // SAFETY: block is one whole block of t.
+                            x[k] = unsafe { levels8(t, block, quarter, sc) };
+                        }
+                    }
+                    let col = b * BLOCK;
+                    for qi in 0..g {
+                        let w = &weights[qi * n + t0..][..VALUE_TILE];
+                        // SAFETY: qi < g and col + 32 ≤ d: 32 floats of row qi.
+                        unsafe {
+                            let p = out.as_mut_ptr().add(qi * d + col);
+                            let mut acc: [__m256; 4] =
+                                std::array::from_fn(|c| _mm256_loadu_ps(p.add(8 * c)));
+                            for (k, &w) in w.iter().enumerate() {
+                                let wv = _mm256_set1_ps(w);
+                                for c in 0..4 {
+                                    acc[c] = _mm256_fmadd_ps(wv, xs[c][k], acc[c]);
+                                }
+                            }
+                            for (c, a) in acc.iter().enumerate() {
+                                _mm256_storeu_ps(p.add(8 * c), *a);
+                            }
+                        }
+                    }
+                }
+                t0 += m;
+                continue;
+            }
+            let mut need = [false; VALUE_TILE];
+            for qi in 0..g {
+                count[qi] = 0;
+                for k in 0..m {
+                    let w = weights[qi * n + t0 + k];
+                    if w != 0.0 {
+                        live[qi][count[qi]] = (_mm256_set1_ps(w), k);
+                        count[qi] += 1;
+                        need[k] = true;
+                    }
+                }
+            }
+            for k in (0..m).filter(|&k| need[k]) {
+                for b in 0..blocks {
+                    scales[k * blocks + b] =
+                        _mm256_set1_ps(super::read_f16(rows, (t0 + k) * row + b * bb));
+                }
+            }
+            for b in 0..blocks {
+                for quarter in 0..4 {
+                    let mut xs = [_mm256_setzero_ps(); VALUE_TILE];
+                    for k in (0..m).filter(|&k| need[k]) {
+                        let at = (t0 + k) * row + b * bb;
+                        // SAFETY: row t0 + k < n holds the whole block b.
+                        xs[k] = unsafe {
+                            levels8(t, &rows[at..at + bb], quarter, scales[k * blocks + b])
+                        };
+                    }
+                    let col = b * BLOCK + 8 * quarter;
+                    for qi in 0..g {
+                        if count[qi] == 0 {
+                            continue;
+                        }
+                        // SAFETY: qi < g and col + 8 ≤ d: eight floats of output row qi.
+                        unsafe {
+                            let p = out.as_mut_ptr().add(qi * d + col);
+                            let mut acc = _mm256_loadu_ps(p);
+                            for &(w, k) in &live[qi][..count[qi]] {
+                                acc = _mm256_fmadd_ps(w, xs[k], acc);
+                            }
+                            _mm256_storeu_ps(p, acc);
+                        }
+                    }
+                }
+            }
+            t0 += m;
+        }
+    }
+
     /// Σ x_j·y_j over 32 signed bytes, exactly: |x| times y with x's sign, in pairs of at
     /// most 2·128·127 (an i16), then in i32.
     #[target_feature(enable = "avx2")]
@@ -1011,7 +1246,9 @@ const VALUE_TILE: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ValueKernel {
     Portable,
-    /// Rows dequantized into a tile, then fused-added eight lanes at a time.
+    /// q8_0 and q4_0: each 8 coordinates of a row widened to floats and scaled in
+    /// registers, then fused-added into every output row; the other types' rows dequantized
+    /// into a tile, then fused-added. Eight lanes at a time.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
     /// q8_0 and q4_0: each 16 coordinates of a row widened to floats and scaled in
