@@ -403,6 +403,9 @@ struct BenchReport {
     accumulate_backend: &'static str,
     scores_multi_keys_per_s: f64,
     accumulate_keys_per_s: f64,
+    /// `group` weight rows summed in one call (a decode step's query heads of one kv head),
+    /// counted as key-rows per second.
+    accumulate_multi_keys_per_s: f64,
 }
 
 /// Best wall time of `f` over repeated runs lasting about `budget_s` in total.
@@ -478,6 +481,15 @@ fn bench(a: BenchArgs) -> Result<()> {
             .clone()
             .and(codec.accumulate(&w, &block, &mut scratch, &mut acc));
     });
+    let ws: Vec<f32> = (0..a.keys * a.group)
+        .map(|_| gen.uniform() as f32)
+        .collect();
+    let mut acc_multi = vec![0.0f32; d * a.group];
+    let t_acc_multi = best_time(1.0, || {
+        res = res
+            .clone()
+            .and(codec.accumulate_multi(&ws, &block, &mut scratch, &mut acc_multi));
+    });
     res?;
     let keys16: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
     let t_f16 = best_time(1.0, || baseline::f16_scores(&q, &keys16, &mut out));
@@ -499,6 +511,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         accumulate_backend: scratch.last_backend().map_or("none", |b| b.name()),
         scores_multi_keys_per_s: n * a.group as f64 / t_multi,
         accumulate_keys_per_s: n / t_acc,
+        accumulate_multi_keys_per_s: n * a.group as f64 / t_acc_multi,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -534,6 +547,11 @@ fn bench(a: BenchArgs) -> Result<()> {
         println!(
             "  accumulate:{:8.2} M keys/s",
             m(report.accumulate_keys_per_s)
+        );
+        println!(
+            "  accumulate x{}: {:6.2} M key-rows/s (codes read once per group)",
+            a.group,
+            m(report.accumulate_multi_keys_per_s)
         );
     }
     Ok(())
