@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { MemoryTimeline, clusterLabel, markerLabel, sampleValues } from "./timeline";
+import { MemoryTimeline, clusterLabel, layoutMarkerLabels, markerLabel, sampleValues } from "./timeline";
 
 const s = (tMs: number, tokens: number, values: Record<string, number>) => ({ tMs, tokens, values });
 
@@ -118,5 +118,42 @@ describe("markers at one place", () => {
     expect(clusterLabel([m("demote", "a", 4096, 1024), m("demote", "b", 2048, 512), m("spill", "a", 1024, 0)])).toBe(
       "demoted 2, spilled 1  6.00 KiB→512 B",
     );
+  });
+
+  describe("labels laid out", () => {
+    const sw = (to: string, beforeBytes: number, afterBytes: number) => ({ tMs: 0, tokens: 0, from: "f16", to, beforeBytes, afterBytes });
+    // Ten pixels per character.
+    const measure = (label: string) => 10 * label.length;
+    const bounds = { left: 0, right: 1000 };
+
+    it("put apart labels on the first row, right of their markers", () => {
+      const placed = layoutMarkerLabels([{ x: 10, ms: [sw("a", 1, 2)] }, { x: 500, ms: [sw("b", 2, 3)] }], measure, bounds, 2, 4);
+      expect(placed.map((p) => [p.tx, p.row])).toEqual([
+        [14, 0],
+        [504, 0],
+      ]);
+      expect(placed[1].label).toBe(markerLabel(sw("b", 2, 3)));
+    });
+
+    it("stagger close labels, then merge what fits no row into one summary", () => {
+      const clusters = [100, 120, 140, 160].map((x, i) => ({ x, ms: [sw(`t${i}`, 1024 * (4 - i), 1024 * (3 - i))] }));
+      const placed = layoutMarkerLabels(clusters, measure, bounds, 2, 4);
+      expect(placed.map((p) => p.row)).toEqual([0, 1]);
+      // The third and fourth fit no row: merged into the second, whose label names all three.
+      expect(placed[1].label).toBe(clusterLabel(clusters.slice(1).flatMap((c) => c.ms)));
+      expect(placed[1].tx).toBe(124);
+      // No two labels of a row overlap.
+      for (const row of [0, 1]) {
+        const spans = placed.filter((p) => p.row === row).map((p) => [p.tx, p.tx + measure(p.label)]);
+        spans.slice(1).forEach(([start], i) => expect(start).toBeGreaterThanOrEqual(spans[i][1]));
+      }
+    });
+
+    it("end a label left of its marker near the right edge, never over the left axis", () => {
+      const [p] = layoutMarkerLabels([{ x: 990, ms: [sw("q8_0", 1, 2)] }], measure, bounds, 2, 4);
+      expect(p.tx + measure(p.label)).toBe(986);
+      const [q] = layoutMarkerLabels([{ x: 30, ms: [sw("q8_0", 1, 2)] }], measure, { left: 20, right: 60 }, 2, 4);
+      expect(q.tx).toBe(22);
+    });
   });
 });

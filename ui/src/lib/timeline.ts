@@ -80,6 +80,60 @@ export function clusterLabel(ms: SwitchMarker[]): string {
   return `${what}  ${formatBytes(sum(first))}→${formatBytes(sum(last))}`;
 }
 
+/** A group of markers drawn at one x (pixels), as the chart clusters them. */
+export interface MarkerCluster {
+  x: number;
+  ms: SwitchMarker[];
+}
+
+/** Where one marker label goes: its text, the x its text starts at, and its row from the top. */
+export interface PlacedLabel {
+  label: string;
+  tx: number;
+  row: number;
+}
+
+/**
+ * Lays the clusters' labels out over the plot (clusters sorted by x): each label right of its
+ * marker, or left of it where it would pass the plot's right edge, in the first of `rows`
+ * rows where it overlaps no label already placed (`gap` pixels apart). A label that fits no
+ * row is merged into the last label placed, which then names both clusters (`clusterLabel`
+ * of their markers together) and is laid out again: close markers read as one summary
+ * instead of a stack of labels over the series.
+ */
+export function layoutMarkerLabels(
+  clusters: MarkerCluster[],
+  measure: (label: string) => number,
+  bounds: { left: number; right: number },
+  rows: number,
+  gap: number,
+): PlacedLabel[] {
+  const place = (x: number, label: string) => {
+    const w = measure(label);
+    const right = x + 4 + w > bounds.right;
+    // Left of the marker near the right edge, but never over the left axis.
+    const tx = right ? Math.max(bounds.left + 2, x - 4 - w) : x + 4;
+    return { label, tx, end: tx + w };
+  };
+  // Each placed label with the markers it names and the x of its first marker.
+  const placed: { x: number; ms: SwitchMarker[]; row: number; label: string; tx: number; end: number }[] = [];
+  const rowEnd = (row: number) => Math.max(-Infinity, ...placed.filter((p) => p.row === row).map((p) => p.end));
+  for (const c of clusters) {
+    const one = place(c.x, clusterLabel(c.ms));
+    const row = [...Array(Math.max(rows, 1)).keys()].find((r) => rowEnd(r) + gap <= one.tx);
+    if (row !== undefined || placed.length === 0) {
+      placed.push({ x: c.x, ms: c.ms, row: row ?? 0, ...one });
+      continue;
+    }
+    const last = placed.pop()!;
+    const ms = [...last.ms, ...c.ms];
+    // The merged label spans both markers: anchored at the first, moved left if it runs
+    // past the edge, on the row the first had.
+    placed.push({ x: last.x, ms, row: last.row, ...place(last.x, clusterLabel(ms)) });
+  }
+  return placed.map(({ label, tx, row }) => ({ label, tx, row }));
+}
+
 /**
  * A sample's series: the process, the weights, every conversation's KV together and by layer
  * kind and precision, then KV by conversation and tier: this chat's, the other chats held in
