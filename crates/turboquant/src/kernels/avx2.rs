@@ -28,6 +28,9 @@ struct SegRegs {
     lane_blocks: usize,
     general_from: usize,
     general_groups: usize,
+    /// For w = 4: byte b of every centroid's f32 bits, a 16-entry `pshufb` table in both
+    /// 128-bit halves, for b = 0..4 (`plane_centroids`).
+    planes: [__m256i; 4],
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -57,6 +60,11 @@ fn seg_regs(seg: &Seg) -> SegRegs {
             } else {
                 0
             },
+            planes: std::array::from_fn(|b| {
+                let bytes: [u8; 16] =
+                    std::array::from_fn(|k| seg.table[k].to_bits().to_le_bytes()[b]);
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
+            }),
         }
     }
 }
@@ -149,8 +157,46 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The centroids of the 64 4-bit codes in the 32 bytes at `p`, as eight vectors of eight
+/// floats: vector `4·hf + g` lane `4·L + e` is the centroid of nibble `hf` of byte
+/// `16·L + 4·g + e`. Each f32 is assembled from its four bytes, looked up by `pshufb` in
+/// `r.planes` and interleaved by unpacks: in-lane shuffles, where two cross-lane `vpermps`
+/// and a blend per 8 codes bound the scoring loop (about 1.4× the rate in a one-core test).
+///
+/// # Safety
+/// `p` must point at 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn plane_centroids(p: *const u8, r: &SegRegs) -> [__m256; 8] {
+    // SAFETY: the caller's contract.
+    let v = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    let m = _mm256_set1_epi8(0x0F);
+    let nibbles = [
+        _mm256_and_si256(v, m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m),
+    ];
+    let mut out = [_mm256_setzero_ps(); 8];
+    for (hf, idx) in nibbles.into_iter().enumerate() {
+        let b: [__m256i; 4] = std::array::from_fn(|k| _mm256_shuffle_epi8(r.planes[k], idx));
+        let (w01l, w01h) = (
+            _mm256_unpacklo_epi8(b[0], b[1]),
+            _mm256_unpackhi_epi8(b[0], b[1]),
+        );
+        let (w23l, w23h) = (
+            _mm256_unpacklo_epi8(b[2], b[3]),
+            _mm256_unpackhi_epi8(b[2], b[3]),
+        );
+        out[4 * hf] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(w01l, w23l));
+        out[4 * hf + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(w01l, w23l));
+        out[4 * hf + 2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(w01h, w23h));
+        out[4 * hf + 3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(w01h, w23h));
+    }
+    out
+}
+
 /// Calls `f(position, centroids of 8 coordinates)` for every 8-coordinate SIMD slot of the
-/// record (positions in SIMD order), then `tail(coordinate, centroid)` for the rest.
+/// record (positions in SIMD order: `Ctx::perm_planes`), then `tail(coordinate, centroid)`
+/// for the rest. 4-bit lane blocks go by `plane_centroids`, other widths lane by lane.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn walk(
@@ -164,7 +210,16 @@ unsafe fn walk(
     for (seg, rg) in ctx.segs.iter().zip(regs) {
         let byte0 = seg.bit_offset / 8;
         let w = rg.width;
-        for blk in 0..rg.lane_blocks {
+        if w == 4 {
+            for chunk in 0..2 * rg.lane_blocks {
+                // SAFETY: the block's 64 bytes lie inside this record's code area.
+                let c = unsafe { plane_centroids(rp.add(byte0 + 32 * chunk), rg) };
+                for (k, c) in c.into_iter().enumerate() {
+                    f(seg.start + 64 * chunk + 8 * k, c);
+                }
+            }
+        }
+        for blk in (if w == 4 { rg.lane_blocks } else { 0 })..rg.lane_blocks {
             for h in 0..2 {
                 // SAFETY: the half block's 8·w bytes lie inside this record's code area.
                 let x = unsafe { lanes(rp.add(byte0 + 16 * w * blk + 8 * w * h), rg) };
@@ -205,7 +260,25 @@ unsafe fn walk_records<const R: usize>(
     for (seg, rg) in ctx.segs.iter().zip(regs) {
         let byte0 = seg.bit_offset / 8;
         let w = rg.width;
-        for blk in 0..rg.lane_blocks {
+        if w == 4 {
+            // 4-bit lane blocks by `plane_centroids`, in `Ctx::perm_planes` order, as `walk`.
+            for chunk in 0..2 * rg.lane_blocks {
+                // Slot k of every record together: `ck[k][r]`.
+                let mut ck = [[_mm256_setzero_ps(); R]; 8];
+                for r in 0..R {
+                    // SAFETY: the block's 64 bytes lie inside each record's code area.
+                    let c =
+                        unsafe { plane_centroids(recs[r].as_ptr().add(byte0 + 32 * chunk), rg) };
+                    for (k, v) in c.into_iter().enumerate() {
+                        ck[k][r] = v;
+                    }
+                }
+                for (k, c) in ck.into_iter().enumerate() {
+                    f(seg.start + 64 * chunk + 8 * k, c);
+                }
+            }
+        }
+        for blk in (if w == 4 { rg.lane_blocks } else { 0 })..rg.lane_blocks {
             for h in 0..2 {
                 let at = byte0 + 16 * w * blk + 8 * w * h;
                 let mut x = [_mm256_setzero_si256(); R];

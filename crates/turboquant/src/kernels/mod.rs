@@ -69,6 +69,12 @@ pub(crate) struct Ctx {
     /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
     /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
     pub perm: Vec<u32>,
+    /// The AVX2 narrow kernels' order (scores and sums), which differs from `perm` in the lane blocks of
+    /// 4-bit segments: there each 32 code bytes (64 coordinates) become floats by four
+    /// `pshufb` lookups, one per byte of the centroid's f32, interleaved by unpacks, and
+    /// position `32·hf + 8·g + 4·L + e` of the 64 holds the coordinate of nibble `hf` of byte
+    /// `16·L + 4·g + e` (`avx2::plane_centroids`).
+    pub perm_planes: Vec<u32>,
 }
 
 impl Ctx {
@@ -80,6 +86,8 @@ impl Ctx {
         let dim = codec_layout.dim;
         let wide = codec_layout.segments.iter().any(|s| s.width > 4);
         let mut perm: Vec<u32> = (0..dim as u32).collect();
+        // Starts of the 128-coordinate lane blocks of 4-bit segments.
+        let mut planes = Vec::new();
         let segs: Vec<Seg> = codec_layout
             .segments
             .iter()
@@ -102,6 +110,9 @@ impl Ctx {
                             for lane in 0..16 {
                                 perm[base + sub * 16 + lane] = (base + lane * 8 + sub) as u32;
                             }
+                        }
+                        if s.width == 4 {
+                            planes.push(base);
                         }
                     }
                     blocks
@@ -127,6 +138,16 @@ impl Ctx {
             (Some(q), Some(sb), Some(go)) => Some((sb, go, q)),
             _ => None,
         };
+        let mut perm_planes = perm.clone();
+        for base in planes {
+            for chunk in 0..2 {
+                for k in 0..64 {
+                    let (hf, g, l, e) = (k / 32, (k / 8) % 4, (k / 4) % 2, k % 4);
+                    let byte = 32 * chunk + 16 * l + 4 * g + e;
+                    perm_planes[base + 64 * chunk + k] = (base + 2 * byte + hf) as u32;
+                }
+            }
+        }
         Ctx {
             dim,
             stride: codec_layout.stride,
@@ -135,6 +156,7 @@ impl Ctx {
             norm_offset: codec_layout.norm_offset,
             qjl,
             perm,
+            perm_planes,
         }
     }
 }
@@ -337,13 +359,18 @@ impl Codec {
         scratch.last_backend = Some(backend);
         let simd = backend.permuted();
         if simd {
-            // The SIMD backends read queries in their lane order.
+            // The SIMD backends read queries in their lane order (AVX2's narrow scoring in
+            // its own, see `Ctx::perm_planes`).
+            let perm = match backend {
+                Backend::Avx2 if !ctx.wide => &ctx.perm_planes,
+                _ => &ctx.perm,
+            };
             for qi in 0..g {
                 let (src, dst) = (
                     &scratch.q[qi * d..(qi + 1) * d],
                     &mut scratch.acc[qi * d..(qi + 1) * d],
                 );
-                for (o, &p) in dst.iter_mut().zip(&ctx.perm) {
+                for (o, &p) in dst.iter_mut().zip(perm) {
                     *o = src[p as usize];
                 }
             }
@@ -541,11 +568,16 @@ impl Codec {
             }
             base += m;
         }
+        // The SIMD backends sum in their lane order (AVX2's narrow sums in its own).
+        let perm = match backend {
+            Backend::Avx2 if !ctx.wide => &ctx.perm_planes,
+            _ => &ctx.perm,
+        };
         for qi in 0..g {
             let y = &mut scratch.a[..d];
             let acc = &scratch.acc[qi * d..(qi + 1) * d];
             if simd {
-                for (&v, &p) in acc.iter().zip(&ctx.perm) {
+                for (&v, &p) in acc.iter().zip(perm) {
                     y[p as usize] = v;
                 }
             } else {
