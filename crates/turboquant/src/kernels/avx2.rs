@@ -2,9 +2,9 @@
 //! lane order as the AVX-512 backend (see `x86.rs`), with 8-lane registers: a 128-coordinate
 //! block is read as two halves of 8 lanes. 16-entry codebooks (4-bit) are scored and summed
 //! in their own order (`Ctx::perm_planes`): centroids made from 32 code bytes at a time by
-//! byte-plane `pshufb` lookups (`plane_centroids`); elsewhere (the encoder's thresholds, a
-//! segment's last coordinates) two 8-entry `vpermps` lookups and a blend on the code's top
-//! bit. Wide codebooks (5 to 8 bits) are
+//! byte-plane `pshufb` lookups (`plane_centroids`); a 4-bit segment's coordinates past its
+//! last whole 128-coordinate block by two 8-entry `vpermps` lookups and a blend on the
+//! code's top bit. Wide codebooks (5 to 8 bits) are
 //! scored and summed in coordinate order from whole code words (`WideBook`); their sums run
 //! here on AVX-512 CPUs too. The QJL sign term of `prod` stays scalar (that variant is not
 //! meant for the hot path).
