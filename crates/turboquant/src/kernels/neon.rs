@@ -692,6 +692,7 @@ mod tests {
                 qjl: None,
                 wide: w > 4,
                 perm: (0..(len0 + len1) as u32).collect(),
+                perm_planes: (0..(len0 + len1) as u32).collect(),
             };
             // SAFETY: NEON is part of the aarch64 baseline this module is built for.
             let got = unsafe {
