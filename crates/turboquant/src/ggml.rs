@@ -1075,9 +1075,7 @@ mod avx2 {
         let g = out.len() / d;
         let bb = t.block_bytes();
         let blocks = d / BLOCK;
-        // Per output row: its weighed rows in the tile (broadcast weight, row in tile).
-        let mut live = vec![[(_mm256_setzero_ps(), 0usize); VALUE_TILE]; g];
-        let mut count = vec![0usize; g];
+        let mut plan = super::TilePlan::new(g);
         // The tile's block scales, row by row, read once per tile.
         let mut scales = vec![_mm256_setzero_ps(); VALUE_TILE * blocks];
         // A whole tile's block of 32 coordinates, rewritten whole for every block: zeroed
@@ -1090,9 +1088,8 @@ mod avx2 {
             for k in 0..VALUE_TILE {
                 prefetch_ahead(rows, row, t0 + k);
             }
-            let full = m == VALUE_TILE
-                && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
-            if full {
+            plan.plan(weights, n, t0, m);
+            if plan.full {
                 // The common case (every row weighed by every output row): a block's 32
                 // coordinates of the tile's eight rows made once (32 vectors, held in L1),
                 // then per output row four independent chains of fused adds, one per eight
@@ -1131,19 +1128,7 @@ mod avx2 {
                 t0 += m;
                 continue;
             }
-            let mut need = [false; VALUE_TILE];
-            for qi in 0..g {
-                count[qi] = 0;
-                for k in 0..m {
-                    let w = weights[qi * n + t0 + k];
-                    if w != 0.0 {
-                        live[qi][count[qi]] = (_mm256_set1_ps(w), k);
-                        count[qi] += 1;
-                        need[k] = true;
-                    }
-                }
-            }
-            for k in (0..m).filter(|&k| need[k]) {
+            for k in (0..m).filter(|&k| plan.need[k]) {
                 for b in 0..blocks {
                     scales[k * blocks + b] =
                         _mm256_set1_ps(super::read_f16(rows, (t0 + k) * row + b * bb));
@@ -1152,7 +1137,7 @@ mod avx2 {
             for b in 0..blocks {
                 for quarter in 0..4 {
                     let mut xs = [_mm256_setzero_ps(); VALUE_TILE];
-                    for k in (0..m).filter(|&k| need[k]) {
+                    for k in (0..m).filter(|&k| plan.need[k]) {
                         let at = (t0 + k) * row + b * bb;
                         // SAFETY: row t0 + k < n holds the whole block b.
                         xs[k] = unsafe {
@@ -1161,15 +1146,15 @@ mod avx2 {
                     }
                     let col = b * BLOCK + 8 * quarter;
                     for qi in 0..g {
-                        if count[qi] == 0 {
+                        if plan.live(qi).is_empty() {
                             continue;
                         }
                         // SAFETY: qi < g and col + 8 ≤ d: eight floats of output row qi.
                         unsafe {
                             let p = out.as_mut_ptr().add(qi * d + col);
                             let mut acc = _mm256_loadu_ps(p);
-                            for &(w, k) in &live[qi][..count[qi]] {
-                                acc = _mm256_fmadd_ps(w, xs[k], acc);
+                            for &(w, k) in plan.live(qi) {
+                                acc = _mm256_fmadd_ps(_mm256_set1_ps(w), xs[k], acc);
                             }
                             _mm256_storeu_ps(p, acc);
                         }
@@ -1244,6 +1229,58 @@ fn vnni_available() -> bool {
 /// Rows summed per tile by the value kernels: each output row is loaded and stored once per
 /// tile.
 const VALUE_TILE: usize = 8;
+
+/// How the x86 value kernels sum one tile of rows `t0..t0 + m`: whether every output row
+/// weighs every row of a whole tile (`full`, their fast case), and otherwise which rows some
+/// output row weighs (`need`) and, per output row, the rows it weighs in order with their
+/// weights (`live[qi][..count[qi]]`): zero weights are left out, as the portable code skips
+/// them.
+#[cfg(target_arch = "x86_64")]
+struct TilePlan {
+    full: bool,
+    need: [bool; VALUE_TILE],
+    live: Vec<[(f32, usize); VALUE_TILE]>,
+    count: Vec<usize>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TilePlan {
+    fn new(g: usize) -> TilePlan {
+        TilePlan {
+            full: false,
+            need: [false; VALUE_TILE],
+            live: vec![[(0.0, 0); VALUE_TILE]; g],
+            count: vec![0; g],
+        }
+    }
+
+    /// Plans the tile `t0..t0 + m` of the `n` rows weighed by `weights` (`g × n`).
+    fn plan(&mut self, weights: &[f32], n: usize, t0: usize, m: usize) {
+        let g = self.count.len();
+        self.full = m == VALUE_TILE
+            && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
+        if self.full {
+            return;
+        }
+        self.need = [false; VALUE_TILE];
+        for qi in 0..g {
+            self.count[qi] = 0;
+            for k in 0..m {
+                let w = weights[qi * n + t0 + k];
+                if w != 0.0 {
+                    self.live[qi][self.count[qi]] = (w, k);
+                    self.count[qi] += 1;
+                    self.need[k] = true;
+                }
+            }
+        }
+    }
+
+    /// Output row `qi`'s weighed rows: (weight, row in tile), in order.
+    fn live(&self, qi: usize) -> &[(f32, usize)] {
+        &self.live[qi][..self.count[qi]]
+    }
+}
 
 /// Which code sums value rows ([`BlockType::accumulate_rows`]); all give the same floats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1376,9 +1413,7 @@ mod avx512 {
         let n = rows.len() / row;
         let g = out.len() / d;
         let bb = t.block_bytes();
-        // Per output row: its live rows in the tile (broadcast weight, row in tile).
-        let mut live = vec![[(_mm512_setzero_ps(), 0usize); VALUE_TILE]; g];
-        let mut count = vec![0usize; g];
+        let mut plan = super::TilePlan::new(g);
         let mut t0 = 0;
         while t0 < n {
             let m = (n - t0).min(VALUE_TILE);
@@ -1386,9 +1421,8 @@ mod avx512 {
             for k in 0..VALUE_TILE {
                 super::avx2::prefetch_ahead(rows, row, t0 + k);
             }
-            let full = m == VALUE_TILE
-                && (0..g).all(|qi| weights[qi * n + t0..][..m].iter().all(|&w| w != 0.0));
-            if full {
+            plan.plan(weights, n, t0, m);
+            if plan.full {
                 // The common case (every row weighed by every output row): eight rows in
                 // eight registers, the weights broadcast from memory.
                 for b in 0..d / BLOCK {
@@ -1419,39 +1453,25 @@ mod avx512 {
                 t0 += m;
                 continue;
             }
-            let mut need = [false; VALUE_TILE];
-            for qi in 0..g {
-                count[qi] = 0;
-                for k in 0..m {
-                    let w = weights[qi * n + t0 + k];
-                    if w != 0.0 {
-                        live[qi][count[qi]] = (_mm512_set1_ps(w), k);
-                        count[qi] += 1;
-                        need[k] = true;
-                    }
-                }
-            }
             for b in 0..d / BLOCK {
                 for half in 0..2 {
                     let mut xs = [_mm512_setzero_ps(); VALUE_TILE];
-                    for k in 0..m {
-                        if need[k] {
-                            let at = (t0 + k) * row + b * bb;
-                            // SAFETY: row t0 + k < n holds the whole block b.
-                            xs[k] = unsafe { levels16(t, &rows[at..at + bb], half) };
-                        }
+                    for k in (0..m).filter(|&k| plan.need[k]) {
+                        let at = (t0 + k) * row + b * bb;
+                        // SAFETY: row t0 + k < n holds the whole block b.
+                        xs[k] = unsafe { levels16(t, &rows[at..at + bb], half) };
                     }
                     let col = b * BLOCK + 16 * half;
                     for qi in 0..g {
-                        if count[qi] == 0 {
+                        if plan.live(qi).is_empty() {
                             continue;
                         }
                         // SAFETY: qi < g and col + 16 ≤ d: sixteen floats of output row qi.
                         unsafe {
                             let p = out.as_mut_ptr().add(qi * d + col);
                             let mut acc = _mm512_loadu_ps(p);
-                            for &(w, k) in &live[qi][..count[qi]] {
-                                acc = _mm512_fmadd_ps(w, xs[k], acc);
+                            for &(w, k) in plan.live(qi) {
+                                acc = _mm512_fmadd_ps(_mm512_set1_ps(w), xs[k], acc);
                             }
                             _mm512_storeu_ps(p, acc);
                         }
