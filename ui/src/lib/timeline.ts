@@ -117,19 +117,24 @@ export function layoutMarkerLabels(
   };
   // Each placed label with the markers it names and the x of its first marker.
   const placed: { x: number; ms: SwitchMarker[]; row: number; label: string; tx: number; end: number }[] = [];
-  const rowEnd = (row: number) => Math.max(-Infinity, ...placed.filter((p) => p.row === row).map((p) => p.end));
+  // Where each row's last label ends: labels go left to right, so a row's last is its rightmost.
+  const rowEnd: number[] = Array(Math.max(rows, 1)).fill(-Infinity);
   for (const c of clusters) {
     const one = place(c.x, clusterLabel(c.ms));
-    const row = [...Array(Math.max(rows, 1)).keys()].find((r) => rowEnd(r) + gap <= one.tx);
-    if (row !== undefined || placed.length === 0) {
-      placed.push({ x: c.x, ms: c.ms, row: row ?? 0, ...one });
+    const row = rowEnd.findIndex((end) => end + gap <= one.tx);
+    if (row >= 0 || placed.length === 0) {
+      const r = Math.max(row, 0);
+      placed.push({ x: c.x, ms: c.ms, row: r, ...one });
+      rowEnd[r] = one.end;
       continue;
     }
     const last = placed.pop()!;
     const ms = [...last.ms, ...c.ms];
     // The merged label spans both markers: anchored at the first, moved left if it runs
     // past the edge, on the row the first had.
-    placed.push({ x: last.x, ms, row: last.row, ...place(last.x, clusterLabel(ms)) });
+    const merged = place(last.x, clusterLabel(ms));
+    placed.push({ x: last.x, ms, row: last.row, ...merged });
+    rowEnd[last.row] = merged.end;
   }
   return placed.map(({ label, tx, row }) => ({ label, tx, row }));
 }
