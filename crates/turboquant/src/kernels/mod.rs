@@ -69,11 +69,15 @@ pub(crate) struct Ctx {
     /// SIMD order → coordinate: position p of a rotated query / accumulator in the SIMD
     /// backend holds coordinate `perm[p]` (identity outside byte-lane blocks).
     pub perm: Vec<u32>,
-    /// The AVX2 narrow kernels' order (scores and sums), which differs from `perm` in the lane blocks of
-    /// 4-bit segments: there each 32 code bytes (64 coordinates) become floats by four
-    /// `pshufb` lookups, one per byte of the centroid's f32, interleaved by unpacks, and
-    /// position `32·hf + 8·g + 4·L + e` of the 64 holds the coordinate of nibble `hf` of byte
-    /// `16·L + 4·g + e` (`avx2::plane_centroids`).
+    /// The AVX2 kernels' order (scores and sums), which differs from `perm` where codes become
+    /// floats by `pshufb` lookups, one per byte of the centroid's f32, interleaved by
+    /// unpacks:
+    /// - in the lane blocks of a narrow codec's 4-bit segments, each 32 code bytes (64
+    ///   coordinates) make 8 vectors, and position `32·hf + 8·g + 4·L + e` of the 64 holds
+    ///   the coordinate of nibble `hf` of byte `16·L + 4·g + e` (`avx2::plane_centroids`);
+    /// - in a wide codec's byte-aligned 5-bit segments, each whole 32 codes (20 bytes) make 4
+    ///   vectors, and position `8·g + 4·L + e` of the 32 holds code `16·L + 4·g + e`
+    ///   (`avx2::centroids32`).
     pub perm_planes: Vec<u32>,
 }
 
@@ -101,7 +105,8 @@ impl Ctx {
                 for (t, &c) in thresholds.iter_mut().zip(b.thresholds()) {
                     *t = c;
                 }
-                // Wide codecs are read in coordinate order by every kernel: no lane blocks.
+                // Wide codecs have no lane blocks: read in coordinate order but for AVX2's
+                // 5-bit blocks (`perm_planes`).
                 let lane_blocks = if s.bit_offset % 8 == 0 && !wide {
                     let blocks = s.len / 128;
                     for blk in 0..blocks {
@@ -139,6 +144,18 @@ impl Ctx {
             _ => None,
         };
         let mut perm_planes = perm.clone();
+        for s in &codec_layout.segments {
+            if !(wide && s.width == 5 && s.bit_offset % 8 == 0) {
+                continue;
+            }
+            for blk in 0..s.len / 32 {
+                let base = s.start + 32 * blk;
+                for k in 0..32 {
+                    let (g, l, e) = (k / 8, (k / 4) % 2, k % 4);
+                    perm_planes[base + k] = (base + 16 * l + 4 * g + e) as u32;
+                }
+            }
+        }
         for base in planes {
             for chunk in 0..2 {
                 for k in 0..64 {
@@ -359,10 +376,10 @@ impl Codec {
         scratch.last_backend = Some(backend);
         let simd = backend.permuted();
         if simd {
-            // The SIMD backends read queries in their lane order (AVX2's narrow scoring in
-            // its own, see `Ctx::perm_planes`).
+            // The SIMD backends read queries in their lane order (AVX2's scoring in its own,
+            // see `Ctx::perm_planes`).
             let perm = match backend {
-                Backend::Avx2 if !ctx.wide => &ctx.perm_planes,
+                Backend::Avx2 => &ctx.perm_planes,
                 _ => &ctx.perm,
             };
             for qi in 0..g {
@@ -568,9 +585,9 @@ impl Codec {
             }
             base += m;
         }
-        // The SIMD backends sum in their lane order (AVX2's narrow sums in its own).
+        // The SIMD backends sum in their lane order (AVX2's sums in its own).
         let perm = match backend {
-            Backend::Avx2 if !ctx.wide => &ctx.perm_planes,
+            Backend::Avx2 => &ctx.perm_planes,
             _ => &ctx.perm,
         };
         for qi in 0..g {
