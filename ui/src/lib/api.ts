@@ -102,22 +102,51 @@ export const serverStatus = () => invoke<ServerInfo>("server_status");
 export const serverStart = (port: number) => invoke<ServerInfo>("server_start", { port });
 export const serverStop = () => invoke<ServerInfo>("server_stop");
 
-/** Starts a generation; `onEvent` receives the engine's events in order. Resolves when it ends. */
-export function generate(request: GenerateRequest, onEvent: (e: Event) => void): Promise<void> {
-  const channel = new Channel<Event>();
-  channel.onmessage = onEvent;
-  return invoke<void>("generate", { request, onEvent: channel });
+/** How long a streaming command's last event may trail its reply before the caller goes on. */
+export const LAST_EVENT_GRACE_MS = 10_000;
+
+/**
+ * Invokes a command that streams events over a channel, and resolves once the command has
+ * replied and `isLast` has seen its final event (or after `LAST_EVENT_GRACE_MS`, should one
+ * never come). A channel keeps its own messages in order, but not against the command's
+ * reply: Tauri fetches larger messages apart, and a generation's `stats` and `done` could
+ * land after `generate` had returned, so the session was saved without the answer's stats.
+ */
+export function streaming<E>(
+  command: string,
+  args: Record<string, unknown>,
+  onEvent: (e: E) => void,
+  isLast: (e: E) => boolean,
+  graceMs = LAST_EVENT_GRACE_MS,
+): Promise<void> {
+  const channel = new Channel<E>();
+  let ended = () => {};
+  const last = new Promise<void>((resolve) => (ended = resolve));
+  channel.onmessage = (e) => {
+    onEvent(e);
+    if (isLast(e)) ended();
+  };
+  return invoke<void>(command, { ...args, onEvent: channel }).then(() => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const grace = new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs)));
+    return Promise.race([last, grace]).finally(() => clearTimeout(timer));
+  });
 }
+
+/**
+ * Starts a generation; `onEvent` receives the engine's events in order. Resolves when it has
+ * ended and its last event (`done` or `error`) has been received.
+ */
+export const generate = (request: GenerateRequest, onEvent: (e: Event) => void): Promise<void> =>
+  streaming<Event>("generate", { request }, onEvent, (e) => e.type === "done" || e.type === "error");
 
 /** The prompt as the loaded model reads it (its chat template's rendering, ids, stops). */
 export const previewPrompt = (prompt: Prompt) => invoke<PromptPreview>("preview_prompt", { prompt });
 
-/** Runs one prompt through two caches; both panes stream, then fidelity. */
-export function compare(request: CompareRequest, onEvent: (e: CompareEvent) => void): Promise<void> {
-  const channel = new Channel<CompareEvent>();
-  channel.onmessage = onEvent;
-  return invoke<void>("compare", { request, onEvent: channel });
-}
+/** Runs one prompt through two caches; both panes stream, then fidelity. Resolves once the
+ * comparison's `finished` or `error` has been received. */
+export const compare = (request: CompareRequest, onEvent: (e: CompareEvent) => void): Promise<void> =>
+  streaming<CompareEvent>("compare", { request }, onEvent, (e) => e.type === "finished" || e.type === "error");
 
 export function onMemorySample(cb: (s: MemorySample) => void): Promise<UnlistenFn> {
   return listen<MemorySample>(APP_EVENTS.memorySample, (event) => cb(event.payload));
