@@ -36,7 +36,7 @@ pub use block::{CodeBlock, DEFAULT_CHUNK_VECTORS};
 pub use codebook::codebook;
 pub use codec::Codec;
 pub use error::{Error, Result};
-pub use kernels::Backend;
+pub use kernels::{Backend, PreparedQueries};
 pub use layout::{bytes_per_vector, MAX_DENSE_DIM, MAX_DIM};
 pub use prng::Rng;
 pub use scratch::Scratch;

@@ -338,6 +338,84 @@ fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
     assert_eq!(out, vec![1.0; 64]);
 }
 
+/// Queries prepared once score every block as `scores_multi_range` does, and sums left raw
+/// over two blocks, scaled and added, come back (`finish_sums`) as the same combination of
+/// each block's `accumulate_multi`: narrow, fractional, 5-bit (AVX2's byte planes) and
+/// 8-bit codebooks, whole and with a tail. A codec with QJL declines raw sums.
+#[test]
+fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
+    for spec in [
+        Spec::mse(Bits::B4),
+        Spec::mse(Bits::B3_5),
+        Spec::mse(Bits::B5),
+        Spec::mse(Bits::B4_5),
+        Spec::mse(Bits::B8),
+        prod3(),
+    ] {
+        for d in WIDE_DIMS {
+            let codec = Codec::new(d, spec).unwrap();
+            let n = 40;
+            let blocks = [filled_block(&codec, n, 3).0, filled_block(&codec, n, 4).0];
+            let g = 4;
+            let mut rng = TestRng::new(21);
+            let q = rng.gaussian_vec(d * g);
+            let prepared = codec.prepare_scores(&q).unwrap();
+            assert_eq!(prepared.len(), g);
+            let mut scratch = codec.scratch();
+            for block in &blocks {
+                let (mut want, mut got) = (vec![-7.0; g * n], vec![-7.0; g * n]);
+                codec
+                    .scores_multi_range(&q, block, 5..33, &mut scratch, &mut want)
+                    .unwrap();
+                codec
+                    .scores_prepared_range(&prepared, block, 5..33, &mut scratch, &mut got)
+                    .unwrap();
+                assert_eq!(got, want, "{spec:?} d={d}");
+            }
+            let w: Vec<Vec<f32>> = (0..2)
+                .map(|_| (0..g * n).map(|_| rng.uniform() as f32).collect())
+                .collect();
+            let scale = [0.75f32, 1.5];
+            if codec.works_by_products() {
+                let mut raw = vec![0.0; g * d];
+                let mut want = vec![0.0f64; g * d];
+                for (b, block) in blocks.iter().enumerate() {
+                    let mut part = vec![0.0; g * d];
+                    codec
+                        .accumulate_raw(&w[b], block, &mut scratch, &mut part)
+                        .unwrap();
+                    raw.iter_mut()
+                        .zip(&part)
+                        .for_each(|(r, p)| *r += scale[b] * p);
+                    let mut one = vec![0.0; g * d];
+                    codec
+                        .accumulate_multi(&w[b], block, &mut scratch, &mut one)
+                        .unwrap();
+                    want.iter_mut()
+                        .zip(&one)
+                        .for_each(|(x, &y)| *x += scale[b] as f64 * y as f64);
+                }
+                let mut got = vec![0.0; g * d];
+                codec.finish_sums(&raw, &mut got).unwrap();
+                let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(&a, b)| (a as f64 - b).powi(2))
+                    .sum::<f64>()
+                    .sqrt();
+                assert!(err < 1e-5 * norm, "{spec:?} d={d}: {err} of {norm}");
+            } else {
+                let mut sums = vec![0.0; g * d];
+                assert!(matches!(
+                    codec.accumulate_raw(&w[0], &blocks[0], &mut scratch, &mut sums),
+                    Err(Error::UnsupportedSpec(_))
+                ));
+            }
+        }
+    }
+}
+
 /// A record range scores exactly what the whole block scores there, across chunk boundaries
 /// (chunks of 37 records), and leaves every other column as it was.
 #[test]

@@ -20,10 +20,11 @@
 //! a long context over all cores even when the model has a single kv head.
 //!
 //! Attention, per kv head and block of query rows: the group's query heads are scaled
-//! and scored together against each segment's codes (`scores_multi`: each query rotated once
-//! per segment, codes unpacked once for the whole group), masked per [`AttendSpec`] (causal,
+//! and scored together against each segment's codes (`scores_prepared_range`: the queries
+//! rotated once per call, codes unpacked once for the whole group), masked per [`AttendSpec`] (causal,
 //! sliding window, dropped front), soft-maxed across segments, and the values are summed by
-//! `accumulate_multi` in the rotated domain and rotated back once per segment. Keys are never
+//! `accumulate_raw` in the rotated domain, added over the segments and rotated back once per
+//! call (`finish_sums`). Keys are never
 //! repeated for GQA and no dequantized K/V exists.
 //!
 //! Devices. The codes live in host memory and attention over them runs on the CPU (the
@@ -131,6 +132,9 @@ enum Prepared {
     Block(Vec<u8>),
     /// Rotated as a TurboQuant side's codes are, for prefill's matrix products (`g × d`).
     Rotated(Tensor),
+    /// Made ready for a TurboQuant side's kernels (rotated, in their order) once per call,
+    /// not once per segment.
+    Codes(kvlab_turboquant::PreparedQueries),
 }
 
 /// The stored rows from the first to the last of `rows` (clipped to the `n` a segment holds)
@@ -631,8 +635,9 @@ impl Side {
     }
 
     /// The queries as this side scores them ([`Prepared`]), once per attention call for
-    /// every segment: quantized for a block side; rotated for a TurboQuant side in prefill
-    /// (at least [`BLOCK_GEMM_MIN_ROWS`] rows, a codec without QJL); else `None`.
+    /// every segment: quantized for a block side; rotated for a TurboQuant side, for matrix
+    /// products in prefill (at least [`BLOCK_GEMM_MIN_ROWS`] rows, a codec without QJL) and
+    /// for its kernels otherwise; `None` for a dense side.
     fn prepare_queries(&self, queries: &[f32]) -> Result<Option<Prepared>> {
         let d = self.dim;
         let g = queries.len() / d;
@@ -654,7 +659,8 @@ impl Side {
                     &Device::Cpu,
                 )?)))
             }
-            _ => Ok(None),
+            Some(c) => Ok(Some(Prepared::Codes(c.prepare_scores(queries)?))),
+            None => Ok(None),
         }
     }
 
@@ -687,6 +693,8 @@ impl Side {
                     for (qi, p) in prod.chunks_exact(hi - lo).enumerate() {
                         out[qi * n + lo..qi * n + hi].copy_from_slice(p);
                     }
+                } else if let Some(Prepared::Codes(p)) = prepared {
+                    c.scores_prepared_range(p, b, cols, scratch, out)?;
                 } else {
                     c.scores_multi_range(queries, b, cols, scratch, out)?;
                 }
@@ -741,6 +749,24 @@ impl Side {
         Ok(())
     }
 
+    /// Whether [`Side::accumulate`] leaves `g` rows of sums in the codec's raw domain
+    /// (`Codec::accumulate_raw`: rotated, in its kernels' order), to be added over the
+    /// segments and taken back once by [`Side::finish_raw`]: TurboQuant codes without QJL
+    /// summed by the kernels (fewer than [`BLOCK_GEMM_MIN_ROWS`] rows).
+    fn sums_raw(&self, g: usize) -> bool {
+        g < BLOCK_GEMM_MIN_ROWS && self.codec.as_ref().is_some_and(|c| c.works_by_products())
+    }
+
+    /// Sums of [`Side::accumulate`] left in the raw domain ([`Side::sums_raw`]), added up
+    /// over the segments, as the values' rotated-back sums.
+    fn finish_raw(&self, out: &mut [f32]) -> Result<()> {
+        if let Some(c) = &self.codec {
+            let raw = out.to_vec();
+            c.finish_sums(&raw, out)?;
+        }
+        Ok(())
+    }
+
     /// Whether [`Side::accumulate`] reads only the rows of the range it is given: a segment of
     /// dense rows or ggml blocks can be cut into key ranges summed apart, TurboQuant codes
     /// are summed whole.
@@ -750,7 +776,8 @@ impl Side {
 
     /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`),
     /// `t` in `rows` (a side that [`Side::sums_by_range`]; other sides sum the whole segment,
-    /// their weights zero outside `rows`).
+    /// their weights zero outside `rows`); in the codec's raw domain where
+    /// [`Side::sums_raw`].
     fn accumulate(
         &self,
         h: usize,
@@ -765,6 +792,12 @@ impl Side {
             (Seg::Codes(b), Some(c)) => {
                 let n = b.len();
                 let g = out.len() / d;
+                if self.sums_raw(g) {
+                    // Left rotated: the caller adds the segments' sums and rotates them
+                    // back once (`finish_raw`).
+                    out.fill(0.0);
+                    return Ok(c.accumulate_raw(weights, b, scratch, out)?);
+                }
                 if g < BLOCK_GEMM_MIN_ROWS || !c.works_by_products() {
                     return Ok(c.accumulate_multi(weights, b, scratch, out)?);
                 }
@@ -1185,6 +1218,10 @@ impl TurboQuantStorage {
         };
         let mut out = vec![0f32; g * d];
         merge(&partials, d, &mut out);
+        // TurboQuant values were summed in their raw domain: the total rotated back once.
+        if self.value.sums_raw(g) {
+            self.value.finish_raw(&mut out)?;
+        }
         self.finish_values(hk, &mut out)?;
         Ok(out)
     }

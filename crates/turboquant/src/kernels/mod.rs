@@ -249,11 +249,32 @@ impl Backend {
             Backend::Neon => "neon",
         }
     }
+}
 
-    /// The x86 backends read queries and accumulators in `Ctx::perm` order; NEON and the
-    /// portable code read coordinates in order.
-    fn permuted(self) -> bool {
-        matches!(self, Backend::Avx2 | Backend::Avx512)
+/// Queries made ready once for scoring against many blocks ([`Codec::prepare_scores`]):
+/// rotated, projected for `prod`, in the order the scoring kernels of this CPU read them.
+#[derive(Clone, Debug)]
+pub struct PreparedQueries {
+    dim: usize,
+    g: usize,
+    backend: Backend,
+    /// `g × dim`, rotated, in `backend`'s order.
+    q: Vec<f32>,
+    /// S·q' per query (prod; zeros otherwise), `g × dim` in coordinate order.
+    sq: Vec<f32>,
+    /// Σ_j (S·q')_j per query (prod).
+    sqsum: Vec<f32>,
+}
+
+impl PreparedQueries {
+    /// How many queries.
+    pub fn len(&self) -> usize {
+        self.g
+    }
+
+    /// Whether there are none (never: `prepare_scores` refuses an empty set).
+    pub fn is_empty(&self) -> bool {
+        self.g == 0
     }
 }
 
@@ -294,21 +315,6 @@ impl Codec {
         match Backend::detect() {
             b @ (Backend::Avx512 | Backend::Avx2) if self.ctx.wide && self.ctx.qjl.is_none() => b,
             _ => self.backend(),
-        }
-    }
-
-    /// Rotates `g` queries into `scratch.q` (and projects them with S for prod).
-    fn prepare_queries(&self, queries: &[f32], g: usize, scratch: &mut Scratch) {
-        let d = self.dim;
-        scratch.ensure(d, g);
-        for (qi, q) in queries.chunks_exact(d).enumerate() {
-            let rq = &mut scratch.q[qi * d..(qi + 1) * d];
-            self.rotation.forward(q, rq);
-            if let Some(qjl) = &self.qjl {
-                let sq = &mut scratch.sq[qi * d..(qi + 1) * d];
-                qjl.project(rq, sq);
-                scratch.sqsum[qi] = sq.iter().sum();
-            }
         }
     }
 
@@ -359,8 +365,61 @@ impl Codec {
         scratch: &mut Scratch,
         out: &mut [f32],
     ) -> Result<()> {
-        self.check_block(block)?;
+        let prepared = self.prepare_scores(queries)?;
+        self.scores_prepared_range(&prepared, block, records, scratch, out)
+    }
+
+    /// The `g` queries (row-major `g × dim`) made ready for [`Self::scores_prepared_range`]:
+    /// rotated (and projected for `prod`) and put in the scoring kernels' order, once for
+    /// every block they are scored against, where [`Self::scores_multi_range`] does it per
+    /// block.
+    pub fn prepare_scores(&self, queries: &[f32]) -> Result<PreparedQueries> {
         let g = self.query_count(queries.len())?;
+        let d = self.dim;
+        let backend = self.scores_backend();
+        let mut p = PreparedQueries {
+            dim: d,
+            g,
+            backend,
+            q: vec![0f32; g * d],
+            sq: vec![0f32; g * d],
+            sqsum: vec![0f32; g],
+        };
+        let order = self.order(backend);
+        let mut rq = vec![0f32; d];
+        for (qi, x) in queries.chunks_exact(d).enumerate() {
+            self.rotation.forward(x, &mut rq);
+            if let Some(qjl) = &self.qjl {
+                // The sign term reads S·q' in coordinate order.
+                let sq = &mut p.sq[qi * d..(qi + 1) * d];
+                qjl.project(&rq, sq);
+                p.sqsum[qi] = sq.iter().sum();
+            }
+            let dst = &mut p.q[qi * d..(qi + 1) * d];
+            match order {
+                Some(perm) => dst
+                    .iter_mut()
+                    .zip(perm)
+                    .for_each(|(o, &j)| *o = rq[j as usize]),
+                None => dst.copy_from_slice(&rq),
+            }
+        }
+        Ok(p)
+    }
+
+    /// [`Self::scores_multi_range`] for queries [`Self::prepare_scores`] made ready (by this
+    /// codec): `out` is `g × n`, only the columns of `records` are written.
+    pub fn scores_prepared_range(
+        &self,
+        prepared: &PreparedQueries,
+        block: &CodeBlock,
+        records: std::ops::Range<usize>,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_block(block)?;
+        self.check_len(self.dim, prepared.dim)?;
+        let g = prepared.g;
         let n = block.len();
         self.check_len(g * n, out.len())?;
         if records.start > records.end || records.end > n {
@@ -369,36 +428,10 @@ impl Codec {
                 len: n,
             });
         }
-        self.prepare_queries(queries, g, scratch);
         let ctx = &self.ctx;
-        let d = self.dim;
-        let backend = self.scores_backend();
+        let backend = prepared.backend;
         scratch.last_backend = Some(backend);
-        let simd = backend.permuted();
-        if simd {
-            // The SIMD backends read queries in their lane order (AVX2's scoring in its own,
-            // see `Ctx::perm_planes`).
-            let perm = match backend {
-                Backend::Avx2 => &ctx.perm_planes,
-                _ => &ctx.perm,
-            };
-            for qi in 0..g {
-                let (src, dst) = (
-                    &scratch.q[qi * d..(qi + 1) * d],
-                    &mut scratch.acc[qi * d..(qi + 1) * d],
-                );
-                for (o, &p) in dst.iter_mut().zip(perm) {
-                    *o = src[p as usize];
-                }
-            }
-        }
-        let q = if simd {
-            &scratch.acc[..g * d]
-        } else {
-            &scratch.q[..g * d]
-        };
-        let sq = &scratch.sq[..g * d];
-        let sqsum = &scratch.sqsum[..g];
+        let (q, sq, sqsum) = (&prepared.q[..], &prepared.sq[..], &prepared.sqsum[..]);
         let mut first = 0;
         for whole in block.chunks() {
             let start = first;
@@ -410,10 +443,10 @@ impl Codec {
             }
             let chunk = &whole[(base - start) * ctx.stride..(end - start) * ctx.stride];
             match backend {
-                // SAFETY: the CPU features were detected at run time; q, sq hold g·d values
-                // and the chunk holds whole records of this layout.
-                // SAFETY: as below; scores_backend chose a SIMD backend for a wide codec only
-                // without QJL, and wide codecs have no lane blocks.
+                // SAFETY: the CPU features were detected at run time (the backend is the one
+                // `prepare_scores` detected); q, sq hold g·d values and the chunk holds whole
+                // records of this layout; scores_backend chose a SIMD backend for a wide
+                // codec only without QJL.
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx512 if ctx.wide => unsafe {
                     x86::scores_wide(ctx, q, g, chunk, out, n, base)
@@ -423,6 +456,7 @@ impl Codec {
                 Backend::Avx2 if ctx.wide => unsafe {
                     avx2::scores_wide(ctx, q, g, chunk, out, n, base)
                 },
+                // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx512 => unsafe {
                     x86::scores(ctx, q, sq, sqsum, g, chunk, out, n, base)
@@ -440,6 +474,17 @@ impl Codec {
             }
         }
         Ok(())
+    }
+
+    /// The order `backend`'s kernels read queries and sums in (position p holds coordinate
+    /// `perm[p]`), `None` for coordinate order.
+    fn order(&self, backend: Backend) -> Option<&[u32]> {
+        match backend {
+            // AVX2's own order, see `Ctx::perm_planes`.
+            Backend::Avx2 => Some(&self.ctx.perm_planes),
+            Backend::Avx512 => Some(&self.ctx.perm),
+            _ => None,
+        }
     }
 
     /// For scoring many queries as one matrix product (prefill): `g` queries (row-major
@@ -535,28 +580,115 @@ impl Codec {
         scratch: &mut Scratch,
         out: &mut [f32],
     ) -> Result<()> {
+        let g = self.sum_rows(out.len())?;
+        let d = self.dim;
+        scratch.ensure(d, g);
+        scratch.acc[..g * d].fill(0.0);
+        scratch.acc_s[..g * d].fill(0.0);
+        let backend = self.sums_backend();
+        let (acc, acc_s) = (&mut scratch.acc[..g * d], &mut scratch.acc_s[..g * d]);
+        self.sum_block(backend, weights, block, g, acc, acc_s)?;
+        scratch.last_backend = Some(backend);
+        for (qi, o) in out.chunks_exact_mut(d).enumerate() {
+            let acc_s = &scratch.acc_s[qi * d..(qi + 1) * d];
+            self.finish_row(
+                backend,
+                &scratch.acc[qi * d..(qi + 1) * d],
+                Some(acc_s),
+                &mut scratch.a[..d],
+                o,
+            );
+        }
+        Ok(())
+    }
+
+    /// [`Self::accumulate_multi`]'s sums added into `sums` (`g × dim`) as the kernels form
+    /// them, for a codec without QJL: in the rotated domain and the kernels' order. That
+    /// domain is linear, so sums over many blocks (and their rescalings, as a split softmax
+    /// makes) can be added there and taken back once by [`Self::finish_sums`], where
+    /// `accumulate_multi` rotates every block's back.
+    pub fn accumulate_raw(
+        &self,
+        weights: &[f32],
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+        sums: &mut [f32],
+    ) -> Result<()> {
+        self.raw_sums_served()?;
+        let g = self.sum_rows(sums.len())?;
+        let d = self.dim;
+        scratch.ensure(d, g);
+        let backend = self.sums_backend();
+        self.sum_block(
+            backend,
+            weights,
+            block,
+            g,
+            sums,
+            &mut scratch.acc_s[..g * d],
+        )?;
+        scratch.last_backend = Some(backend);
+        Ok(())
+    }
+
+    /// Sums [`Self::accumulate_raw`] formed (`g × dim`, added up over any blocks) as
+    /// [`Self::accumulate_multi`] gives them, into `out`. The order is this CPU's kernels',
+    /// so the kernel test hooks (`force_*_kernels`) must not change between the two calls.
+    pub fn finish_sums(&self, sums: &[f32], out: &mut [f32]) -> Result<()> {
+        self.raw_sums_served()?;
+        self.sum_rows(sums.len())?;
+        self.check_len(sums.len(), out.len())?;
+        let d = self.dim;
+        let backend = self.sums_backend();
+        let mut y = vec![0f32; d];
+        for (acc, o) in sums.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            self.finish_row(backend, acc, None, &mut y, o);
+        }
+        Ok(())
+    }
+
+    fn raw_sums_served(&self) -> Result<()> {
+        if self.qjl.is_some() {
+            return Err(Error::UnsupportedSpec(
+                "raw sums of a codec with QJL (its sign sums need their own rows)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rows of a `g × dim` sum buffer of `len` values (at least one row).
+    fn sum_rows(&self, len: usize) -> Result<usize> {
+        let d = self.dim;
+        if len == 0 || !len.is_multiple_of(d) {
+            return Err(Error::DimensionMismatch {
+                expected: d,
+                got: len,
+            });
+        }
+        Ok(len / d)
+    }
+
+    /// `acc` (and `acc_s` for QJL), each `g × dim`, gain the weighted sums over `block` in
+    /// `backend`'s order, in the rotated domain.
+    fn sum_block(
+        &self,
+        backend: Backend,
+        weights: &[f32],
+        block: &CodeBlock,
+        g: usize,
+        acc: &mut [f32],
+        acc_s: &mut [f32],
+    ) -> Result<()> {
         self.check_block(block)?;
         let n = block.len();
         let d = self.dim;
-        let g = out.len() / d;
-        if g == 0 || !out.len().is_multiple_of(d) {
-            return Err(Error::DimensionMismatch {
-                expected: d,
-                got: out.len(),
-            });
-        }
         self.check_len(g * n, weights.len())?;
-        scratch.ensure(d, g);
+        self.check_len(g * d, acc.len())?;
+        self.check_len(g * d, acc_s.len())?;
         let ctx = &self.ctx;
-        let backend = self.sums_backend();
-        let simd = backend.permuted();
-        scratch.acc[..g * d].fill(0.0);
-        scratch.acc_s[..g * d].fill(0.0);
-        scratch.last_backend = Some(backend);
         let mut base = 0;
         for chunk in block.chunks() {
             let m = chunk.len() / ctx.stride;
-            let (acc, acc_s) = (&mut scratch.acc[..g * d], &mut scratch.acc_s[..g * d]);
             match backend {
                 // SAFETY: the CPU features were detected at run time; acc, acc_s hold g·d
                 // values, weights g·n, and the chunk holds whole records of this layout.
@@ -565,7 +697,7 @@ impl Codec {
                     x86::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s)
                 },
                 // SAFETY: as above; sums_backend chose AVX2 for a wide codec only without
-                // QJL, and wide codecs have no lane blocks.
+                // QJL.
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx2 if ctx.wide => unsafe {
                     avx2::accumulate_wide(ctx, weights, g, n, base, chunk, acc)
@@ -585,27 +717,27 @@ impl Codec {
             }
             base += m;
         }
-        // The SIMD backends sum in their lane order (AVX2's sums in its own).
-        let perm = match backend {
-            Backend::Avx2 => &ctx.perm_planes,
-            _ => &ctx.perm,
-        };
-        for qi in 0..g {
-            let y = &mut scratch.a[..d];
-            let acc = &scratch.acc[qi * d..(qi + 1) * d];
-            if simd {
-                for (&v, &p) in acc.iter().zip(perm) {
-                    y[p as usize] = v;
-                }
-            } else {
-                y.copy_from_slice(acc);
-            }
-            if let Some(qjl) = &self.qjl {
-                qjl.project_t_add(&scratch.acc_s[qi * d..(qi + 1) * d], y);
-            }
-            self.rotation.inverse(y, &mut out[qi * d..(qi + 1) * d]);
-        }
         Ok(())
+    }
+
+    /// One row of sums from `backend`'s order and the rotated domain into `out` (`y`: a
+    /// `dim` scratch row): reordered, the QJL sign sums added, rotated back.
+    fn finish_row(
+        &self,
+        backend: Backend,
+        acc: &[f32],
+        acc_s: Option<&[f32]>,
+        y: &mut [f32],
+        out: &mut [f32],
+    ) {
+        match self.order(backend) {
+            Some(perm) => acc.iter().zip(perm).for_each(|(&v, &p)| y[p as usize] = v),
+            None => y.copy_from_slice(acc),
+        }
+        if let (Some(qjl), Some(s)) = (&self.qjl, acc_s) {
+            qjl.project_t_add(s, y);
+        }
+        self.rotation.inverse(y, out);
     }
 
     /// Convenience wrapper returning a new vector (allocates; prefer [`Self::accumulate`]).
