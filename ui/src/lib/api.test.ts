@@ -10,8 +10,8 @@ vi.mock("@tauri-apps/api/core", () => ({
       ipc.channels.push(this);
     }
   },
-  invoke: vi.fn(async () => undefined),
 }));
+const reply = async () => undefined;
 
 import { streaming } from "./api";
 
@@ -26,7 +26,7 @@ describe("streaming", () => {
   it("resolves only once the last event has arrived, even when it trails the command's reply", async () => {
     const seen: string[] = [];
     let resolved = false;
-    const run = streaming<Ev>("generate", {}, (e) => seen.push(e.type), (e) => e.type === "done").then(() => {
+    const run = streaming<Ev>(reply, (e) => seen.push(e.type), (e) => e.type === "done").then(() => {
       resolved = true;
     });
     const channel = ipc.channels[0];
@@ -46,7 +46,7 @@ describe("streaming", () => {
   it("goes on after the grace period when no last event ever comes", async () => {
     vi.useFakeTimers();
     let resolved = false;
-    const run = streaming<Ev>("generate", {}, () => {}, (e) => e.type === "done", 5_000).then(() => {
+    const run = streaming<Ev>(reply, () => {}, (e) => e.type === "done", 5_000).then(() => {
       resolved = true;
     });
     await vi.advanceTimersByTimeAsync(4_000);

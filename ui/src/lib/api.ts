@@ -106,15 +106,14 @@ export const serverStop = () => invoke<ServerInfo>("server_stop");
 export const LAST_EVENT_GRACE_MS = 10_000;
 
 /**
- * Invokes a command that streams events over a channel, and resolves once the command has
- * replied and `isLast` has seen its final event (or after `LAST_EVENT_GRACE_MS`, should one
+ * Starts a command that streams events over `channel` (`start` invokes it), and resolves once
+ * the command has replied and `isLast` has seen its final event (or after `LAST_EVENT_GRACE_MS`, should one
  * never come). A channel keeps its own messages in order, but not against the command's
  * reply: Tauri fetches larger messages apart, and a generation's `stats` and `done` could
  * land after `generate` had returned, so the session was saved without the answer's stats.
  */
 export function streaming<E>(
-  command: string,
-  args: Record<string, unknown>,
+  start: (channel: Channel<E>) => Promise<void>,
   onEvent: (e: E) => void,
   isLast: (e: E) => boolean,
   graceMs = LAST_EVENT_GRACE_MS,
@@ -126,7 +125,7 @@ export function streaming<E>(
     onEvent(e);
     if (isLast(e)) ended();
   };
-  return invoke<void>(command, { ...args, onEvent: channel }).then(() => {
+  return start(channel).then(() => {
     let timer: ReturnType<typeof setTimeout> | undefined;
     const grace = new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs)));
     return Promise.race([last, grace]).finally(() => clearTimeout(timer));
@@ -138,7 +137,11 @@ export function streaming<E>(
  * ended and its last event (`done` or `error`) has been received.
  */
 export const generate = (request: GenerateRequest, onEvent: (e: Event) => void): Promise<void> =>
-  streaming<Event>("generate", { request }, onEvent, (e) => e.type === "done" || e.type === "error");
+  streaming<Event>(
+    (channel) => invoke<void>("generate", { request, onEvent: channel }),
+    onEvent,
+    (e) => e.type === "done" || e.type === "error",
+  );
 
 /** The prompt as the loaded model reads it (its chat template's rendering, ids, stops). */
 export const previewPrompt = (prompt: Prompt) => invoke<PromptPreview>("preview_prompt", { prompt });
@@ -146,7 +149,11 @@ export const previewPrompt = (prompt: Prompt) => invoke<PromptPreview>("preview_
 /** Runs one prompt through two caches; both panes stream, then fidelity. Resolves once the
  * comparison's `finished` or `error` has been received. */
 export const compare = (request: CompareRequest, onEvent: (e: CompareEvent) => void): Promise<void> =>
-  streaming<CompareEvent>("compare", { request }, onEvent, (e) => e.type === "finished" || e.type === "error");
+  streaming<CompareEvent>(
+    (channel) => invoke<void>("compare", { request, onEvent: channel }),
+    onEvent,
+    (e) => e.type === "finished" || e.type === "error",
+  );
 
 export function onMemorySample(cb: (s: MemorySample) => void): Promise<UnlistenFn> {
   return listen<MemorySample>(APP_EVENTS.memorySample, (event) => cb(event.payload));
