@@ -339,7 +339,8 @@ fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
 }
 
 /// Queries prepared once score every block as `scores_multi_range` does, and sums left raw
-/// over two blocks, scaled and added, come back (`finish_sums`) as the same combination of
+/// over two blocks (each in two record ranges), scaled and added, come back (`finish_sums`)
+/// as the same combination of
 /// each block's `accumulate_multi`: narrow, fractional, 5-bit (AVX2's byte planes) and
 /// 8-bit codebooks, whole and with a tail. A codec with QJL declines raw sums.
 #[test]
@@ -381,9 +382,12 @@ fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
                 let mut want = vec![0.0f64; g * d];
                 for (b, block) in blocks.iter().enumerate() {
                     let mut part = vec![0.0; g * d];
-                    codec
-                        .accumulate_raw(&w[b], block, &mut scratch, &mut part)
-                        .unwrap();
+                    // In two record ranges, as a segment cut into key ranges is summed.
+                    for range in [0..17, 17..n] {
+                        codec
+                            .accumulate_raw(&w[b], block, range, &mut scratch, &mut part)
+                            .unwrap();
+                    }
                     raw.iter_mut()
                         .zip(&part)
                         .for_each(|(r, p)| *r += scale[b] * p);
@@ -395,6 +399,10 @@ fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
                         .zip(&one)
                         .for_each(|(x, &y)| *x += scale[b] as f64 * y as f64);
                 }
+                assert!(matches!(
+                    codec.accumulate_raw(&w[0], &blocks[0], 30..n + 1, &mut scratch, &mut raw),
+                    Err(Error::IndexOutOfRange { .. })
+                ));
                 let mut got = vec![0.0; g * d];
                 codec.finish_sums(&raw, &mut got).unwrap();
                 let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -408,7 +416,7 @@ fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
             } else {
                 let mut sums = vec![0.0; g * d];
                 assert!(matches!(
-                    codec.accumulate_raw(&w[0], &blocks[0], &mut scratch, &mut sums),
+                    codec.accumulate_raw(&w[0], &blocks[0], 0..n, &mut scratch, &mut sums),
                     Err(Error::UnsupportedSpec(_))
                 ));
             }

@@ -91,10 +91,16 @@ const MIN_CENTER_ROWS: usize = 16;
 /// 45–65 µs on one core, far above the pool's dispatch cost.
 const PARALLEL_MIN_PAIRS: usize = 1 << 11;
 
-/// Keys per unit of work where a segment is cut into key ranges (dense and ggml-block sides):
+/// Keys per unit of work where a segment is cut into key ranges (dense, ggml-block and
+/// TurboQuant sides without QJL, the last below [`RANGED_CODE_SEGMENTS`] segments):
 /// a sliding layer's 512-key window splits four ways, as the f16 path's 256-key blocks split
 /// it two, with the merge still negligible.
 const RANGE_KEYS: usize = 128;
+
+/// Below this many segments in a decode call, TurboQuant codes are cut into key ranges too
+/// (a sliding window's one or two segments); from it on, whole segments already keep
+/// every core busy.
+const RANGED_CODE_SEGMENTS: usize = 4;
 
 /// From this many query rows on (prefill), sides score and sum over their decoded rows
 /// instead of per record: by the row tiles of `turboquant_rows.rs` where both sides can, else
@@ -767,11 +773,12 @@ impl Side {
         Ok(())
     }
 
-    /// Whether [`Side::accumulate`] reads only the rows of the range it is given: a segment of
-    /// dense rows or ggml blocks can be cut into key ranges summed apart, TurboQuant codes
-    /// are summed whole.
+    /// Whether [`Side::accumulate`] reads only the rows of the range it is given, in decode: a
+    /// segment of dense rows, ggml blocks or TurboQuant codes without QJL (whose sums stay
+    /// raw, [`Side::sums_raw`]) can be cut into key ranges summed apart; codes with QJL are
+    /// summed whole.
     fn sums_by_range(&self) -> bool {
-        self.codec.is_none()
+        self.codec.as_ref().is_none_or(|c| c.works_by_products())
     }
 
     /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`),
@@ -794,9 +801,11 @@ impl Side {
                 let g = out.len() / d;
                 if self.sums_raw(g) {
                     // Left rotated: the caller adds the segments' sums and rotates them
-                    // back once (`finish_raw`).
+                    // back once (`finish_raw`). Only the rows of `rows` are read.
                     out.fill(0.0);
-                    return Ok(c.accumulate_raw(weights, b, scratch, out)?);
+                    let lo = rows.start.min(n);
+                    let records = lo..rows.end.clamp(lo, n);
+                    return Ok(c.accumulate_raw(weights, b, records, scratch, out)?);
                 }
                 if g < BLOCK_GEMM_MIN_ROWS || !c.works_by_products() {
                     return Ok(c.accumulate_multi(weights, b, scratch, out)?);
@@ -1136,13 +1145,20 @@ impl TurboQuantStorage {
         let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
         let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
         // Units of work: each segment's keys that some row sees, cut into key ranges of
-        // RANGE_KEYS in decode where both sides read ranges alone (dense rows, ggml blocks),
-        // so a sliding window or a short context still runs on every core as the f16 path
-        // does; TurboQuant codes and prefill's matrix products go by whole segments.
-        let by_range =
-            g < BLOCK_GEMM_MIN_ROWS && self.key.sums_by_range() && self.value.sums_by_range();
+        // RANGE_KEYS in decode where both sides read ranges alone (dense rows, ggml blocks,
+        // TurboQuant codes without QJL), so a sliding window or a short context still runs
+        // on every core as the f16 path does. TurboQuant codes are cut only where the call
+        // has fewer than RANGED_CODE_SEGMENTS segments: their kernels' per-call set-up
+        // (lookup tables, query tiles) is paid per unit. Prefill's matrix products go by
+        // whole segments.
+        let spans: Vec<_> = self.segment_spans(hk, lo, hi).collect();
+        let codes = self.key.codec.is_some() || self.value.codec.is_some();
+        let by_range = g < BLOCK_GEMM_MIN_ROWS
+            && self.key.sums_by_range()
+            && self.value.sums_by_range()
+            && (!codes || spans.len() < RANGED_CODE_SEGMENTS);
         let mut units: Vec<(usize, usize, usize)> = Vec::new();
-        for (s, a, b) in self.segment_spans(hk, lo, hi) {
+        for (s, a, b) in spans {
             if by_range {
                 let mut at = a;
                 while at < b {

@@ -587,7 +587,7 @@ impl Codec {
         scratch.acc_s[..g * d].fill(0.0);
         let backend = self.sums_backend();
         let (acc, acc_s) = (&mut scratch.acc[..g * d], &mut scratch.acc_s[..g * d]);
-        self.sum_block(backend, weights, block, g, acc, acc_s)?;
+        self.sum_block(backend, weights, block, 0..block.len(), g, acc, acc_s)?;
         scratch.last_backend = Some(backend);
         for (qi, o) in out.chunks_exact_mut(d).enumerate() {
             let acc_s = &scratch.acc_s[qi * d..(qi + 1) * d];
@@ -606,11 +606,14 @@ impl Codec {
     /// them, for a codec without QJL: in the rotated domain and the kernels' order. That
     /// domain is linear, so sums over many blocks (and their rescalings, as a split softmax
     /// makes) can be added there and taken back once by [`Self::finish_sums`], where
-    /// `accumulate_multi` rotates every block's back.
+    /// `accumulate_multi` rotates every block's back. Only the records `records` are read
+    /// (their weights still at their columns of the `g × n` rows), so one block's records can
+    /// be summed in ranges apart.
     pub fn accumulate_raw(
         &self,
         weights: &[f32],
         block: &CodeBlock,
+        records: std::ops::Range<usize>,
         scratch: &mut Scratch,
         sums: &mut [f32],
     ) -> Result<()> {
@@ -623,6 +626,7 @@ impl Codec {
             backend,
             weights,
             block,
+            records,
             g,
             sums,
             &mut scratch.acc_s[..g * d],
@@ -668,13 +672,15 @@ impl Codec {
         Ok(len / d)
     }
 
-    /// `acc` (and `acc_s` for QJL), each `g × dim`, gain the weighted sums over `block` in
-    /// `backend`'s order, in the rotated domain.
+    /// `acc` (and `acc_s` for QJL), each `g × dim`, gain the weighted sums over the records
+    /// `records` of `block` in `backend`'s order, in the rotated domain.
+    #[allow(clippy::too_many_arguments)]
     fn sum_block(
         &self,
         backend: Backend,
         weights: &[f32],
         block: &CodeBlock,
+        records: std::ops::Range<usize>,
         g: usize,
         acc: &mut [f32],
         acc_s: &mut [f32],
@@ -685,10 +691,23 @@ impl Codec {
         self.check_len(g * n, weights.len())?;
         self.check_len(g * d, acc.len())?;
         self.check_len(g * d, acc_s.len())?;
+        if records.start > records.end || records.end > n {
+            return Err(Error::IndexOutOfRange {
+                index: records.end.max(records.start),
+                len: n,
+            });
+        }
         let ctx = &self.ctx;
-        let mut base = 0;
-        for chunk in block.chunks() {
-            let m = chunk.len() / ctx.stride;
+        let mut first = 0;
+        for whole in block.chunks() {
+            let start = first;
+            first += whole.len() / ctx.stride;
+            // The chunk's records inside `records`, as a sub-slice starting at record `base`.
+            let (base, end) = (records.start.max(start), records.end.min(first));
+            if base >= end {
+                continue;
+            }
+            let chunk = &whole[(base - start) * ctx.stride..(end - start) * ctx.stride];
             match backend {
                 // SAFETY: the CPU features were detected at run time; acc, acc_s hold g·d
                 // values, weights g·n, and the chunk holds whole records of this layout.
@@ -715,7 +734,6 @@ impl Codec {
                 Backend::Neon => neon::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s),
                 _ => portable::accumulate(ctx, weights, g, n, base, chunk, acc, acc_s),
             }
-            base += m;
         }
         Ok(())
     }
