@@ -518,7 +518,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     } else {
         let m = |v: f64| v / 1e6;
         println!(
-            "dim {} bits {} keys {} ({} bytes/vector, {} threads, kernels {:?}: scores {}, sums {})",
+            "dim {} bits {} keys {} ({} bytes/vector, encode on {} cores, kernels {:?} timed on one: scores {}, sums {})",
             d,
             report.bits,
             a.keys,
