@@ -20,7 +20,7 @@ use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::bench::decode::{
     bench_decode, bench_decode_compare, bench_prefill_each, BenchContext, CompareReport,
-    DecodeBenchReport, DecodeBenchSpec, ProfileRow,
+    CompareRow, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
 };
 use kvlab_engine::bench::golden::{check_golden, GoldenReport};
 use kvlab_engine::checkpoint::source::find_tokenizer;
@@ -415,25 +415,42 @@ fn print_comparison(
     );
     let rounds = r.rows.first().map_or(0, |row| row.decode_secs.len());
     println!(
-        "decode  {} tokens per run from that depth, best of {rounds} alternating rounds:",
+        "decode  {} tokens per run from that depth, best of {rounds} alternating rounds \
+         (and the medians' ratio, which one disturbed round moves less):",
         r.decode_tokens
     );
-    for ((row, spec), (b, ratio)) in r.rows.iter().zip(specs).zip(best.iter().zip(&ratios)) {
-        let each: Vec<String> = row
-            .decode_secs
+    let rates = |row: &CompareRow| -> Vec<f64> {
+        row.decode_secs
             .iter()
-            .map(|s| format!("{:.1}", r.decode_tokens as f64 / s.max(1e-9)))
-            .collect();
+            .map(|s| r.decode_tokens as f64 / s.max(1e-9))
+            .collect()
+    };
+    let first_median = r.rows.first().map_or(1.0, |row| median(&rates(row)));
+    for ((row, spec), (b, ratio)) in r.rows.iter().zip(specs).zip(best.iter().zip(&ratios)) {
+        let each = rates(row);
+        let shown: Vec<String> = each.iter().map(|x| format!("{x:.1}")).collect();
         println!(
-            "  {:<12} {:>7.2} tok/s  ×{:.2}  KV {:>9.2} MiB  (rounds: {})",
+            "  {:<12} {:>7.2} tok/s  ×{:.2}  median ×{:.2}  KV {:>9.2} MiB  (rounds: {})",
             spec.to_string(),
             b,
             ratio,
+            median(&each) / first_median.max(1e-9),
             row.memory.total.0 as f64 / 1048576.0,
-            each.join(" ")
+            shown.join(" ")
         );
     }
     Ok(())
+}
+
+/// The middle value (the mean of the two middle ones for an even count); 0 for none.
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// A phase's profile as a table: per token, largest first, `other` last.
@@ -451,5 +468,18 @@ fn print_profile(phase: &str, rows: &[ProfileRow]) {
             r.calls_per_token,
             100.0 * r.share
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_middle_round_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[63.0, 51.7, 53.2]), 53.2);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert_eq!(median(&[]), 0.0);
     }
 }
