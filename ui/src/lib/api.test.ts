@@ -10,10 +10,11 @@ vi.mock("@tauri-apps/api/core", () => ({
       ipc.channels.push(this);
     }
   },
+  invoke: vi.fn(async () => ({ repo: "r", path: "/p" })),
 }));
 const reply = async () => undefined;
 
-import { streaming } from "./api";
+import { startDownload, streaming } from "./api";
 
 type Ev = { type: "token" | "stats" | "done" };
 
@@ -54,5 +55,17 @@ describe("streaming", () => {
     await vi.advanceTimersByTimeAsync(1_500);
     await run;
     expect(resolved).toBe(true);
+  });
+});
+
+describe("startDownload", () => {
+  it("passes progress on until the result is in, and drops what trails it", async () => {
+    const seen: number[] = [];
+    const run = startDownload("r", null, (u) => seen.push(u.done));
+    const channel = ipc.channels[0];
+    channel.onmessage({ done: 1, total: 4 });
+    await run;
+    channel.onmessage({ done: 3, total: 4 });
+    expect(seen).toEqual([1]);
   });
 });

@@ -175,13 +175,20 @@ export const hubQuants = (repo: string) => invoke<GgufQuant[]>("hub_quants", { r
 export const cancelDownload = (repo: string) => invoke<boolean>("cancel_download", { repo });
 
 /** Downloads (or resumes) a Hub repository (of a GGUF repository, the quant given);
- * resolves with the local folder or file to load. */
+ * resolves with the local folder or file to load. Progress that arrives after the result
+ * (a channel's messages are not ordered against the command's reply, see `streaming`) is
+ * dropped: it could only show a download that has already ended as still running. */
 export function startDownload(
   repo: string,
   quant: string | null,
   onProgress: (u: DownloadUpdate) => void,
 ): Promise<Downloaded> {
   const channel = new Channel<DownloadUpdate>();
-  channel.onmessage = onProgress;
-  return invoke<Downloaded>("start_download", { repo, quant, onProgress: channel });
+  let over = false;
+  channel.onmessage = (u) => {
+    if (!over) onProgress(u);
+  };
+  return invoke<Downloaded>("start_download", { repo, quant, onProgress: channel }).finally(() => {
+    over = true;
+  });
 }
