@@ -128,6 +128,34 @@ impl CodeBlock {
         self.chunks.iter().map(|c| c.as_slice())
     }
 
+    /// The records `records` as contiguous runs, each with the index of its first record:
+    /// the chunks clipped to the range, in order. `IndexOutOfRange` for a range past the
+    /// block (or reversed).
+    pub(crate) fn chunks_in(
+        &self,
+        records: std::ops::Range<usize>,
+    ) -> Result<impl Iterator<Item = (usize, &[u8])>> {
+        if records.start > records.end || records.end > self.len {
+            return Err(Error::IndexOutOfRange {
+                index: records.end.max(records.start),
+                len: self.len,
+            });
+        }
+        let stride = self.stride;
+        let mut first = 0;
+        Ok(self.chunks().filter_map(move |whole| {
+            let start = first;
+            first += whole.len() / stride;
+            let (base, end) = (records.start.max(start), records.end.min(first));
+            (base < end).then(|| {
+                (
+                    base,
+                    &whole[(base - start) * stride..(end - start) * stride],
+                )
+            })
+        }))
+    }
+
     /// Appends up to the end of the current chunk (or a new chunk) `n` zeroed records
     /// and returns them; callers loop until all requested records are added.
     fn push_zeroed(&mut self, n: usize) -> &mut [u8] {

@@ -712,26 +712,15 @@ unsafe fn accumulate_wide_tile<const Q: usize>(
             } else {
                 0
             };
-            let mut from = 0;
-            if let Some(p5) = p5 {
-                // 5-bit blocks of 32 codes by byte planes, in `perm_planes` order.
-                for blk in 0..seg.len / 32 {
-                    // SAFETY: the block's 20 bytes lie inside the record's code area.
-                    let c =
-                        unsafe { centroids32(rec.as_ptr().add(seg.bit_offset / 8 + 20 * blk), p5) };
-                    let j = seg.start + 32 * blk;
-                    for (v, c) in c.into_iter().enumerate() {
-                        for k in 0..Q {
-                            // SAFETY: j + 8·v + 8 ≤ seg.start + seg.len ≤ d, inside row k.
-                            unsafe {
-                                let p = ap[k].add(j + 8 * v);
-                                _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv[k], _mm256_loadu_ps(p)));
-                            }
-                        }
+            // SAFETY: each position + 8 ≤ seg.start + seg.len ≤ d, inside every row.
+            let from = unsafe {
+                blocks32(seg, p5.as_ref(), rec, |j, c| {
+                    for k in 0..Q {
+                        let p = ap[k].add(j);
+                        _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv[k], _mm256_loadu_ps(p)));
                     }
-                }
-                from = 4 * (seg.len / 32);
-            }
+                })
+            };
             // SAFETY: forwarded contract; the groups lie inside the record and the segment,
             // and every row at ap[k] holds d values.
             let whole = unsafe {
@@ -905,6 +894,32 @@ fn planes32(ctx: &Ctx) -> Vec<Option<Planes32>> {
         .collect()
 }
 
+/// Calls `f(position, centroids of 8 coordinates)` for every 8-coordinate slot of the
+/// whole 32-code blocks of a 5-bit segment read by byte planes (`p5`: `planes32`'s entry
+/// for `seg`, in `Ctx::perm_planes` order); returns the 8-code groups done (none without
+/// `p5`), where the word-by-word loop takes over.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `rec` is a whole record of the codec `seg` belongs to.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn blocks32(
+    seg: &Seg,
+    p5: Option<&Planes32>,
+    rec: &[u8],
+    mut f: impl FnMut(usize, __m256),
+) -> usize {
+    let Some(p5) = p5 else { return 0 };
+    for blk in 0..seg.len / 32 {
+        // SAFETY: the block's 20 bytes lie inside the record's code area.
+        let c = unsafe { centroids32(rec.as_ptr().add(seg.bit_offset / 8 + 20 * blk), p5) };
+        for (v, c) in c.into_iter().enumerate() {
+            f(seg.start + 32 * blk + 8 * v, c);
+        }
+    }
+    4 * (seg.len / 32)
+}
+
 /// The centroids of the 32 5-bit codes in the 20 bytes at `p`, as four vectors of eight
 /// floats: vector `g` lane `4·L + e` is the centroid of code `16·L + 4·g + e`. The codes are
 /// cut out as 16-bit windows (`pshufb`), shifted to their place by a multiply and a shift and
@@ -987,24 +1002,14 @@ unsafe fn scores_wide_tile<const G: usize>(
             } else {
                 0
             };
-            let mut from = 0;
-            if let Some(p5) = p5 {
-                // 5-bit blocks of 32 codes by byte planes, in `perm_planes` order.
-                for blk in 0..seg.len / 32 {
-                    // SAFETY: the block's 20 bytes lie inside the record's code area.
-                    let c =
-                        unsafe { centroids32(rec.as_ptr().add(seg.bit_offset / 8 + 20 * blk), p5) };
-                    let j = seg.start + 32 * blk;
-                    for (v, c) in c.into_iter().enumerate() {
-                        for k in 0..G {
-                            // SAFETY: j + 8·v + 8 ≤ seg.start + seg.len ≤ d, inside query k.
-                            let qv = unsafe { _mm256_loadu_ps(qs[k].as_ptr().add(j + 8 * v)) };
-                            acc[k] = _mm256_fmadd_ps(c, qv, acc[k]);
-                        }
+            // SAFETY: each position + 8 ≤ seg.start + seg.len ≤ d, inside every query.
+            let from = unsafe {
+                blocks32(seg, p5.as_ref(), rec, |j, c| {
+                    for k in 0..G {
+                        acc[k] = _mm256_fmadd_ps(c, _mm256_loadu_ps(qs[k].as_ptr().add(j)), acc[k]);
                     }
-                }
-                from = 4 * (seg.len / 32);
-            }
+                })
+            };
             // Each width's loop compiled apart (its shifts, masks and lookup fixed); a width
             // without one goes through the scalar tail below. This walk is written out here
             // and again in `accumulate_wide_tile` on purpose: one shared walk taking the

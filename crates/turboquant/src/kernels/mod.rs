@@ -422,26 +422,12 @@ impl Codec {
         let g = prepared.g;
         let n = block.len();
         self.check_len(g * n, out.len())?;
-        if records.start > records.end || records.end > n {
-            return Err(Error::IndexOutOfRange {
-                index: records.end.max(records.start),
-                len: n,
-            });
-        }
+        let chunks = block.chunks_in(records)?;
         let ctx = &self.ctx;
         let backend = prepared.backend;
         scratch.last_backend = Some(backend);
         let (q, sq, sqsum) = (&prepared.q[..], &prepared.sq[..], &prepared.sqsum[..]);
-        let mut first = 0;
-        for whole in block.chunks() {
-            let start = first;
-            first += whole.len() / ctx.stride;
-            // The chunk's records inside `records`, as a sub-slice starting at record `base`.
-            let (base, end) = (records.start.max(start), records.end.min(first));
-            if base >= end {
-                continue;
-            }
-            let chunk = &whole[(base - start) * ctx.stride..(end - start) * ctx.stride];
+        for (base, chunk) in chunks {
             match backend {
                 // SAFETY: the CPU features were detected at run time (the backend is the one
                 // `prepare_scores` detected); q, sq hold g·d values and the chunk holds whole
@@ -691,23 +677,8 @@ impl Codec {
         self.check_len(g * n, weights.len())?;
         self.check_len(g * d, acc.len())?;
         self.check_len(g * d, acc_s.len())?;
-        if records.start > records.end || records.end > n {
-            return Err(Error::IndexOutOfRange {
-                index: records.end.max(records.start),
-                len: n,
-            });
-        }
         let ctx = &self.ctx;
-        let mut first = 0;
-        for whole in block.chunks() {
-            let start = first;
-            first += whole.len() / ctx.stride;
-            // The chunk's records inside `records`, as a sub-slice starting at record `base`.
-            let (base, end) = (records.start.max(start), records.end.min(first));
-            if base >= end {
-                continue;
-            }
-            let chunk = &whole[(base - start) * ctx.stride..(end - start) * ctx.stride];
+        for (base, chunk) in block.chunks_in(records)? {
             match backend {
                 // SAFETY: the CPU features were detected at run time; acc, acc_s hold g·d
                 // values, weights g·n, and the chunk holds whole records of this layout.
