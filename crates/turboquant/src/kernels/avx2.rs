@@ -4,7 +4,10 @@
 //! in their own order (`Ctx::perm_planes`): centroids made from 32 code bytes at a time by
 //! byte-plane `pshufb` lookups (`plane_centroids`); a 4-bit segment's coordinates past its
 //! last whole 128-coordinate block by two 8-entry `vpermps` lookups and a blend on the
-//! code's top bit. Wide codebooks (5 to 8 bits) are
+//! code's top bit. A 4-bit lane block's scores are formed in 16-bit fixed point
+//! (`FixedQueries`, `fixed_chunk`): the query and the centroids as integers, multiplied and
+//! added in pairs by `pmaddwd`, one float conversion per 64 coordinates; its sums stay in
+//! floats. Wide codebooks (5 to 8 bits) are
 //! scored and summed from whole code words (`WideBook`), in coordinate order but for a 5-bit
 //! segment's whole 32-code blocks, made floats by byte planes as the 4-bit ones
 //! (`centroids32`, in `Ctx::perm_planes` order); their sums run here on AVX-512 CPUs too. The QJL sign term of `prod` stays scalar (that variant is not
@@ -35,6 +38,9 @@ struct SegRegs {
     /// For w = 4: byte b of every centroid's f32 bits, a 16-entry `pshufb` table in both
     /// 128-bit halves, for b = 0..4 (`plane_centroids`).
     planes: [__m256i; 4],
+    /// For w = 4: the low and high byte of every centroid in 16-bit fixed point
+    /// (`fixed_table`), as `pshufb` tables (`fixed_chunk`).
+    fixed_planes: [__m256i; 2],
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -69,6 +75,13 @@ fn seg_regs(seg: &Seg) -> SegRegs {
                     std::array::from_fn(|k| seg.table[k].to_bits().to_le_bytes()[b]);
                 _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
             }),
+            fixed_planes: {
+                let (ints, _) = fixed_table(seg);
+                std::array::from_fn(|b| {
+                    let bytes: [u8; 16] = std::array::from_fn(|k| ints[k].to_le_bytes()[b]);
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
+                })
+            },
         }
     }
 }
@@ -152,6 +165,27 @@ fn load_u64(buf: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// The sums of the lanes of each of `Q` vectors, four at a time by `hadd` (queries past
+/// `Q` padded with zeros), each in the same order whatever `Q` is: a query's score does not
+/// depend on the tile it was scored in.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsums<const Q: usize>(v: &[__m256; Q]) -> [f32; Q] {
+    let mut out = [0f32; Q];
+    for q0 in (0..Q).step_by(4) {
+        let at = |k: usize| v.get(q0 + k).copied().unwrap_or(_mm256_setzero_ps());
+        let s = _mm256_hadd_ps(_mm256_hadd_ps(at(0), at(1)), _mm256_hadd_ps(at(2), at(3)));
+        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        let mut four = [0f32; 4];
+        // SAFETY: four holds 4 floats.
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), s) };
+        for (k, &x) in four.iter().enumerate().take(Q - q0) {
+            out[q0 + k] = x;
+        }
+    }
+    out
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {
@@ -201,9 +235,10 @@ unsafe fn plane_centroids(p: *const u8, r: &SegRegs) -> [__m256; 8] {
 /// Calls `f(position, centroids of 8 coordinates)` for every 8-coordinate SIMD slot of the
 /// record (positions in SIMD order: `Ctx::perm_planes`), then `tail(coordinate, centroid)`
 /// for the rest. 4-bit lane blocks go by `plane_centroids`, other widths lane by lane.
+/// With `FIXED`, the 4-bit lane blocks are left out (`fixed_chunk` scores them).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn walk(
+unsafe fn walk<const FIXED: bool>(
     ctx: &Ctx,
     regs: &[SegRegs],
     rec: &[u8],
@@ -214,7 +249,7 @@ unsafe fn walk(
     for (seg, rg) in ctx.segs.iter().zip(regs) {
         let byte0 = seg.bit_offset / 8;
         let w = rg.width;
-        if w == 4 {
+        if w == 4 && !FIXED {
             for chunk in 0..2 * rg.lane_blocks {
                 // SAFETY: the block's 64 bytes lie inside this record's code area.
                 let c = unsafe { plane_centroids(rp.add(byte0 + 32 * chunk), rg) };
@@ -323,6 +358,142 @@ unsafe fn walk_records<const R: usize>(
     }
 }
 
+/// The largest magnitude of a query coordinate and of a centroid in 16-bit fixed point. A
+/// lane of `fixed_chunk` adds 8 products (two per `pmaddwd`, four of them), so
+/// 8 · `FIXED_ONE`² must stay within an i32: 8 · 16383² < 2³¹.
+const FIXED_ONE: f32 = 16383.0;
+
+/// A 4-bit segment's 16 centroids as integers `round(c / step)` with `step` = the largest
+/// |c| / `FIXED_ONE` (so each is within `step / 2` of its centroid: ~3·10⁻⁵ of the largest),
+/// and that `step`. An all-zero codebook has step 0 and zeros.
+fn fixed_table(seg: &Seg) -> ([i16; 16], f32) {
+    let top = seg.table[..16].iter().fold(0f32, |m, c| m.max(c.abs()));
+    if top == 0.0 || !top.is_finite() {
+        return ([0; 16], 0.0);
+    }
+    let step = top / FIXED_ONE;
+    (
+        std::array::from_fn(|k| (seg.table[k] / step).round() as i16),
+        step,
+    )
+}
+
+/// Position `m` (0..16) of the i16 vector `ab` (0: `unpacklo`, 1: `unpackhi`) that
+/// `fixed_chunk` makes from 32 code bytes: the byte it came from.
+fn fixed_byte(ab: usize, m: usize) -> usize {
+    8 * ab + if m < 8 { m } else { 16 + m - 8 }
+}
+
+/// Queries made ready for the fixed-point scoring of a narrow codec's 4-bit lane blocks:
+/// each 64-coordinate chunk of those blocks as i16 (to `FIXED_ONE` of the chunk's largest
+/// |q|), in `fixed_chunk`'s order, and the float that takes the chunk's integer dot back
+/// to a score (the query's step times the codebook's).
+#[derive(Clone, Debug)]
+pub(crate) struct FixedQueries {
+    /// Chunks per query.
+    chunks: usize,
+    /// `g × chunks × 64`.
+    q: Vec<i16>,
+    /// `g × chunks`.
+    scale: Vec<f32>,
+}
+
+impl FixedQueries {
+    /// `None` where no segment has 4-bit lane blocks, a query coordinate is not finite (NaN
+    /// and ∞ must reach the score as the float kernel carries them), or a chunk's step would
+    /// not be a normal float.
+    pub(crate) fn new(ctx: &Ctx, rotated: &[f32]) -> Option<FixedQueries> {
+        let d = ctx.dim;
+        let segs: Vec<(&Seg, f32)> = ctx
+            .segs
+            .iter()
+            .filter(|s| s.width == 4 && s.lane_blocks > 0 && !ctx.wide)
+            .map(|s| (s, fixed_table(s).1))
+            .collect();
+        let chunks: usize = segs.iter().map(|(s, _)| 2 * s.lane_blocks).sum();
+        if chunks == 0 || !rotated.iter().all(|v| v.is_finite()) {
+            return None;
+        }
+        let g = rotated.len() / d;
+        let mut out = FixedQueries {
+            chunks,
+            q: vec![0; g * chunks * 64],
+            scale: vec![0.0; g * chunks],
+        };
+        let mut vals = [0f32; 64];
+        for (qi, rq) in rotated.chunks_exact(d).enumerate() {
+            let mut ci = qi * chunks;
+            for &(seg, step) in &segs {
+                for c in 0..2 * seg.lane_blocks {
+                    let base = seg.start + 64 * c;
+                    for (p, v) in vals.iter_mut().enumerate() {
+                        let (hf, ab, m) = (p / 32, (p / 16) % 2, p % 16);
+                        *v = rq[base + 2 * fixed_byte(ab, m) + hf];
+                    }
+                    let top = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let qs = top / FIXED_ONE;
+                    let dst = &mut out.q[ci * 64..(ci + 1) * 64];
+                    if qs > 0.0 {
+                        for (o, v) in dst.iter_mut().zip(&vals) {
+                            *o = (v / qs).round() as i16;
+                        }
+                    }
+                    out.scale[ci] = qs * step;
+                    if top > 0.0 && !out.scale[ci].is_normal() {
+                        // Queries near f32's smallest: the step would lose its precision
+                        // (or vanish); the float kernel scores them.
+                        return None;
+                    }
+                    ci += 1;
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
+/// The fixed-point dots of queries `q` (each at its chunk's 64 i16) with the 64 4-bit codes
+/// in the 32 bytes at `p`, added into `sums` lane-wise: each code's centroid looked up as the
+/// low and high byte of an i16 (`SegRegs::fixed_planes`) by two `pshufb`, interleaved by
+/// unpacks, multiplied and added in pairs by `pmaddwd`. Integers: the order is exact.
+///
+/// # Safety
+/// `p` must point at 32 readable bytes and each `q[k]` at 64 readable i16.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fixed_chunk<const Q: usize>(
+    p: *const u8,
+    r: &SegRegs,
+    q: [*const i16; Q],
+    sums: &mut [__m256i; Q],
+) {
+    // SAFETY: the caller's contract.
+    let v = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    let m = _mm256_set1_epi8(0x0F);
+    let nibbles = [
+        _mm256_and_si256(v, m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m),
+    ];
+    for (hf, idx) in nibbles.into_iter().enumerate() {
+        let lo = _mm256_shuffle_epi8(r.fixed_planes[0], idx);
+        let hi = _mm256_shuffle_epi8(r.fixed_planes[1], idx);
+        let (a, b) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+        for k in 0..Q {
+            // SAFETY: the caller's contract: 64 i16 at q[k].
+            let (qa, qb) = unsafe {
+                (
+                    _mm256_loadu_si256(q[k].add(32 * hf) as *const __m256i),
+                    _mm256_loadu_si256(q[k].add(32 * hf + 16) as *const __m256i),
+                )
+            };
+            sums[k] = _mm256_add_epi32(
+                sums[k],
+                _mm256_add_epi32(_mm256_madd_epi16(a, qa), _mm256_madd_epi16(b, qb)),
+            );
+        }
+    }
+}
+
 /// Σ over sign bits of ±sq (the QJL inner product ⟨S q', sign⟩), scalar.
 fn sign_dot(rec: &[u8], sb: usize, sq: &[f32], sqsum: f32) -> f32 {
     let mut pos = 0.0f32;
@@ -335,12 +506,14 @@ fn sign_dot(rec: &[u8], sb: usize, sq: &[f32], sqsum: f32) -> f32 {
 }
 
 /// # Safety
-/// See the module contract.
+/// See the module contract; `fixed` (if any) was made by `FixedQueries::new` for this `ctx`
+/// from the same `g` queries.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scores(
     ctx: &Ctx,
     q: &[f32],
+    fixed: Option<&FixedQueries>,
     sq: &[f32],
     sqsum: &[f32],
     g: usize,
@@ -352,74 +525,152 @@ pub(crate) unsafe fn scores(
     let d = ctx.dim;
     let regs: Vec<SegRegs> = ctx.segs.iter().map(|s| seg_regs(s)).collect();
     assert!(q.len() >= g * d);
+    if let Some(f) = fixed {
+        assert!(f.q.len() >= g * f.chunks * 64 && f.scale.len() >= g * f.chunks);
+    }
+    // The fixed-point chunks of a record: (byte offset, segment), in `FixedQueries` order.
+    let chunks: Vec<(usize, usize)> = match fixed {
+        Some(_) => ctx
+            .segs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.width == 4 && s.lane_blocks > 0)
+            .flat_map(|(i, s)| (0..2 * s.lane_blocks).map(move |c| (s.bit_offset / 8 + 32 * c, i)))
+            .collect(),
+        None => Vec::new(),
+    };
+    if let Some(f) = fixed {
+        assert!(f.chunks == chunks.len());
+    }
+    let t = Tile {
+        ctx,
+        regs: &regs,
+        q,
+        fixed,
+        chunks: &chunks,
+        // Whether any coordinate is left to the float walk.
+        rest: fixed.is_none()
+            || ctx
+                .segs
+                .iter()
+                .any(|s| s.width != 4 || s.lane_blocks * 128 != s.len),
+        sq,
+        sqsum,
+    };
     // Queries in tiles of 8, 4, 2, 1: each record's codes are unpacked and looked up once per
     // tile, not once per query (a decode step's group of query heads is one tile).
     for (q0, tile) in super::query_tiles(g, 8) {
         // SAFETY (each arm): module contract; the tile's queries lie within q's g rows.
         unsafe {
             match tile {
-                8 => scores_tile::<8>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-                4 => scores_tile::<4>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-                2 => scores_tile::<2>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
-                _ => scores_tile::<1>(ctx, &regs, q, sq, sqsum, q0, chunk, out, n, base),
+                8 => scores_tile::<8>(&t, q0, chunk, out, n, base),
+                4 => scores_tile::<4>(&t, q0, chunk, out, n, base),
+                2 => scores_tile::<2>(&t, q0, chunk, out, n, base),
+                _ => scores_tile::<1>(&t, q0, chunk, out, n, base),
             }
         }
     }
 }
 
+/// What every query tile of one `scores` call reads.
+struct Tile<'a> {
+    ctx: &'a Ctx,
+    regs: &'a [SegRegs],
+    q: &'a [f32],
+    fixed: Option<&'a FixedQueries>,
+    /// With `fixed`: each fixed-point chunk's byte offset in a record and its segment.
+    chunks: &'a [(usize, usize)],
+    /// Whether the float walk has coordinates to score (all but the fixed chunks).
+    rest: bool,
+    sq: &'a [f32],
+    sqsum: &'a [f32],
+}
+
 /// Scores of queries `q0..q0 + Q` against every record of `chunk`.
 ///
 /// # Safety
-/// See the module contract; `q` holds at least `(q0 + Q)·d` values.
-#[allow(clippy::too_many_arguments)]
+/// See the module contract; `t.q` holds at least `(q0 + Q)·d` values and `t.fixed` (if
+/// any) as many queries.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_tile<const Q: usize>(
-    ctx: &Ctx,
-    regs: &[SegRegs],
-    q: &[f32],
-    sq: &[f32],
-    sqsum: &[f32],
+    t: &Tile,
     q0: usize,
     chunk: &[u8],
     out: &mut [f32],
     n: usize,
     base: usize,
 ) {
+    let (ctx, q) = (t.ctx, t.q);
     let d = ctx.dim;
     assert!(q.len() >= (q0 + Q) * d);
     let qp: [*const f32; Q] = std::array::from_fn(|k| q[(q0 + k) * d..].as_ptr());
+    // The fixed-point queries' and steps' rows of this tile (dangling and unread without).
+    let (fq, fs): ([*const i16; Q], [*const f32; Q]) = match t.fixed {
+        Some(f) => (
+            std::array::from_fn(|k| f.q[(q0 + k) * f.chunks * 64..].as_ptr()),
+            std::array::from_fn(|k| f.scale[(q0 + k) * f.chunks..].as_ptr()),
+        ),
+        None => ([std::ptr::null(); Q], [std::ptr::null(); Q]),
+    };
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
         // One accumulator register per query: each centroid vector feeds Q FMAs, in the
         // same order per query as one query alone would run them.
         let mut acc = [_mm256_setzero_ps(); Q];
+        if t.fixed.is_some() {
+            for (ci, &(at, si)) in t.chunks.iter().enumerate() {
+                let mut sums = [_mm256_setzero_si256(); Q];
+                // SAFETY: module contract: the chunk's 32 bytes lie in this record's code
+                // area, and the fixed queries hold `chunks` chunks of 64 per query
+                // (asserted in `scores`).
+                unsafe {
+                    let qc = std::array::from_fn(|k| fq[k].add(64 * ci));
+                    fixed_chunk::<Q>(rec.as_ptr().add(at), &t.regs[si], qc, &mut sums);
+                }
+                for k in 0..Q {
+                    // SAFETY: as above.
+                    let step = unsafe { _mm256_broadcast_ss(&*fs[k].add(ci)) };
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, acc[k]);
+                }
+            }
+        }
         let mut tail = [0.0f32; Q];
-        // SAFETY: module contract; every position + 8 ≤ d.
-        unsafe {
-            walk(
-                ctx,
-                regs,
-                rec,
-                |j, c| {
-                    for k in 0..Q {
-                        acc[k] = _mm256_fmadd_ps(c, _mm256_loadu_ps(qp[k].add(j)), acc[k]);
-                    }
-                },
-                |j, c| {
-                    for k in 0..Q {
-                        tail[k] += q[(q0 + k) * d + j] * c;
-                    }
-                },
-            );
+        if t.rest {
+            let fma = |j: usize, c: __m256| {
+                for k in 0..Q {
+                    // SAFETY: module contract; every position + 8 ≤ d.
+                    acc[k] = _mm256_fmadd_ps(c, unsafe { _mm256_loadu_ps(qp[k].add(j)) }, acc[k]);
+                }
+            };
+            let rest = |j: usize, c: f32| {
+                for k in 0..Q {
+                    tail[k] += q[(q0 + k) * d + j] * c;
+                }
+            };
+            // SAFETY: module contract.
+            unsafe {
+                if t.fixed.is_some() {
+                    walk::<true>(ctx, t.regs, rec, fma, rest);
+                } else {
+                    walk::<false>(ctx, t.regs, rec, fma, rest);
+                }
+            }
+        }
+        let dots = hsums(&acc);
+        if ctx.qjl.is_none() {
+            for k in 0..Q {
+                out[(q0 + k) * n + base + r] = norm * (dots[k] + tail[k]);
+            }
+            continue;
         }
         for k in 0..Q {
             let qi = q0 + k;
-            let mut dot = hsum(acc[k]) + tail[k];
+            let mut dot = dots[k] + tail[k];
             if let Some((sb, go, scale)) = ctx.qjl {
                 dot += read_f16(rec, go)
                     * scale
-                    * sign_dot(rec, sb, &sq[qi * d..(qi + 1) * d], sqsum[qi]);
+                    * sign_dot(rec, sb, &t.sq[qi * d..(qi + 1) * d], t.sqsum[qi]);
             }
             out[qi * n + base + r] = norm * dot;
         }

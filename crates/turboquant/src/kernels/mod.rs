@@ -264,6 +264,10 @@ pub struct PreparedQueries {
     sq: Vec<f32>,
     /// Σ_j (S·q')_j per query (prod).
     sqsum: Vec<f32>,
+    /// AVX2's 4-bit lane blocks in fixed point (`avx2::FixedQueries`), where the codec has
+    /// them.
+    #[cfg(target_arch = "x86_64")]
+    fixed: Option<avx2::FixedQueries>,
 }
 
 impl PreparedQueries {
@@ -384,15 +388,19 @@ impl Codec {
             q: vec![0f32; g * d],
             sq: vec![0f32; g * d],
             sqsum: vec![0f32; g],
+            #[cfg(target_arch = "x86_64")]
+            fixed: None,
         };
         let order = self.order(backend);
-        let mut rq = vec![0f32; d];
+        let mut rotated = vec![0f32; g * d];
         for (qi, x) in queries.chunks_exact(d).enumerate() {
-            self.rotation.forward(x, &mut rq);
+            let rq = &mut rotated[qi * d..(qi + 1) * d];
+            self.rotation.forward(x, rq);
+            let rq = &*rq;
             if let Some(qjl) = &self.qjl {
                 // The sign term reads S·q' in coordinate order.
                 let sq = &mut p.sq[qi * d..(qi + 1) * d];
-                qjl.project(&rq, sq);
+                qjl.project(rq, sq);
                 p.sqsum[qi] = sq.iter().sum();
             }
             let dst = &mut p.q[qi * d..(qi + 1) * d];
@@ -401,8 +409,12 @@ impl Codec {
                     .iter_mut()
                     .zip(perm)
                     .for_each(|(o, &j)| *o = rq[j as usize]),
-                None => dst.copy_from_slice(&rq),
+                None => dst.copy_from_slice(rq),
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if backend == Backend::Avx2 && !self.ctx.wide {
+            p.fixed = avx2::FixedQueries::new(&self.ctx, &rotated);
         }
         Ok(p)
     }
@@ -449,7 +461,20 @@ impl Codec {
                 },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                Backend::Avx2 => unsafe { avx2::scores(ctx, q, sq, sqsum, g, chunk, out, n, base) },
+                Backend::Avx2 => unsafe {
+                    avx2::scores(
+                        ctx,
+                        q,
+                        prepared.fixed.as_ref(),
+                        sq,
+                        sqsum,
+                        g,
+                        chunk,
+                        out,
+                        n,
+                        base,
+                    )
+                },
                 #[cfg(all(
                     target_arch = "aarch64",
                     target_feature = "neon",
