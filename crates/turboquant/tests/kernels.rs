@@ -148,7 +148,7 @@ fn decoded_norms(codec: &Codec, block: &CodeBlock) -> Vec<f64> {
 }
 
 /// How far a kernel's score may be from the oracle's, relative to ‖q‖·‖x̂‖. The float
-/// kernels land within ~10⁻⁷; AVX2 scores 4-bit lane blocks in 16-bit fixed point (query and
+/// kernels land within ~10⁻⁷; AVX2 scores 4- and 5-bit codes in 16-bit fixed point (query and
 /// centroids each to 1/16383 of their largest), up to 2.4·10⁻⁵ over these
 /// blocks: a twentieth of what rounding the record's norm to f16 may move it (4.9·10⁻⁴), and four
 /// orders below what 4-bit codes change a score by.
@@ -238,14 +238,16 @@ fn kernels_equal_dequantize_then_compute() {
     }
 }
 
-/// Queries a fixed-point kernel (AVX2's 4-bit scores) could mishandle, against the oracle:
+/// Queries a fixed-point kernel (AVX2's 4- and 5-bit scores) could mishandle, against the
+/// oracle:
 /// one coordinate 10⁷ times the others (the rest of its chunk rounds to zero), a chunk of
 /// zeros, extremes near f32's range, and NaN or ∞, which must reach the scores as the float
 /// kernels carry them.
 #[test]
 fn scores_follow_the_oracle_on_extreme_queries() {
     let d = 256;
-    for spec in [Spec::mse(Bits::B4), Spec::mse(Bits::B3_5)] {
+    for bits in [Bits::B4, Bits::B3_5, Bits::B5, Bits::B4_5] {
+        let spec = Spec::mse(bits);
         let codec = Codec::new(d, spec).unwrap();
         let (block, _) = filled_block(&codec, 40, 3);
         let norms = decoded_norms(&codec, &block);

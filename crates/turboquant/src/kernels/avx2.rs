@@ -76,7 +76,7 @@ fn seg_regs(seg: &Seg) -> SegRegs {
                 _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
             }),
             fixed_planes: {
-                let (ints, _) = fixed_table(seg);
+                let (ints, _) = fixed_table::<16>(seg);
                 std::array::from_fn(|b| {
                     let bytes: [u8; 16] = std::array::from_fn(|k| ints[k].to_le_bytes()[b]);
                     _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
@@ -184,15 +184,6 @@ fn hsums<const Q: usize>(v: &[__m256; Q]) -> [f32; Q] {
         }
     }
     out
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// The centroids of the 64 4-bit codes in the 32 bytes at `p`, as eight vectors of eight
@@ -363,13 +354,14 @@ unsafe fn walk_records<const R: usize>(
 /// 8 · `FIXED_ONE`² must stay within an i32: 8 · 16383² < 2³¹.
 const FIXED_ONE: f32 = 16383.0;
 
-/// A 4-bit segment's 16 centroids as integers `round(c / step)` with `step` = the largest
-/// |c| / `FIXED_ONE` (so each is within `step / 2` of its centroid: ~3·10⁻⁵ of the largest),
-/// and that `step`. An all-zero codebook has step 0 and zeros.
-fn fixed_table(seg: &Seg) -> ([i16; 16], f32) {
-    let top = seg.table[..16].iter().fold(0f32, |m, c| m.max(c.abs()));
+/// A segment's first `N` centroids (16 at 4 bits, 32 at 5) as integers `round(c / step)`
+/// with `step` = the largest |c| / `FIXED_ONE` (so each is within `step / 2` of its
+/// centroid: ~3·10⁻⁵ of the largest), and that `step`. An all-zero codebook has step 0 and
+/// zeros.
+fn fixed_table<const N: usize>(seg: &Seg) -> ([i16; N], f32) {
+    let top = seg.table[..N].iter().fold(0f32, |m, c| m.max(c.abs()));
     if top == 0.0 || !top.is_finite() {
-        return ([0; 16], 0.0);
+        return ([0; N], 0.0);
     }
     let step = top / FIXED_ONE;
     (
@@ -378,16 +370,64 @@ fn fixed_table(seg: &Seg) -> ([i16; 16], f32) {
     )
 }
 
-/// Position `m` (0..16) of the i16 vector `ab` (0: `unpacklo`, 1: `unpackhi`) that
-/// `fixed_chunk` makes from 32 code bytes: the byte it came from.
+/// Position `m` (0..16) of the i16 vector `ab` (0: `unpacklo`, 1: `unpackhi`) that the
+/// fixed-point kernels make from 32 lookup bytes: the byte it came from.
 fn fixed_byte(ab: usize, m: usize) -> usize {
     8 * ab + if m < 8 { m } else { 16 + m - 8 }
 }
 
-/// Queries made ready for the fixed-point scoring of a narrow codec's 4-bit lane blocks:
-/// each 64-coordinate chunk of those blocks as i16 (to `FIXED_ONE` of the chunk's largest
-/// |q|), in `fixed_chunk`'s order, and the float that takes the chunk's integer dot back
-/// to a score (the query's step times the codebook's).
+/// One 64-coordinate chunk a record's codes are scored by in fixed point: two halves of a
+/// narrow codec's 4-bit lane block (`fixed_chunk`), or two whole 32-code blocks of a wide
+/// codec's byte-aligned 5-bit segment (`fixed_chunk5`).
+#[derive(Clone, Copy, Debug)]
+struct FixedChunk {
+    /// The segment (index into `Ctx::segs`).
+    seg: usize,
+    /// The chunk's first code byte in a record.
+    at: usize,
+    /// Its first coordinate.
+    base: usize,
+    width: u8,
+}
+
+impl FixedChunk {
+    /// The coordinate of position `p` (0..64) of the kernel's i16 order.
+    fn coordinate(&self, p: usize) -> usize {
+        let (hi, ab, m) = (p / 32, (p / 16) % 2, p % 16);
+        match self.width {
+            // Nibble `hi` of byte `fixed_byte(ab, m)`.
+            4 => self.base + 2 * fixed_byte(ab, m) + hi,
+            // Code `fixed_byte(ab, m)` of 32-code block `hi`.
+            _ => self.base + 32 * hi + fixed_byte(ab, m),
+        }
+    }
+}
+
+/// The fixed-point chunks of a record of `ctx`, in the order `FixedQueries` holds them.
+/// 5-bit segments are those `planes32` reads, their whole pairs of 32-code blocks.
+fn fixed_chunks(ctx: &Ctx) -> Vec<FixedChunk> {
+    let mut out = Vec::new();
+    for (i, seg) in ctx.segs.iter().enumerate() {
+        let byte0 = seg.bit_offset / 8;
+        let chunk = |c: usize, bytes: usize| FixedChunk {
+            seg: i,
+            at: byte0 + bytes * c,
+            base: seg.start + 64 * c,
+            width: seg.width,
+        };
+        if !ctx.wide && seg.width == 4 && seg.lane_blocks > 0 {
+            out.extend((0..2 * seg.lane_blocks).map(|c| chunk(c, 32)));
+        } else if ctx.wide && seg.width == 5 && seg.bit_offset.is_multiple_of(8) {
+            out.extend((0..seg.len / 64).map(|c| chunk(c, 40)));
+        }
+    }
+    out
+}
+
+/// Queries made ready for the fixed-point scoring (`fixed_chunks`): each chunk's 64
+/// coordinates as i16 (to `FIXED_ONE` of the chunk's largest |q|), in the kernels' order,
+/// and the float that takes the chunk's integer dot back to a score (the query's step times
+/// the codebook's).
 #[derive(Clone, Debug)]
 pub(crate) struct FixedQueries {
     /// Chunks per query.
@@ -399,21 +439,24 @@ pub(crate) struct FixedQueries {
 }
 
 impl FixedQueries {
-    /// `None` where no segment has 4-bit lane blocks, a query coordinate is not finite (NaN
-    /// and ∞ must reach the score as the float kernel carries them), or a chunk's step would
-    /// not be a normal float.
+    /// `None` where the codec has no fixed-point chunks, a query coordinate is not finite
+    /// (NaN and ∞ must reach the score as the float kernel carries them), or a chunk's step
+    /// would not be a normal float.
     pub(crate) fn new(ctx: &Ctx, rotated: &[f32]) -> Option<FixedQueries> {
         let d = ctx.dim;
-        let segs: Vec<(&Seg, f32)> = ctx
-            .segs
-            .iter()
-            .filter(|s| s.width == 4 && s.lane_blocks > 0 && !ctx.wide)
-            .map(|s| (s, fixed_table(s).1))
-            .collect();
-        let chunks: usize = segs.iter().map(|(s, _)| 2 * s.lane_blocks).sum();
+        let plan = fixed_chunks(ctx);
+        let chunks = plan.len();
         if chunks == 0 || !rotated.iter().all(|v| v.is_finite()) {
             return None;
         }
+        let steps: Vec<f32> = ctx
+            .segs
+            .iter()
+            .map(|s| match s.width {
+                4 => fixed_table::<16>(s).1,
+                _ => fixed_table::<32>(s).1,
+            })
+            .collect();
         let g = rotated.len() / d;
         let mut out = FixedQueries {
             chunks,
@@ -422,29 +465,24 @@ impl FixedQueries {
         };
         let mut vals = [0f32; 64];
         for (qi, rq) in rotated.chunks_exact(d).enumerate() {
-            let mut ci = qi * chunks;
-            for &(seg, step) in &segs {
-                for c in 0..2 * seg.lane_blocks {
-                    let base = seg.start + 64 * c;
-                    for (p, v) in vals.iter_mut().enumerate() {
-                        let (hf, ab, m) = (p / 32, (p / 16) % 2, p % 16);
-                        *v = rq[base + 2 * fixed_byte(ab, m) + hf];
+            for (c, ch) in plan.iter().enumerate() {
+                let ci = qi * chunks + c;
+                for (p, v) in vals.iter_mut().enumerate() {
+                    *v = rq[ch.coordinate(p)];
+                }
+                let top = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let qs = top / FIXED_ONE;
+                let dst = &mut out.q[ci * 64..(ci + 1) * 64];
+                if qs > 0.0 {
+                    for (o, v) in dst.iter_mut().zip(&vals) {
+                        *o = (v / qs).round() as i16;
                     }
-                    let top = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let qs = top / FIXED_ONE;
-                    let dst = &mut out.q[ci * 64..(ci + 1) * 64];
-                    if qs > 0.0 {
-                        for (o, v) in dst.iter_mut().zip(&vals) {
-                            *o = (v / qs).round() as i16;
-                        }
-                    }
-                    out.scale[ci] = qs * step;
-                    if top > 0.0 && !out.scale[ci].is_normal() {
-                        // Queries near f32's smallest: the step would lose its precision
-                        // (or vanish); the float kernel scores them.
-                        return None;
-                    }
-                    ci += 1;
+                }
+                out.scale[ci] = qs * steps[ch.seg];
+                if top > 0.0 && !out.scale[ci].is_normal() {
+                    // Queries near f32's smallest: the step would lose its precision (or
+                    // vanish); the float kernel scores them.
+                    return None;
                 }
             }
         }
@@ -528,15 +566,8 @@ pub(crate) unsafe fn scores(
     if let Some(f) = fixed {
         assert!(f.q.len() >= g * f.chunks * 64 && f.scale.len() >= g * f.chunks);
     }
-    // The fixed-point chunks of a record: (byte offset, segment), in `FixedQueries` order.
-    let chunks: Vec<(usize, usize)> = match fixed {
-        Some(_) => ctx
-            .segs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.width == 4 && s.lane_blocks > 0)
-            .flat_map(|(i, s)| (0..2 * s.lane_blocks).map(move |c| (s.bit_offset / 8 + 32 * c, i)))
-            .collect(),
+    let chunks = match fixed {
+        Some(_) => fixed_chunks(ctx),
         None => Vec::new(),
     };
     if let Some(f) = fixed {
@@ -578,8 +609,8 @@ struct Tile<'a> {
     regs: &'a [SegRegs],
     q: &'a [f32],
     fixed: Option<&'a FixedQueries>,
-    /// With `fixed`: each fixed-point chunk's byte offset in a record and its segment.
-    chunks: &'a [(usize, usize)],
+    /// With `fixed`: the fixed-point chunks of a record (`fixed_chunks`).
+    chunks: &'a [FixedChunk],
     /// Whether the float walk has coordinates to score (all but the fixed chunks).
     rest: bool,
     sq: &'a [f32],
@@ -619,14 +650,14 @@ unsafe fn scores_tile<const Q: usize>(
         // same order per query as one query alone would run them.
         let mut acc = [_mm256_setzero_ps(); Q];
         if t.fixed.is_some() {
-            for (ci, &(at, si)) in t.chunks.iter().enumerate() {
+            for (ci, ch) in t.chunks.iter().enumerate() {
                 let mut sums = [_mm256_setzero_si256(); Q];
                 // SAFETY: module contract: the chunk's 32 bytes lie in this record's code
                 // area, and the fixed queries hold `chunks` chunks of 64 per query
                 // (asserted in `scores`).
                 unsafe {
                     let qc = std::array::from_fn(|k| fq[k].add(64 * ci));
-                    fixed_chunk::<Q>(rec.as_ptr().add(at), &t.regs[si], qc, &mut sums);
+                    fixed_chunk::<Q>(rec.as_ptr().add(ch.at), &t.regs[ch.seg], qc, &mut sums);
                 }
                 for k in 0..Q {
                     // SAFETY: as above.
@@ -848,6 +879,7 @@ fn add_signs<const Q: usize>(
 pub(crate) unsafe fn scores_wide(
     ctx: &Ctx,
     q: &[f32],
+    fixed: Option<&FixedQueries>,
     g: usize,
     chunk: &[u8],
     out: &mut [f32],
@@ -855,17 +887,51 @@ pub(crate) unsafe fn scores_wide(
     base: usize,
 ) {
     let p5 = planes32(ctx);
+    let chunks = match fixed {
+        Some(f) => {
+            let c = fixed_chunks(ctx);
+            assert!(f.chunks == c.len() && f.q.len() >= g * f.chunks * 64);
+            assert!(f.scale.len() >= g * f.chunks);
+            c
+        }
+        None => Vec::new(),
+    };
+    // Each segment's first 32-code block left to the float loops.
+    let mut first = vec![0usize; ctx.segs.len()];
+    for ch in &chunks {
+        first[ch.seg] += 2;
+    }
+    let t = WideTile {
+        ctx,
+        p5: &p5,
+        q,
+        fixed,
+        chunks: &chunks,
+        first: &first,
+    };
     for (qi, tile) in super::query_tiles(g, 8) {
         // SAFETY: forwarded contract; qi + tile ≤ g.
         unsafe {
             match tile {
-                8 => scores_wide_tile::<8>(ctx, &p5, q, qi, chunk, out, n, base),
-                4 => scores_wide_tile::<4>(ctx, &p5, q, qi, chunk, out, n, base),
-                2 => scores_wide_tile::<2>(ctx, &p5, q, qi, chunk, out, n, base),
-                _ => scores_wide_tile::<1>(ctx, &p5, q, qi, chunk, out, n, base),
+                8 => scores_wide_tile::<8>(&t, qi, chunk, out, n, base),
+                4 => scores_wide_tile::<4>(&t, qi, chunk, out, n, base),
+                2 => scores_wide_tile::<2>(&t, qi, chunk, out, n, base),
+                _ => scores_wide_tile::<1>(&t, qi, chunk, out, n, base),
             }
         }
     }
+}
+
+/// What every query tile of one `scores_wide` call reads.
+struct WideTile<'a> {
+    ctx: &'a Ctx,
+    p5: &'a [Option<Planes32>],
+    q: &'a [f32],
+    fixed: Option<&'a FixedQueries>,
+    /// With `fixed`: the fixed-point chunks of a record (`fixed_chunks`).
+    chunks: &'a [FixedChunk],
+    /// Per segment, its first 32-code block not scored in fixed point.
+    first: &'a [usize],
 }
 
 /// Groups `from..groups` of eight `W`-bit codes of `seg` in record `rec`, scored against
@@ -965,7 +1031,7 @@ unsafe fn accumulate_wide_tile<const Q: usize>(
             };
             // SAFETY: each position + 8 ≤ seg.start + seg.len ≤ d, inside every row.
             let from = unsafe {
-                blocks32(seg, p5.as_ref(), rec, |j, c| {
+                blocks32(seg, p5.as_ref(), rec, 0, |j, c| {
                     for k in 0..Q {
                         let p = ap[k].add(j);
                         _mm256_storeu_ps(p, _mm256_fmadd_ps(c, sv[k], _mm256_loadu_ps(p)));
@@ -1089,6 +1155,9 @@ struct Planes32 {
     /// window's top five bits.
     ctrl: [__m256i; 2],
     mul: [__m256i; 2],
+    /// `fixed[h][b]`: byte b of centroids 16·h..16·h + 16 in 16-bit fixed point
+    /// (`fixed_table`), a `pshufb` table (`fixed_chunk5`).
+    fixed: [[__m256i; 2]; 2],
 }
 
 /// `Planes32` for every segment of `ctx` that `centroids32` reads (byte-aligned, 5 bits, in a
@@ -1135,18 +1204,25 @@ fn planes32(ctx: &Ctx) -> Vec<Option<Planes32>> {
             };
             let (c0, m0) = shuffle(0);
             let (c1, m1) = shuffle(1);
+            let (ints, _) = fixed_table::<32>(seg);
+            let fixed = |h: usize, b: usize| {
+                let bytes: [u8; 16] = std::array::from_fn(|k| ints[16 * h + k].to_le_bytes()[b]);
+                // SAFETY: `bytes` holds the 16 bytes read.
+                unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast())) }
+            };
             Some(Planes32 {
                 lo: std::array::from_fn(|b| plane(0, b)),
                 hi: std::array::from_fn(|b| plane(16, b)),
                 ctrl: [c0, c1],
                 mul: [m0, m1],
+                fixed: std::array::from_fn(|h| std::array::from_fn(|b| fixed(h, b))),
             })
         })
         .collect()
 }
 
 /// Calls `f(position, centroids of 8 coordinates)` for every 8-coordinate slot of the
-/// whole 32-code blocks of a 5-bit segment read by byte planes (`p5`: `planes32`'s entry
+/// whole 32-code blocks from block `first` on of a 5-bit segment read by byte planes (`p5`: `planes32`'s entry
 /// for `seg`, in `Ctx::perm_planes` order); returns the 8-code groups done (none without
 /// `p5`), where the word-by-word loop takes over.
 ///
@@ -1158,10 +1234,11 @@ unsafe fn blocks32(
     seg: &Seg,
     p5: Option<&Planes32>,
     rec: &[u8],
+    first: usize,
     mut f: impl FnMut(usize, __m256),
 ) -> usize {
     let Some(p5) = p5 else { return 0 };
-    for blk in 0..seg.len / 32 {
+    for blk in first..seg.len / 32 {
         // SAFETY: the block's 20 bytes lie inside the record's code area.
         let c = unsafe { centroids32(rec.as_ptr().add(seg.bit_offset / 8 + 20 * blk), p5) };
         for (v, c) in c.into_iter().enumerate() {
@@ -1169,6 +1246,70 @@ unsafe fn blocks32(
         }
     }
     4 * (seg.len / 32)
+}
+
+/// The 32 5-bit codes in the 20 bytes at `p` as bytes in code order, cut out as 16-bit
+/// windows (`pshufb`) and shifted to their place by a multiply and a shift, and the same
+/// bytes shifted so that each code's bit 4 is its byte's top bit (what `blendv` reads; bits
+/// shifted in from the byte below land in bits 0–2).
+///
+/// # Safety
+/// `p` must point at 20 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn codes32(p: *const u8, r: &Planes32) -> (__m256i, __m256i) {
+    // SAFETY: bytes 0–15 and 4–19 of the caller's 20.
+    let v = unsafe { _mm256_loadu2_m128i(p.add(4).cast(), p.cast()) };
+    let codes: [__m256i; 2] = std::array::from_fn(|part| {
+        let w = _mm256_shuffle_epi8(v, r.ctrl[part]);
+        _mm256_srli_epi16::<11>(_mm256_mullo_epi16(w, r.mul[part]))
+    });
+    let idx = _mm256_packus_epi16(codes[0], codes[1]);
+    (idx, _mm256_slli_epi16::<3>(idx))
+}
+
+/// `fixed_chunk` for two 32-code blocks of a 5-bit segment (the 40 bytes at `p`): each
+/// code's i16 centroid looked up as two bytes, each by two `pshufb` (codes 0–15 and 16–31)
+/// and a blend on bit 4, then as `fixed_chunk`. A lane adds 8 products, as there.
+///
+/// # Safety
+/// `p` must point at 40 readable bytes and each `q[k]` at 64 readable i16.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fixed_chunk5<const Q: usize>(
+    p: *const u8,
+    r: &Planes32,
+    q: [*const i16; Q],
+    sums: &mut [__m256i; Q],
+) {
+    for blk in 0..2 {
+        // SAFETY: the caller's contract: block `blk`'s 20 bytes.
+        let (idx, high) = unsafe { codes32(p.add(20 * blk), r) };
+        let b: [__m256i; 2] = std::array::from_fn(|k| {
+            _mm256_blendv_epi8(
+                _mm256_shuffle_epi8(r.fixed[0][k], idx),
+                _mm256_shuffle_epi8(r.fixed[1][k], idx),
+                high,
+            )
+        });
+        let (a, c) = (
+            _mm256_unpacklo_epi8(b[0], b[1]),
+            _mm256_unpackhi_epi8(b[0], b[1]),
+        );
+        for k in 0..Q {
+            // SAFETY: the caller's contract: 64 i16 at q[k].
+            let (qa, qc) = unsafe {
+                (
+                    _mm256_loadu_si256(q[k].add(32 * blk) as *const __m256i),
+                    _mm256_loadu_si256(q[k].add(32 * blk + 16) as *const __m256i),
+                )
+            };
+            sums[k] = _mm256_add_epi32(
+                sums[k],
+                _mm256_add_epi32(_mm256_madd_epi16(a, qa), _mm256_madd_epi16(c, qc)),
+            );
+        }
+    }
 }
 
 /// The centroids of the 32 5-bit codes in the 20 bytes at `p`, as four vectors of eight
@@ -1184,16 +1325,8 @@ unsafe fn blocks32(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn centroids32(p: *const u8, r: &Planes32) -> [__m256; 4] {
-    // SAFETY: bytes 0–15 and 4–19 of the caller's 20.
-    let v = unsafe { _mm256_loadu2_m128i(p.add(4).cast(), p.cast()) };
-    let codes: [__m256i; 2] = std::array::from_fn(|part| {
-        let w = _mm256_shuffle_epi8(v, r.ctrl[part]);
-        _mm256_srli_epi16::<11>(_mm256_mullo_epi16(w, r.mul[part]))
-    });
-    let idx = _mm256_packus_epi16(codes[0], codes[1]);
-    // Bit 4 of each code to the byte's top bit, which the blend reads (bits shifted in from
-    // the byte below land in bits 0–2).
-    let high = _mm256_slli_epi16::<3>(idx);
+    // SAFETY: the caller's contract.
+    let (idx, high) = unsafe { codes32(p, r) };
     let b: [__m256i; 4] = std::array::from_fn(|k| {
         _mm256_blendv_epi8(
             _mm256_shuffle_epi8(r.lo[k], idx),
@@ -1229,24 +1362,47 @@ fn lookup32(quarters: &[__m256; 4], idx: __m256i) -> __m256 {
     _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32::<27>(idx)))
 }
 
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_wide_tile<const G: usize>(
-    ctx: &Ctx,
-    p5: &[Option<Planes32>],
-    q: &[f32],
+    t: &WideTile,
     qi0: usize,
     chunk: &[u8],
     out: &mut [f32],
     n: usize,
     base: usize,
 ) {
+    let (ctx, q, p5) = (t.ctx, t.q, t.p5);
     let d = ctx.dim;
     let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); G];
+        // The fixed-point chunks' sums in registers of their own: `acc` lives in memory (the
+        // float loops take it by reference), and a chain through it per chunk would wait
+        // on store forwarding.
+        let mut facc = [_mm256_setzero_ps(); G];
+        if let Some(f) = t.fixed {
+            for (ci, ch) in t.chunks.iter().enumerate() {
+                let Some(planes) = &p5[ch.seg] else { continue };
+                let mut sums = [_mm256_setzero_si256(); G];
+                // SAFETY: module contract: the chunk's 40 bytes lie in this record's code
+                // area, and the fixed queries hold `chunks` chunks of 64 per query
+                // (asserted in `scores_wide`).
+                unsafe {
+                    let qc =
+                        std::array::from_fn(|k| f.q.as_ptr().add(((qi0 + k) * f.chunks + ci) * 64));
+                    fixed_chunk5::<G>(rec.as_ptr().add(ch.at), planes, qc, &mut sums);
+                }
+                for k in 0..G {
+                    let step = _mm256_set1_ps(f.scale[(qi0 + k) * f.chunks + ci]);
+                    facc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, facc[k]);
+                }
+            }
+        }
+        let mut acc = facc;
         let mut tail = [0.0f32; G];
-        for (seg, p5) in ctx.segs.iter().zip(p5) {
+        for (si, (seg, p5)) in ctx.segs.iter().zip(p5).enumerate() {
+            if 32 * t.first[si] == seg.len {
+                continue;
+            }
             let w = seg.width as usize;
             let groups = if seg.bit_offset.is_multiple_of(8) {
                 seg.len / 8
@@ -1255,7 +1411,7 @@ unsafe fn scores_wide_tile<const G: usize>(
             };
             // SAFETY: each position + 8 ≤ seg.start + seg.len ≤ d, inside every query.
             let from = unsafe {
-                blocks32(seg, p5.as_ref(), rec, |j, c| {
+                blocks32(seg, p5.as_ref(), rec, t.first[si], |j, c| {
                     for k in 0..G {
                         acc[k] = _mm256_fmadd_ps(c, _mm256_loadu_ps(qs[k].as_ptr().add(j)), acc[k]);
                     }
@@ -1285,8 +1441,9 @@ unsafe fn scores_wide_tile<const G: usize>(
             }
         }
         let norm = read_f16(rec, ctx.norm_offset);
+        let dots = hsums(&acc);
         for k in 0..G {
-            out[(qi0 + k) * n + base + r] = norm * (hsum(acc[k]) + tail[k]);
+            out[(qi0 + k) * n + base + r] = norm * (dots[k] + tail[k]);
         }
     }
 }

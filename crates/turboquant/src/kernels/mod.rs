@@ -413,7 +413,7 @@ impl Codec {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if backend == Backend::Avx2 && !self.ctx.wide {
+        if backend == Backend::Avx2 {
             p.fixed = avx2::FixedQueries::new(&self.ctx, &rotated);
         }
         Ok(p)
@@ -452,7 +452,7 @@ impl Codec {
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 Backend::Avx2 if ctx.wide => unsafe {
-                    avx2::scores_wide(ctx, q, g, chunk, out, n, base)
+                    avx2::scores_wide(ctx, q, prepared.fixed.as_ref(), g, chunk, out, n, base)
                 },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
