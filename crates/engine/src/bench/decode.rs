@@ -100,7 +100,7 @@ fn filler_ids(n: usize, vocab: usize) -> Vec<u32> {
 /// Prefills `spec.context` in chunks, then decodes `spec.decode` tokens with the engine's
 /// sampler.
 pub fn bench_decode(model: &Model, spec: &DecodeBenchSpec) -> Result<DecodeBenchReport> {
-    let ids = context_ids(model, &spec.context)?;
+    let ids = context_ids(model, &spec.context, spec.decode)?;
     let mut sampler = new_sampler(spec)?;
     let mut cache = model.new_cache(&spec.policy)?;
     if spec.profile {
@@ -188,7 +188,7 @@ pub fn bench_decode_compare(
     let first = policies
         .first()
         .ok_or_else(|| EngineError::invalid("no cache precision to compare"))?;
-    let ids = context_ids(model, &spec.context)?;
+    let ids = context_ids(model, &spec.context, spec.decode)?;
     let mut cache = model.new_cache(first)?;
     // Sliding layers keep the tokens each round decodes past their window, so every round
     // can rewind to the end of the prompt.
@@ -242,7 +242,7 @@ pub fn bench_prefill_each(
     policies: &[PrecisionPolicy],
     rounds: usize,
 ) -> Result<Vec<Vec<f64>>> {
-    let ids = context_ids(model, &spec.context)?;
+    let ids = context_ids(model, &spec.context, 0)?;
     let mut secs = vec![Vec::with_capacity(rounds); policies.len()];
     for _ in 0..rounds.max(1) {
         for (policy, row) in policies.iter().zip(&mut secs) {
@@ -256,8 +256,23 @@ pub fn bench_prefill_each(
     Ok(secs)
 }
 
-/// The token ids a benchmark context stands for.
-fn context_ids(model: &Model, context: &BenchContext) -> Result<Vec<u32>> {
+/// The token ids a benchmark context stands for, refused before any work when they and the
+/// `decode` tokens after them exceed the model's positions (the forward pass would refuse
+/// the first token past them, after a prefill that can take minutes).
+fn context_ids(model: &Model, context: &BenchContext, decode: usize) -> Result<Vec<u32>> {
+    let ids = context_tokens(model, context)?;
+    let max = model.config().max_position_embeddings;
+    if max > 0 && ids.len() + decode > max {
+        return Err(EngineError::invalid(format!(
+            "context full: {} context + {decode} decoded tokens exceed the model's {max} \
+             positions",
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}
+
+fn context_tokens(model: &Model, context: &BenchContext) -> Result<Vec<u32>> {
     Ok(match context {
         BenchContext::Tokens(p) if !p.is_empty() => p.clone(),
         BenchContext::Tokens(_) => return Err(EngineError::invalid("an empty benchmark prompt")),
@@ -389,6 +404,29 @@ mod tests {
         let r = bench_decode_compare(&model, &spec("f32")?, &policies(&r), 3)?;
         assert!(r.rows.iter().all(|row| row.decode_secs.len() == 3));
         assert!(bench_decode_compare(&model, &spec("f32")?, &[], 1).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_context_past_the_positions_is_refused_before_the_prefill() -> Result<()> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_e");
+        let model = Model::load(&dir, &LoadOptions::default())?;
+        let max = model.config().max_position_embeddings;
+        let mut s = spec("f32")?;
+        s.context = BenchContext::Filler(max);
+        s.decode = 1;
+        for e in [
+            bench_decode(&model, &s).err(),
+            bench_decode_compare(&model, &s, std::slice::from_ref(&s.policy), 1).err(),
+        ] {
+            let e = e.expect("refused").to_string();
+            assert!(e.contains(&format!("{max} context + 1 decoded")), "{e}");
+        }
+        // Exactly the positions: prefill alone fits, and so do context and decode together.
+        assert!(bench_prefill_each(&model, &s, std::slice::from_ref(&s.policy), 1).is_ok());
+        s.context = BenchContext::Filler(max - 2);
+        s.decode = 2;
+        assert_eq!(bench_decode(&model, &s)?.decoded.len(), 2);
         Ok(())
     }
 }
