@@ -62,13 +62,20 @@ APP_BENCH="${BENCH_APP:-1}"
 # (and, for the app rows, tauri-driver), then the UI the app embeds (its frontendDist).
 "$ROOT/scripts/setup.sh" "$([ "$APP_BENCH" = 0 ] && echo run || echo test)"
 lint_while_building
-say "building the UI"
-npm --prefix "$ROOT/ui" run --silent build >/dev/null
 build_llama_cpp
-# The app and the CLI from one release build with the test run's packages and features, so
-# the two share every compiled crate and differ only in their thin front ends.
-say "building kvlab and kvlab-app (release)"
-cargo build --release --quiet "${TEST_PACKAGES[@]}"
+if [ "$APP_BENCH" = 0 ]; then
+  # No app rows: the CLI alone, with the test run's engine and codec features (the app's
+  # release build, GTK and WebKit included, took ~15 minutes on a cold target).
+  say "building kvlab (release)"
+  cargo build --release --quiet -p kvlab-cli --features kvlab-engine/hub,kvlab-turboquant/bench
+else
+  say "building the UI"
+  npm --prefix "$ROOT/ui" run --silent build >/dev/null
+  # The app and the CLI from one release build with the test run's packages and features,
+  # so the two share every compiled crate and differ only in their thin front ends.
+  say "building kvlab and kvlab-app (release)"
+  cargo build --release --quiet "${TEST_PACKAGES[@]}"
+fi
 KVLAB="$CARGO_TARGET_DIR/release/kvlab"
 MODELS=(${BENCH_MODELS:-${BENCH_MODEL:-gemma3-270m e2b-q4_k_m e2b-q8_0}})
 # A model name or path -> the GGUF file.
