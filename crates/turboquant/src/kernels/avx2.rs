@@ -891,6 +891,8 @@ pub(crate) unsafe fn scores_wide(
         Some(f) => {
             let c = fixed_chunks(ctx);
             assert!(f.chunks == c.len() && f.q.len() >= g * f.chunks * 64);
+            // `fixed_chunks` and `planes32` pick the same 5-bit segments.
+            assert!(c.iter().all(|ch| p5[ch.seg].is_some()));
             assert!(f.scale.len() >= g * f.chunks);
             c
         }
@@ -1375,12 +1377,10 @@ unsafe fn scores_wide_tile<const G: usize>(
     let d = ctx.dim;
     let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
-        // The fixed-point chunks' sums in registers of their own: `acc` lives in memory (the
-        // float loops take it by reference), and a chain through it per chunk would wait
-        // on store forwarding.
-        let mut facc = [_mm256_setzero_ps(); G];
+        let mut acc = [_mm256_setzero_ps(); G];
         if let Some(f) = t.fixed {
             for (ci, ch) in t.chunks.iter().enumerate() {
+                // Every fixed chunk's segment has its planes (asserted in `scores_wide`).
                 let Some(planes) = &p5[ch.seg] else { continue };
                 let mut sums = [_mm256_setzero_si256(); G];
                 // SAFETY: module contract: the chunk's 40 bytes lie in this record's code
@@ -1393,11 +1393,10 @@ unsafe fn scores_wide_tile<const G: usize>(
                 }
                 for k in 0..G {
                     let step = _mm256_set1_ps(f.scale[(qi0 + k) * f.chunks + ci]);
-                    facc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, facc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, acc[k]);
                 }
             }
         }
-        let mut acc = facc;
         let mut tail = [0.0f32; G];
         for (si, (seg, p5)) in ctx.segs.iter().zip(p5).enumerate() {
             if 32 * t.first[si] == seg.len {
