@@ -636,34 +636,19 @@ unsafe fn scores_tile<const Q: usize>(
     let d = ctx.dim;
     assert!(q.len() >= (q0 + Q) * d);
     let qp: [*const f32; Q] = std::array::from_fn(|k| q[(q0 + k) * d..].as_ptr());
-    // The fixed-point queries' and steps' rows of this tile (dangling and unread without).
-    let (fq, fs): ([*const i16; Q], [*const f32; Q]) = match t.fixed {
-        Some(f) => (
-            std::array::from_fn(|k| f.q[(q0 + k) * f.chunks * 64..].as_ptr()),
-            std::array::from_fn(|k| f.scale[(q0 + k) * f.chunks..].as_ptr()),
-        ),
-        None => ([std::ptr::null(); Q], [std::ptr::null(); Q]),
-    };
+    let rows = fixed_rows::<Q>(t.fixed, q0);
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let norm = read_f16(rec, ctx.norm_offset);
         // One accumulator register per query: each centroid vector feeds Q FMAs, in the
         // same order per query as one query alone would run them.
         let mut acc = [_mm256_setzero_ps(); Q];
         if t.fixed.is_some() {
-            for (ci, ch) in t.chunks.iter().enumerate() {
-                let mut sums = [_mm256_setzero_si256(); Q];
-                // SAFETY: module contract: the chunk's 32 bytes lie in this record's code
-                // area, and the fixed queries hold `chunks` chunks of 64 per query
-                // (asserted in `scores`).
-                unsafe {
-                    let qc = std::array::from_fn(|k| fq[k].add(64 * ci));
-                    fixed_chunk::<Q>(rec.as_ptr().add(ch.at), &t.regs[ch.seg], qc, &mut sums);
-                }
-                for k in 0..Q {
-                    // SAFETY: as above.
-                    let step = unsafe { _mm256_broadcast_ss(&*fs[k].add(ci)) };
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, acc[k]);
-                }
+            // SAFETY: module contract; the chunks are this codec's and the rows hold as many
+            // (asserted in `scores`).
+            unsafe {
+                add_fixed(t.chunks, rec, rows, &mut acc, |at, ch, qc, sums| {
+                    fixed_chunk::<Q>(at, &t.regs[ch.seg], qc, sums)
+                });
             }
         }
         let mut tail = [0.0f32; Q];
@@ -1314,6 +1299,53 @@ unsafe fn fixed_chunk5<const Q: usize>(
     }
 }
 
+/// The rows of queries `q0..q0 + Q` of `fixed`: their i16 chunks and their steps (null,
+/// and never read, without fixed-point queries).
+fn fixed_rows<const Q: usize>(
+    fixed: Option<&FixedQueries>,
+    q0: usize,
+) -> ([*const i16; Q], [*const f32; Q]) {
+    match fixed {
+        Some(f) => (
+            std::array::from_fn(|k| f.q[(q0 + k) * f.chunks * 64..].as_ptr()),
+            std::array::from_fn(|k| f.scale[(q0 + k) * f.chunks..].as_ptr()),
+        ),
+        None => ([std::ptr::null(); Q], [std::ptr::null(); Q]),
+    }
+}
+
+/// Adds record `rec`'s fixed-point dots with `Q` queries (`rows`: `fixed_rows`) into `acc`,
+/// chunk by chunk: `dots(chunk's first code byte, chunk, each query's 64 i16, sums)` forms a
+/// chunk's integer sums (`fixed_chunk` or `fixed_chunk5`), converted to floats with its steps.
+///
+/// # Safety
+/// `chunks` are this record's (`fixed_chunks`), and `rows` point at as many chunks of 64 i16
+/// and steps per query.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_fixed<const Q: usize>(
+    chunks: &[FixedChunk],
+    rec: &[u8],
+    (fq, fs): ([*const i16; Q], [*const f32; Q]),
+    acc: &mut [__m256; Q],
+    mut dots: impl FnMut(*const u8, &FixedChunk, [*const i16; Q], &mut [__m256i; Q]),
+) {
+    for (ci, ch) in chunks.iter().enumerate() {
+        let mut sums = [_mm256_setzero_si256(); Q];
+        // SAFETY: the caller's contract: the chunk lies in the record's code area, and each
+        // query row holds chunk `ci`'s 64 i16 and its step.
+        unsafe {
+            let qc = std::array::from_fn(|k| fq[k].add(64 * ci));
+            dots(rec.as_ptr().add(ch.at), ch, qc, &mut sums);
+        }
+        for k in 0..Q {
+            // SAFETY: as above.
+            let step = unsafe { _mm256_broadcast_ss(&*fs[k].add(ci)) };
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, acc[k]);
+        }
+    }
+}
+
 /// The centroids of the 32 5-bit codes in the 20 bytes at `p`, as four vectors of eight
 /// floats: vector `g` lane `4·L + e` is the centroid of code `16·L + 4·g + e`. The codes are
 /// cut out as 16-bit windows (`pshufb`), shifted to their place by a multiply and a shift and
@@ -1376,25 +1408,18 @@ unsafe fn scores_wide_tile<const G: usize>(
     let (ctx, q, p5) = (t.ctx, t.q, t.p5);
     let d = ctx.dim;
     let qs: [&[f32]; G] = std::array::from_fn(|k| &q[(qi0 + k) * d..(qi0 + k + 1) * d]);
+    let rows = fixed_rows::<G>(t.fixed, qi0);
     for (r, rec) in chunk.chunks_exact(ctx.stride).enumerate() {
         let mut acc = [_mm256_setzero_ps(); G];
-        if let Some(f) = t.fixed {
-            for (ci, ch) in t.chunks.iter().enumerate() {
-                // Every fixed chunk's segment has its planes (asserted in `scores_wide`).
-                let Some(planes) = &p5[ch.seg] else { continue };
-                let mut sums = [_mm256_setzero_si256(); G];
-                // SAFETY: module contract: the chunk's 40 bytes lie in this record's code
-                // area, and the fixed queries hold `chunks` chunks of 64 per query
-                // (asserted in `scores_wide`).
-                unsafe {
-                    let qc =
-                        std::array::from_fn(|k| f.q.as_ptr().add(((qi0 + k) * f.chunks + ci) * 64));
-                    fixed_chunk5::<G>(rec.as_ptr().add(ch.at), planes, qc, &mut sums);
-                }
-                for k in 0..G {
-                    let step = _mm256_set1_ps(f.scale[(qi0 + k) * f.chunks + ci]);
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), step, acc[k]);
-                }
+        if t.fixed.is_some() {
+            // SAFETY: module contract; the chunks are this codec's, each 5-bit segment's has
+            // its planes, and the rows hold as many (all asserted in `scores_wide`).
+            unsafe {
+                add_fixed(t.chunks, rec, rows, &mut acc, |at, ch, qc, sums| {
+                    if let Some(planes) = &p5[ch.seg] {
+                        fixed_chunk5::<G>(at, planes, qc, sums)
+                    }
+                });
             }
         }
         let mut tail = [0.0f32; G];
