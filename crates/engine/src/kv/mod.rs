@@ -29,7 +29,10 @@ pub use presets::{
     FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, SideFormat, MEASURED_ON,
 };
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
-pub use storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
+pub use storage::{
+    calibration_rows, AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic,
+    CALIBRATION_ROWS,
+};
 pub use switch::{ConvertPlan, LayerChange};
 pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
 
@@ -220,6 +223,7 @@ impl KvCache {
                 _ => {
                     let shape = StorageShape {
                         home: home.clone(),
+                        calibration_rows: calibration_rows(config.max_position_embeddings),
                         ..StorageShape::new(l.n_kv_heads, l.head_dim, device.clone())
                     };
                     Some(OwnedCache {

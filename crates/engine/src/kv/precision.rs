@@ -1,7 +1,8 @@
 //! The precision a layer's keys and values are stored in, and what it costs: the one byte
 //! formula of each precision ([`KvPrecision::token_bytes`], [`KvPrecision::fixed_bytes`],
-//! [`KvPrecision::held_bytes`]), which the storages, the pre-load estimate, the model card
-//! and a switch's plan all use.
+//! [`KvPrecision::held_bytes`], and [`KvPrecision::bytes_after`] for a layer still holding
+//! its first rows as f16 before it calibrates), which the storages, the pre-load estimate,
+//! the model card and a switch's plan all use.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,23 @@ impl std::fmt::Display for KvPrecision {
     }
 }
 
+/// Rows a calibrating TurboQuant side (a centered coded side, `+qw` keys; `kv::spec`) holds
+/// as f16 before it measures its offset and weights on all of them and codes them: what a
+/// long first prefill gives it at once. Calibrated on a conversation's first few tokens
+/// instead (a short first message), tq4+qw@all lost 2–3.4× as much for the rest of the
+/// conversation (270M, Alice: 0.046 mean KLD calibrated on 512 rows, 0.060 on 256, 0.080
+/// on 128, 0.158 on 1). At most a segment ([`super::SEGMENT_TOKENS`]), so a sliding window
+/// never drops rows that wait.
+pub const CALIBRATION_ROWS: usize = 512;
+
+/// The rows a calibrating layer waits for in a model trained for `context` tokens:
+/// [`CALIBRATION_ROWS`], or a sixteenth of a shorter context (16 at least, the fewest
+/// centering takes), so that f16 never holds more than that share of a full context. Every
+/// Gemma has 32k tokens or more; the tests' tiny models have 256, and wait for 16.
+pub fn calibration_rows(context: usize) -> usize {
+    (context / 16).clamp(16, CALIBRATION_ROWS)
+}
+
 impl KvPrecision {
     /// Bytes one token's key and value take in one layer of `n_kv_heads × head_dim`: dense
     /// floats, or TurboQuant codes as the codec lays them out
@@ -85,15 +103,57 @@ impl KvPrecision {
         (offsets + weights) * n_kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
-    /// Bytes a layer holding `tokens` tokens takes (saturating: `tokens` may come from a
-    /// user, and a huge context must read as too much, never wrap to a small number).
-    pub fn held_bytes(self, n_kv_heads: usize, head_dim: usize, tokens: usize) -> Result<u64> {
-        let per = self.token_bytes(n_kv_heads, head_dim)? as u64;
-        let fixed = if tokens > 0 {
-            self.fixed_bytes(n_kv_heads, head_dim) as u64
-        } else {
-            0
+    /// Whether some side of this precision calibrates on its first rows (and holds them as
+    /// f16 until then, [`CALIBRATION_ROWS`]): a centered coded side or `+qw` keys.
+    pub fn calibrates(self) -> bool {
+        self.fixed_bytes(1, 1) > 0
+    }
+
+    /// Bytes one token takes while the layer waits to calibrate: each calibrating side as
+    /// f16 rows, the others as [`KvPrecision::token_bytes`] has them.
+    pub fn staged_token_bytes(self, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
+        let KvPrecision::TurboQuant(p) = self else {
+            return self.token_bytes(n_kv_heads, head_dim);
         };
-        Ok(per.saturating_mul(tokens as u64).saturating_add(fixed))
+        let side = |s: &TqSide, is_key: bool| -> Result<usize> {
+            let coded = s.spec().is_some();
+            if coded && (p.center || (is_key && p.weigh_keys)) {
+                return Ok(2 * head_dim);
+            }
+            super::format::side_bytes(s, head_dim)
+                .map_err(|e| EngineError::invalid(format!("{self}: {e}")))
+        };
+        Ok(n_kv_heads * (side(&p.key, true)? + side(&p.value, false)?))
+    }
+
+    /// Bytes a layer holding `tokens` tokens takes, filled from empty and waiting for
+    /// [`CALIBRATION_ROWS`] ([`KvPrecision::bytes_after`]).
+    pub fn held_bytes(self, n_kv_heads: usize, head_dim: usize, tokens: usize) -> Result<u64> {
+        self.bytes_after(n_kv_heads, head_dim, tokens, tokens, CALIBRATION_ROWS)
+    }
+
+    /// Bytes a layer takes holding `held` tokens once `seen` were appended since it was
+    /// empty (a sliding window holds fewer than it saw), calibrating on its first
+    /// `calibration_rows` (saturating: the counts may come from a user, and a huge context
+    /// must read as too much, never wrap to a small number). A layer cut back below
+    /// `calibration_rows` after calibrating keeps its codes, and fewer bytes than this says.
+    pub fn bytes_after(
+        self,
+        n_kv_heads: usize,
+        head_dim: usize,
+        held: usize,
+        seen: usize,
+        calibration_rows: usize,
+    ) -> Result<u64> {
+        if held == 0 {
+            return Ok(0);
+        }
+        if self.calibrates() && seen < calibration_rows {
+            let per = self.staged_token_bytes(n_kv_heads, head_dim)? as u64;
+            return Ok(per.saturating_mul(held as u64));
+        }
+        let per = self.token_bytes(n_kv_heads, head_dim)? as u64;
+        let fixed = self.fixed_bytes(n_kv_heads, head_dim) as u64;
+        Ok(per.saturating_mul(held as u64).saturating_add(fixed))
     }
 }

@@ -48,8 +48,13 @@
 //! alone at 3 bits are slightly worse unbiased (0.044 → 0.046). `ub` makes both sides
 //! unbiased, `plain` neither (the paper), `nc` norm-corrects both.
 //!
+//! Calibration: a layer that centers or weighs (below) holds its first tokens as f16 rows
+//! until it has seen the model's `kv::calibration_rows` (512 on every Gemma), then measures
+//! each head's offset and weights on all of them and codes them; a conversation opened with
+//! a short message so loses what a long first prefill loses, not 2–3.4× as much.
+//!
 //! Centering (the default): each kv head of a TurboQuant layer stores its vectors relative
-//! to an offset, the mean of the first tokens it receives. Gemma's keys carry 30–77% of
+//! to an offset, the mean of the tokens it calibrates on. Gemma's keys carry 30–77% of
 //! their energy in a mean shared by all tokens; the codec's error scales with the coded
 //! vector's norm, so coding `k − μ` instead of `k` cuts the key error 1.4–4×. It costs
 //! `head_dim` f32 per head and side, and nothing at attention time: a key offset shifts
@@ -61,8 +66,8 @@
 //! key's score error q·e grows with ‖q‖ whatever direction q takes, while Gemma's queries
 //! put most of their energy on a few channels, and not on the channels where keys vary
 //! most. Each kv head of a `+qw` layer codes w ⊙ (k − μ) instead of k − μ, with
-//! w_j = (E q_j² / Var k_j)^¼ measured on the head's first chunk (the queries of that chunk
-//! and of any earlier one the cache saw), and scores q ⊘ w against the codes, which is the
+//! w_j = (E q_j² / Var k_j)^¼ measured on the tokens it calibrates on (the queries of those
+//! tokens and of any earlier ones the cache saw), and scores q ⊘ w against the codes, which is the
 //! same product: error moves off the channels queries read onto those they ignore. By
 //! Cauchy–Schwarz the score error's variance falls by (Σ√(E q_j²·Var k_j))² / (Σ E q_j² ·
 //! Σ Var k_j); on Gemma 3 270M and Alice that is 1.1–3.4× on sliding layers and 5–18× on

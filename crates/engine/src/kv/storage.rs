@@ -5,7 +5,7 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use super::precision::KvPrecision;
+pub use super::precision::{calibration_rows, KvPrecision, CALIBRATION_ROWS};
 use super::wire::{WireReader, WireWriter};
 use crate::error::Result;
 
@@ -133,6 +133,10 @@ pub struct StorageShape {
     /// tests exercise the crossing on a machine without a GPU). Dense storages keep their
     /// tensors on `device` and ignore it.
     pub home: Option<Device>,
+    /// Rows a calibrating TurboQuant side holds as f16 before it calibrates on them: the
+    /// model's [`calibration_rows`] in a cache, [`CALIBRATION_ROWS`] from
+    /// [`StorageShape::new`]; at most a segment.
+    pub calibration_rows: usize,
 }
 
 impl StorageShape {
@@ -143,6 +147,7 @@ impl StorageShape {
             head_dim,
             device,
             home: None,
+            calibration_rows: CALIBRATION_ROWS,
         }
     }
 }

@@ -23,7 +23,7 @@ pub struct LayerChange {
     pub tokens: usize,
     /// Bytes it holds now.
     pub bytes_before: u64,
-    /// Bytes it will hold ([`KvPrecision::held_bytes`]).
+    /// Bytes it will hold ([`KvPrecision::bytes_after`]).
     pub bytes_after: u64,
 }
 
@@ -97,7 +97,8 @@ impl KvCache {
                 to,
                 tokens,
                 bytes_before: o.storage.bytes_used() as u64,
-                bytes_after: to.held_bytes(h, d, tokens)?,
+                // The new storage is filled with the held tokens only.
+                bytes_after: to.bytes_after(h, d, tokens, tokens, o.shape.calibration_rows)?,
             });
         }
         Ok(ConvertPlan {

@@ -70,6 +70,7 @@ use super::spec::{TqPrecision, TqSide};
 use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
 use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
+use kvlab_cpu::attention;
 use kvlab_cpu::vmath::exp_shifted_sum;
 
 use super::split_softmax::{merge, Partial};
@@ -81,8 +82,9 @@ pub const SEGMENT_TOKENS: usize = 512;
 /// cut into blocks of query rows so the scores never grow with `t × context`.
 const SCORE_BUDGET: usize = 1 << 20;
 
-/// Fewest rows in a head's first append for their mean to become the head's offset
-/// (the centering in `kv::spec`); a smaller first append leaves the head uncentered.
+/// Fewest rows a head calibrates on for their mean to become its offset (the centering in
+/// `kv::spec`); with fewer (a storage told to calibrate on less, in tests) it stays
+/// uncentered.
 const MIN_CENTER_ROWS: usize = 16;
 
 /// Below this many (query, key) pairs a block is processed on the calling thread. Low enough
@@ -340,7 +342,14 @@ impl BlockSide {
 
 /// Keys or values of every kv head.
 struct Side {
+    /// The codec a coded side's segments hold codes of; `None` for block and dense sides,
+    /// and for a calibrating side until it calibrates (`waiting` holds it then).
     codec: Option<Arc<Codec>>,
+    /// A calibrating side's codec (centered, or `+qw` keys) while it holds its first rows as
+    /// f16 ([`Side::append_heads`]): until then it is a dense f16 side in every respect.
+    waiting: Option<Arc<Codec>>,
+    /// Rows it waits for ([`StorageShape::calibration_rows`]).
+    calibration_rows: usize,
     /// Set for a side in one of llama.cpp's block types (then `codec` is `None`).
     block: Option<BlockSide>,
     /// The dtype of a dense side (neither `codec` nor `block`).
@@ -349,12 +358,12 @@ struct Side {
     heads: Vec<Vec<Seg>>,
     /// Whether coded vectors are stored relative to a per-head offset.
     center: bool,
-    /// Per head: the offset subtracted before encoding, fixed by the head's first append.
+    /// Per head: the offset subtracted before encoding, fixed when the side calibrates.
     offsets: Vec<Option<Vec<f32>>>,
     /// Whether coded vectors are weighted per channel by the queries' energy (`+qw`).
     weigh: bool,
-    /// Per head: the channel weights w (the codes hold w ⊙ (x − μ)), fixed by the head's
-    /// first append.
+    /// Per head: the channel weights w (the codes hold w ⊙ (x − μ)), fixed when the side
+    /// calibrates.
     weights: Vec<Option<Vec<f32>>>,
     /// Per head: Σ q_j² over the query rows of the head's group seen so far, for the weights.
     query_energy: Vec<Vec<f64>>,
@@ -365,6 +374,7 @@ impl fmt::Debug for Side {
         // Never print the codes themselves.
         f.debug_struct("Side")
             .field("spec", &self.codec.as_ref().map(|c| *c.spec()))
+            .field("waiting", &self.waiting.is_some())
             .field("dim", &self.dim)
             .field("heads", &self.heads.len())
             .field("segments", &self.heads.first().map_or(0, Vec::len))
@@ -375,15 +385,10 @@ impl fmt::Debug for Side {
 impl Side {
     /// `rotate` and `is_key` choose a block side's rotation: keys in the widest Hadamard
     /// block upstream uses, values in 64-wide ones, neither unless `dim` is a multiple of 64.
-    fn new(
-        side: TqSide,
-        p: &TqPrecision,
-        is_key: bool,
-        n_heads: usize,
-        dim: usize,
-    ) -> Result<Self> {
+    fn new(side: TqSide, p: &TqPrecision, is_key: bool, shape: &StorageShape) -> Result<Self> {
+        let (n_heads, dim) = (shape.n_kv_heads, shape.head_dim);
         let (center, weigh) = (p.center, p.weigh_keys && is_key);
-        let codec = match side {
+        let mut codec = match side {
             TqSide::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
             _ => None,
         };
@@ -403,8 +408,11 @@ impl Side {
         };
         let center = center && codec.is_some();
         let weigh = weigh && codec.is_some();
+        let waiting = if center || weigh { codec.take() } else { None };
         Ok(Self {
             codec,
+            waiting,
+            calibration_rows: shape.calibration_rows.min(SEGMENT_TOKENS),
             block,
             dense: side.dense_dtype().unwrap_or(DType::F16),
             dim,
@@ -464,34 +472,111 @@ impl Side {
         self.codec.as_ref().map(|c| c.scratch()).unwrap_or_default()
     }
 
-    /// Appends `rows` (`n × dim`) to head `h`, filling the last segment first.
-    fn append(&mut self, h: usize, rows: &[f32]) -> Result<()> {
-        if !self.center && !self.weigh {
-            return self.append_rows(h, rows);
-        }
-        let d = self.dim;
-        let mut coded = rows.to_vec();
-        if self.center {
-            let offset = self.offsets[h].get_or_insert_with(|| {
-                if rows.len() / d >= MIN_CENTER_ROWS {
-                    mean_row(rows, d)
-                } else {
-                    // Too few rows for a mean worth having: no offset for this head.
-                    vec![0.0; d]
-                }
+    /// Appends `t` rows of every head (`rows`: `heads × t × dim`). A calibrating side holds
+    /// them as f16 until it has seen [`Side::calibration_rows`], then measures each head's
+    /// offset and weights on all of them and codes them in place ([`Side::calibrate`]).
+    fn append_heads(&mut self, rows: &[f32], t: usize) -> Result<()> {
+        let per_head = t * self.dim;
+        if self.waiting.is_some() {
+            let held = self.heads.first().map_or(0, |segs| {
+                segs.iter().map(|s| self.seg_len(s)).sum::<usize>()
             });
-            for r in coded.chunks_exact_mut(d) {
-                r.iter_mut().zip(offset.iter()).for_each(|(x, m)| *x -= m);
+            if held + t >= self.calibration_rows {
+                return self.calibrate(rows, t);
+            }
+            // Refused now as the codec would refuse them when it calibrates (and as a
+            // calibrated side's append does), not later, at the append that calibrates.
+            for r in rows.chunks_exact(self.dim) {
+                let norm = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+                if !norm.is_finite() || norm > f16::MAX.to_f32() {
+                    return Err(kvlab_turboquant::Error::NotEncodable { norm }.into());
+                }
             }
         }
-        if self.weigh {
-            let energy = &self.query_energy[h];
-            let w = self.weights[h].get_or_insert_with(|| channel_weights(energy, &coded, d));
-            for r in coded.chunks_exact_mut(d) {
-                r.iter_mut().zip(w.iter()).for_each(|(x, w)| *x *= w);
+        for (h, r) in rows.chunks_exact(per_head).enumerate() {
+            let coded = self.coded(h, r);
+            self.append_rows(h, &coded)?;
+        }
+        Ok(())
+    }
+
+    /// `rows` of head `h` as its codes hold them: less the head's offset, times its weights.
+    fn coded<'a>(&self, h: usize, rows: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        let (offset, weights) = (self.offset(h), self.weights(h));
+        if offset.is_none() && weights.is_none() {
+            return std::borrow::Cow::Borrowed(rows);
+        }
+        let mut coded = rows.to_vec();
+        for r in coded.chunks_exact_mut(self.dim) {
+            if let Some(m) = offset {
+                r.iter_mut().zip(m).for_each(|(x, m)| *x -= m);
+            }
+            if let Some(w) = weights {
+                r.iter_mut().zip(w).for_each(|(x, w)| *x *= w);
             }
         }
-        self.append_rows(h, &coded)
+        std::borrow::Cow::Owned(coded)
+    }
+
+    /// Calibrates a waiting side on the rows it holds and `rows` (`heads × t × dim`): each
+    /// head's offset (their mean, [`MIN_CENTER_ROWS`] at least) and weights, then every row
+    /// coded in the same places. All or nothing: on an error the side is as it was.
+    fn calibrate(&mut self, rows: &[f32], t: usize) -> Result<()> {
+        let d = self.dim;
+        let n_heads = self.heads.len();
+        self.codec = self.waiting.take();
+        let built = (|| {
+            let mut heads = Vec::with_capacity(n_heads);
+            let mut offsets = Vec::with_capacity(n_heads);
+            let mut weights = Vec::with_capacity(n_heads);
+            for (h, new) in rows.chunks_exact(t * d).enumerate() {
+                let held: usize = self.heads[h].iter().map(|s| self.seg_len(s)).sum();
+                let mut all = vec![0f32; held * d];
+                self.decode(h, 0, &mut all)?;
+                all.extend_from_slice(new);
+                let offset = (self.center && all.len() / d >= MIN_CENTER_ROWS)
+                    .then(|| mean_row(&all, d))
+                    .or(self.center.then(|| vec![0.0; d]));
+                if let Some(m) = &offset {
+                    for r in all.chunks_exact_mut(d) {
+                        r.iter_mut().zip(m).for_each(|(x, m)| *x -= m);
+                    }
+                }
+                let w = self
+                    .weigh
+                    .then(|| channel_weights(&self.query_energy[h], &all, d));
+                if let Some(w) = &w {
+                    for r in all.chunks_exact_mut(d) {
+                        r.iter_mut().zip(w).for_each(|(x, w)| *x *= w);
+                    }
+                }
+                let mut segs = Vec::new();
+                self.append_to(&mut segs, &all)?;
+                heads.push(segs);
+                offsets.push(offset);
+                weights.push(w);
+            }
+            Ok::<_, EngineError>((heads, offsets, weights))
+        })();
+        match built {
+            Ok((heads, offsets, weights)) => {
+                self.heads = heads;
+                self.offsets = offsets;
+                self.weights = weights;
+                Ok(())
+            }
+            Err(e) => {
+                self.waiting = self.codec.take();
+                Err(e)
+            }
+        }
+    }
+
+    /// Holds a calibrating side's rows as f16 again, waiting, once it holds none.
+    fn restage(&mut self) {
+        if self.waiting.is_none() && (self.center || self.weigh) {
+            self.waiting = self.codec.take();
+        }
     }
 
     /// The offset of head `h`, if its vectors are stored relative to one.
@@ -499,19 +584,27 @@ impl Side {
         self.offsets.get(h).and_then(|o| o.as_deref())
     }
 
-    fn append_rows(&mut self, h: usize, mut rows: &[f32]) -> Result<()> {
+    /// Appends `rows` (`n × dim`, as coded) to head `h`, filling the last segment first.
+    fn append_rows(&mut self, h: usize, rows: &[f32]) -> Result<()> {
+        let mut segs = std::mem::take(&mut self.heads[h]);
+        let res = self.append_to(&mut segs, rows);
+        self.heads[h] = segs;
+        res
+    }
+
+    /// [`Side::append_rows`] into the segments `segs`.
+    fn append_to(&self, segs: &mut Vec<Seg>, mut rows: &[f32]) -> Result<()> {
         let d = self.dim;
         let row_bytes = self.bytes_per_vector();
         while !rows.is_empty() {
-            let need_new = match self.heads[h].last() {
+            let need_new = match segs.last() {
                 None => true,
                 Some(s) => self.seg_len(s) == SEGMENT_TOKENS,
             };
             if need_new {
-                let seg = self.new_seg();
-                self.heads[h].push(seg);
+                segs.push(self.new_seg());
             }
-            let Some(seg) = self.heads[h].last_mut() else {
+            let Some(seg) = segs.last_mut() else {
                 return Err(EngineError::invalid("segment missing after push"));
             };
             let have = match seg {
@@ -550,6 +643,7 @@ impl Side {
         if total == 0 {
             self.offsets.iter_mut().for_each(|o| *o = None);
             self.weights.iter_mut().for_each(|w| *w = None);
+            self.restage();
         }
         let keep = total.div_ceil(SEGMENT_TOKENS);
         let in_last = total - keep.saturating_sub(1) * SEGMENT_TOKENS;
@@ -738,14 +832,38 @@ impl Side {
                 b.ty.dots(keys, qq, d, &mut out[lo..], n)?;
             }
             (Seg::Dense(v), _) => {
+                // The f16 cache's kernels (a calibrating side's first rows, a dense side).
                 let n = v.len() / d;
-                let mut row = vec![0f32; d];
-                for t in cols.start..cols.end.min(n) {
-                    v.read(t * d, &mut row)
-                        .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
-                    for (qi, q) in queries.chunks_exact(d).enumerate() {
-                        out[qi * n + t] = q.iter().zip(&row).map(|(a, b)| a * b).sum();
+                let (lo, hi) = (cols.start.min(n), cols.end.min(n));
+                if hi <= lo {
+                    return Ok(());
+                }
+                let g = queries.len() / d;
+                let mut sc = vec![0f32; g * (hi - lo)];
+                let none: &[&[f32]] = &[];
+                match v {
+                    DenseRows::F16(x) => {
+                        let keys: Vec<&[f16]> = x[lo * d..hi * d].chunks_exact(d).collect();
+                        attention::scores(queries, &keys, none, g, 1.0, &mut sc);
                     }
+                    DenseRows::F32(x) => {
+                        let keys: Vec<&[f32]> = x[lo * d..hi * d].chunks_exact(d).collect();
+                        attention::scores(queries, &keys, none, g, 1.0, &mut sc);
+                    }
+                    DenseRows::Bf16(_) => {
+                        let mut row = vec![0f32; d];
+                        for t in lo..hi {
+                            v.read(t * d, &mut row)
+                                .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
+                            for (qi, q) in queries.chunks_exact(d).enumerate() {
+                                sc[qi * (hi - lo) + t - lo] =
+                                    q.iter().zip(&row).map(|(a, b)| a * b).sum();
+                            }
+                        }
+                    }
+                }
+                for (qi, row) in sc.chunks_exact(hi - lo).enumerate() {
+                    out[qi * n + lo..qi * n + hi].copy_from_slice(row);
                 }
             }
             (Seg::Codes(_), None) => {
@@ -846,6 +964,24 @@ impl Side {
                     let values = b.dequantize_rows(held, d)?;
                     out.copy_from_slice(&matmul(w, g, values, span.len(), d)?);
                 }
+            }
+            (Seg::Dense(DenseRows::F16(x)), _) => {
+                let g = out.len() / d;
+                let Some((span, w)) = weighed_span(weights, x.len() / d, g, rows) else {
+                    out.fill(0.0);
+                    return Ok(());
+                };
+                let vals: Vec<&[f16]> = x[span.start * d..span.end * d].chunks_exact(d).collect();
+                attention::weighted(&w, &vals, g, out);
+            }
+            (Seg::Dense(DenseRows::F32(x)), _) => {
+                let g = out.len() / d;
+                let Some((span, w)) = weighed_span(weights, x.len() / d, g, rows) else {
+                    out.fill(0.0);
+                    return Ok(());
+                };
+                let vals: Vec<&[f32]> = x[span.start * d..span.end * d].chunks_exact(d).collect();
+                attention::weighted(&w, &vals, g, out);
             }
             (Seg::Dense(v), _) => {
                 let n = v.len() / d;
@@ -980,20 +1116,8 @@ impl TurboQuantStorage {
             None => false,
         };
         Ok(Self {
-            key: Side::new(
-                precision.key,
-                &precision,
-                true,
-                shape.n_kv_heads,
-                shape.head_dim,
-            )?,
-            value: Side::new(
-                precision.value,
-                &precision,
-                false,
-                shape.n_kv_heads,
-                shape.head_dim,
-            )?,
+            key: Side::new(precision.key, &precision, true, &shape)?,
+            value: Side::new(precision.value, &precision, false, &shape)?,
             precision,
             shape,
             front: 0,
@@ -1388,6 +1512,15 @@ impl Side {
                 }
                 flag => return Err(corrupt(format!("weights flag {flag}"))),
             };
+            // A calibrating side saved before it calibrated has neither, and f16 rows.
+            if self.center || self.weigh {
+                let calibrated = self.offsets[h].is_some() || self.weights[h].is_some();
+                if h == 0 && calibrated {
+                    self.codec = self.waiting.take();
+                } else if calibrated != self.waiting.is_none() {
+                    return Err(corrupt("kv heads saved both calibrated and not"));
+                }
+            }
             let n = r.len(total.div_ceil(SEGMENT_TOKENS), "a head's segment count")?;
             let mut segs = Vec::with_capacity(n);
             for _ in 0..n {
@@ -1488,17 +1621,10 @@ impl KvStorage for TurboQuantStorage {
         let vf = self.host_rows(v)?;
         Counters::add(&self.counters.appended_floats, kf.len() + vf.len());
         let before = self.total;
-        let mut res = Ok(());
-        for head in 0..h {
-            let rows = head * t * d..(head + 1) * t * d;
-            res = self
-                .key
-                .append(head, &kf[rows.clone()])
-                .and_then(|_| self.value.append(head, &vf[rows]));
-            if res.is_err() {
-                break;
-            }
-        }
+        let res = self
+            .key
+            .append_heads(&kf, t)
+            .and_then(|_| self.value.append_heads(&vf, t));
         if res.is_err() {
             // All or nothing: a vector that cannot be encoded leaves the storage as it was.
             self.key.truncate(before);

@@ -28,8 +28,18 @@ fn tensor(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
     )?)
 }
 
+/// A shape whose calibrating sides calibrate on their first append, whatever its size: these
+/// tests are about codes, and most append fewer than [`CALIBRATION_ROWS`] tokens.
 fn shape(n_kv: usize, d: usize) -> StorageShape {
-    StorageShape::new(n_kv, d, Device::Cpu)
+    waiting(n_kv, d, 1)
+}
+
+/// A shape whose calibrating sides hold their first `rows` as f16.
+fn waiting(n_kv: usize, d: usize, rows: usize) -> StorageShape {
+    StorageShape {
+        calibration_rows: rows,
+        ..StorageShape::new(n_kv, d, Device::Cpu)
+    }
 }
 
 fn tq(key: TqSide, value: TqSide) -> TqPrecision {
@@ -56,7 +66,10 @@ fn check_against_dense(
     chunks: &[usize],
 ) -> Result<()> {
     let as_given = |q: &Tensor, _: f32| Ok(q.clone());
-    check_against_dense_scored(precision, n_heads, n_kv, d, window, chunks, &as_given)
+    check_against_dense_scored(precision, n_heads, n_kv, d, window, chunks, &as_given)?;
+    // Again with the first 200 rows waiting as f16 before the side calibrates on them.
+    let waits = |q: &Tensor, _: f32| Ok(q.clone());
+    check_waiting(precision, n_heads, n_kv, d, window, chunks, 200, &waits)
 }
 
 /// [`check_against_dense`] with the dense attention given the queries as `scored(q, scale)`
@@ -71,7 +84,23 @@ fn check_against_dense_scored(
     chunks: &[usize],
     scored: &dyn Fn(&Tensor, f32) -> Result<Tensor>,
 ) -> Result<()> {
-    let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+    check_waiting(precision, n_heads, n_kv, d, window, chunks, 1, scored)
+}
+
+/// [`check_against_dense_scored`] on a storage whose calibrating sides wait for
+/// `calibration_rows`.
+#[allow(clippy::too_many_arguments)]
+fn check_waiting(
+    precision: TqPrecision,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    window: Option<usize>,
+    chunks: &[usize],
+    calibration_rows: usize,
+    scored: &dyn Fn(&Tensor, f32) -> Result<Tensor>,
+) -> Result<()> {
+    let mut s = TurboQuantStorage::new(precision, waiting(n_kv, d, calibration_rows))?;
     let (mut seq, mut key_start) = (0usize, 0usize);
     for (step, &c) in chunks.iter().enumerate() {
         let seed = 1000 + step as u64;
@@ -380,6 +409,7 @@ fn centering_cuts_the_error_of_offset_vectors_and_stays_exact_in_attention() -> 
 
 #[test]
 fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
+    // Calibrating on the first append whatever its size (`shape`): 4 rows give no offset.
     let k = offset_rows(5, 1, 40, 64)?;
     let p = tq(codes(Bits::B3), codes(Bits::B3));
     let mut short = TurboQuantStorage::new(p, shape(1, 64))?;
@@ -387,16 +417,93 @@ fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
     short.append(&k.narrow(1, 4, 36)?, &k.narrow(1, 4, 36)?)?;
     let mut long = TurboQuantStorage::new(p, shape(1, 64))?;
     long.append(&k, &k)?;
-    let err = |s: &TurboQuantStorage| -> Result<f32> {
-        let (kd, _) = s.to_dense()?;
-        Ok((&kd - &k)?.sqr()?.sum_all()?.to_scalar::<f32>()?)
-    };
-    let (e_short, e_long) = (err(&short)?, err(&long)?);
+    let (e_short, e_long) = (sq_error(&short, &k)?, sq_error(&long, &k)?);
     assert!(e_long < 0.5 * e_short, "long {e_long} vs short {e_short}");
     // A reset forgets the offset: the next first append decides again.
     short.truncate(0)?;
     short.append(&k, &k)?;
-    assert!((err(&short)? - e_long).abs() <= 1e-3 * e_long);
+    assert!((sq_error(&short, &k)? - e_long).abs() <= 1e-3 * e_long);
+    Ok(())
+}
+
+/// Σ (decoded key − key)² over a storage's keys.
+fn sq_error(s: &TurboQuantStorage, k: &Tensor) -> Result<f32> {
+    let (kd, _) = s.to_dense()?;
+    Ok((&kd - k)?.sqr()?.sum_all()?.to_scalar::<f32>()?)
+}
+
+#[test]
+fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
+    // Rows f16 holds exactly, so waiting loses nothing the codes would not.
+    let (n_kv, t, d) = (2usize, 90usize, 64usize);
+    let k = offset_rows(5, n_kv, t, d)?
+        .to_dtype(DType::F16)?
+        .to_dtype(DType::F32)?;
+    let v = (k.clone() * 0.5)?;
+    let p = TqPrecision {
+        weigh_keys: true,
+        ..tq(codes(Bits::B3), codes(Bits::B4))
+    };
+    let energy: Vec<f64> = (0..n_kv * d).map(|j| 1.0 + (j % 7) as f64).collect();
+    let rows = 64;
+    let mut chat = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    chat.set_query_energy(&energy);
+    let held = |s: &TurboQuantStorage, n| {
+        KvPrecision::TurboQuant(p)
+            .bytes_after(n_kv, d, n, n, rows)
+            .map(|b| assert_eq!(s.bytes_used() as u64, b, "{n} rows"))
+    };
+    // A short first message: held as f16 (exactly, here), at f16's bytes, and attended
+    // over as the dense rows they are.
+    chat.append(&k.narrow(1, 0, 5)?, &v.narrow(1, 0, 5)?)?;
+    chat.append(&k.narrow(1, 5, 40)?, &v.narrow(1, 5, 40)?)?;
+    assert_eq!(
+        max_abs(&(&chat.to_dense()?.0 - &k.narrow(1, 0, 45)?)?)?,
+        0.0
+    );
+    held(&chat, 45)?;
+    assert_eq!(chat.bytes_used(), n_kv * 45 * 2 * 2 * d);
+    assert!(chat.wants_query_energy());
+    // The row that reaches 64 calibrates on all 64 waiting and new rows: the same codes,
+    // offsets and weights as one long first append of them.
+    chat.append(&k.narrow(1, 45, 30)?, &v.narrow(1, 45, 30)?)?;
+    chat.append(&k.narrow(1, 75, 15)?, &v.narrow(1, 75, 15)?)?;
+    let mut long = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    long.set_query_energy(&energy);
+    long.append(&k.narrow(1, 0, 75)?, &v.narrow(1, 0, 75)?)?;
+    long.append(&k.narrow(1, 75, 15)?, &v.narrow(1, 75, 15)?)?;
+    let (a, b) = (chat.to_dense()?, long.to_dense()?);
+    assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0);
+    assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0);
+    assert!(sq_error(&chat, &k)? > 0.0, "the keys are coded now");
+    assert!(!chat.wants_query_energy());
+    held(&chat, t)?;
+    // Codes, offsets of both sides and the keys' weights: far below f16's bytes.
+    let coded = KvPrecision::TurboQuant(p).token_bytes(n_kv, d)? * t + 3 * n_kv * d * 4;
+    assert_eq!(chat.bytes_used(), coded);
+    // Saved and restored while waiting, a cache calibrates as it would have.
+    let mut waits = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    waits.set_query_energy(&energy);
+    waits.append(&k.narrow(1, 0, 45)?, &v.narrow(1, 0, 45)?)?;
+    let mut w = crate::kv::wire::WireWriter::new();
+    waits.write_state(&mut w)?;
+    let bytes = w.into_bytes();
+    let mut back = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    back.set_query_energy(&energy);
+    back.read_state(&mut crate::kv::wire::WireReader::new(&bytes))?;
+    assert_eq!(back.bytes_used(), waits.bytes_used());
+    back.append(&k.narrow(1, 45, 30)?, &v.narrow(1, 45, 30)?)?;
+    back.append(&k.narrow(1, 75, 15)?, &v.narrow(1, 75, 15)?)?;
+    assert_eq!(max_abs(&(&back.to_dense()?.0 - &a.0)?)?, 0.0);
+    // A reset waits again; a row the codes could not hold is refused while waiting too,
+    // and the rows before it stay.
+    chat.truncate(0)?;
+    chat.append(&k.narrow(1, 0, 5)?, &v.narrow(1, 0, 5)?)?;
+    held(&chat, 5)?;
+    let huge = (v.narrow(1, 0, 1)? * 1e6)?;
+    let e = chat.append(&k.narrow(1, 0, 1)?, &huge);
+    assert!(matches!(e, Err(EngineError::Codec(_))), "{e:?}");
+    assert_eq!(chat.len(), 5);
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use crate::checkpoint::config::ModelConfig;
 use crate::contract::AttentionKind;
 use crate::contract::TokenCost;
 use crate::error::Result;
-use crate::kv::{presets, PrecisionPolicy};
+use crate::kv::{calibration_rows, presets, PrecisionPolicy};
 
 /// KV bytes one token costs under `policy` over `config`'s cache-owning layers, per
 /// attention kind (sliding layers stop growing once their window is full).
@@ -42,8 +42,9 @@ pub struct KindTokenBytes {
 /// The KV bytes a context of `tokens` holds under `policy`, before anything is loaded:
 /// full layers keep every token; sliding layers the last `window − 1` plus `rewind_margin`
 /// (what [`KvCache`] keeps between steps once [`KvCache::set_rewind_margin`] is set); a
-/// TurboQuant layer adds its per-head offsets once it holds a token. Equal to a filled
-/// cache's bytes (tested).
+/// TurboQuant layer holds f16 rows until it has seen the model's
+/// [`calibration_rows`](crate::kv::calibration_rows), then codes and its per-head offsets and
+/// weights. Equal to a filled cache's bytes (tested).
 pub fn estimate_kv_bytes(
     config: &ModelConfig,
     policy: &PrecisionPolicy,
@@ -51,13 +52,15 @@ pub fn estimate_kv_bytes(
     rewind_margin: usize,
 ) -> Result<u64> {
     let mut total = 0u64;
+    let waits = calibration_rows(config.max_position_embeddings);
     for l in config.cache_owning_layers() {
         let held = match l.sliding_window {
             Some(w) => tokens.min(w.saturating_sub(1).saturating_add(rewind_margin)),
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
-        total = total.saturating_add(precision.held_bytes(l.n_kv_heads, l.head_dim, held)?);
+        let bytes = precision.bytes_after(l.n_kv_heads, l.head_dim, held, tokens, waits)?;
+        total = total.saturating_add(bytes);
     }
     Ok(total)
 }

@@ -42,16 +42,20 @@ fn token_bytes_match_what_a_storage_holds() {
         "tq3+prod@all",
     ] {
         let p = policy(spec).full;
-        for (heads, dim) in [(1, 256), (2, 16), (4, 128)] {
+        // Below and past the rows a TurboQuant layer holds as f16 before it calibrates.
+        for ((heads, dim), t) in [(1, 256), (2, 16), (4, 128)]
+            .into_iter()
+            .flat_map(|s| [(s, 3), (s, 600)])
+        {
             let shape = StorageShape::new(heads, dim, Device::Cpu);
             let mut s = new_storage(p, shape).expect("storage");
             let x =
-                Tensor::ones((heads, 3, dim), candle_core::DType::F32, &Device::Cpu).expect("x");
+                Tensor::ones((heads, t, dim), candle_core::DType::F32, &Device::Cpu).expect("x");
             s.append(&x, &x).expect("append");
             assert_eq!(
-                p.held_bytes(heads, dim, 3).expect("bytes") as usize,
+                p.held_bytes(heads, dim, t).expect("bytes") as usize,
                 s.bytes_used(),
-                "{spec} {heads}x{dim}"
+                "{spec} {heads}x{dim} {t}"
             );
         }
     }
@@ -66,9 +70,16 @@ fn token_bytes_match_what_a_storage_holds() {
 #[test]
 fn estimate_equals_a_filled_cache_and_splits_by_kind() {
     let cfg = tiny_config();
-    for spec in ["f32", "f16", "tq4", "tq3.5@all", "k4v3@sliding"] {
+    for spec in [
+        "f32",
+        "f16",
+        "tq4",
+        "tq3.5@all",
+        "k4v3@sliding",
+        "k4v3+qw@all",
+    ] {
         let p = policy(spec);
-        for tokens in [0, 5, 7, 8, 40] {
+        for tokens in [0, 5, 7, 8, 15, 16, 40, 600] {
             let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
             cache.fill_synthetic(tokens, 1).expect("fill");
             assert_eq!(
@@ -145,32 +156,49 @@ fn context_and_document_costs_are_differences_of_the_estimate() {
     // The second document comes on top of the first, past the 256-token context.
     assert_eq!(f16(&fits[1].costs), 2 * 128 * 300);
     assert_eq!((fits[1].context_after, fits[1].fits), (346, false));
-    let tq = fits[0]
-        .costs
-        .iter()
-        .find(|c| c.spec == "k4v3+qw@all")
-        .unwrap();
+    let tq = |fits: &[DocumentFit]| {
+        fits[0]
+            .costs
+            .iter()
+            .find(|c| c.spec == "k4v3+qw@all")
+            .unwrap()
+            .bytes
+    };
     // Only the 2 full layers grow: 2 heads × (10 + 8) B per token each.
-    assert_eq!(tq.bytes, 2 * 36 * 20);
+    assert_eq!(tq(&document_fits(&cfg, 20, &[20], 16, 0)), 2 * 36 * 20);
+    // Until TurboQuant layers have seen 16 tokens (the tiny model's calibration rows) they
+    // hold f16 rows: f16's cost, on all 6 layers while the windows fill.
+    assert_eq!(tq(&document_fits(&cfg, 2, &[5], 16, 0)), 6 * 128 * 5);
+    // From then on, codes, and per layer one offset per side and the keys' weights (3 × 2
+    // heads × 16 f32), the sliding layers' 7 tokens too.
+    let at = |tokens| {
+        context_costs(&cfg, tokens, 0)
+            .into_iter()
+            .find(|c| c.spec == "k4v3+qw@all")
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(at(16), 2 * (36 * 16 + 384) + 4 * (36 * 7 + 384));
+    assert_eq!(at(15), 2 * 128 * 15 + 4 * 128 * 7);
 }
 
 #[test]
 fn kv_parts_sum_layers_per_kind_and_precision() {
     let cfg = tiny_config();
     let mut cache = KvCache::new(&cfg, &policy("tq3.5"), &Device::Cpu).expect("cache");
-    cache.fill_synthetic(20, 1).expect("fill");
+    cache.fill_synthetic(600, 1).expect("fill");
     let kv = KvBytes::of(&cache);
     let parts: Vec<(AttentionKind, &str, u64)> = kv
         .parts
         .iter()
         .map(|p| (p.kind, p.precision.as_str(), p.bytes.used))
         .collect();
-    // Four sliding f16 layers (7 tokens held), two full TQ 3.5 ones (20 + offsets).
+    // Four sliding f16 layers (7 tokens held), two full TQ 3.5 ones (600 coded + offsets).
     assert_eq!(
         parts,
         [
             (AttentionKind::Sliding, "f16", 4 * 128 * 7),
-            (AttentionKind::Full, "tq3.5", 2 * (36 * 20 + 256)),
+            (AttentionKind::Full, "tq3.5", 2 * (36 * 600 + 256)),
         ]
     );
     assert_eq!(
