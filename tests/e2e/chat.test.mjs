@@ -629,3 +629,24 @@ async function shortOfMemory(chat, second) {
     : "";
   assert.ok(/demoted|restored/.test(back.text) || /^Restored /.test(notice), `${back.text} | ${notice}`);
 }
+
+// Last: a new conversation opened in TurboQuant holds its first tokens as f16 until it has
+// seen the model's calibration rows (512 on the 270M), and the KV figure says so.
+test("a new TurboQuant conversation says it holds f16 until it calibrates", async () => {
+  await (await $('[data-testid="new-chat"]')).click();
+  await app.browser.waitUntil(async () => (await answers()).length === 0, {
+    timeout: 5_000,
+    timeoutMsg: "the new chat did not open",
+  });
+  await choosePrecision("k4v3+qw");
+  await waitForPolicy("k4v3+qw@all", 30_000);
+  await waitForStats(await send("Hello!"));
+  const label = await $('[data-testid="kv-label"]');
+  const text = () => app.browser.execute(() => document.querySelector('[data-testid="kv-label"]')?.textContent ?? "");
+  await app.browser.waitUntil(async () => /^KV · f16 until 512$/.test(await text()), {
+    timeout: 10_000,
+    timeoutMsg: "the KV figure does not say the cache waits as f16",
+  });
+  assert.match(await label.getAttribute("title"), /^k4v3\+qw@all holds this conversation's first 512 tokens as f16/);
+  await shot("cache-calibrating.png");
+});

@@ -81,6 +81,7 @@ fn build(ckpt: &Checkpoint) -> ModelCard {
         hidden_size: config.hidden_size,
         vocab_size: config.vocab_size,
         max_context: config.max_position_embeddings,
+        calibration_rows: crate::kv::calibration_rows(config.max_position_embeddings),
         sliding_window: config.sliding_window,
         heads,
         weights_bytes: ws.held_bytes_estimate(),

@@ -272,6 +272,11 @@ spec: string,
  */
 bytes: number, 
 /**
+ * Its TurboQuant layers still hold their first tokens as f16, waiting for the model's
+ * calibration rows (`ModelCard::calibration_rows`) before they code them.
+ */
+calibrating: boolean, 
+/**
  * Bytes of its cache file (0 when none).
  */
 disk_bytes: number, 
@@ -763,6 +768,11 @@ rss_bytes: number,
  */
 cache_spec: string, 
 /**
+ * Whether the cache's TurboQuant layers still hold their first tokens as f16, waiting
+ * for the model's calibration rows ([`KvCache::calibrating`]).
+ */
+calibrating: boolean, 
+/**
  * Every conversation's cache: its tier and bytes, in memory and on disk (the timeline's
  * stack by conversation and tier).
  */
@@ -815,6 +825,11 @@ vocab_size: number,
  * Maximum context in tokens.
  */
 max_context: number, 
+/**
+ * Tokens a TurboQuant cache that centers or weighs its keys (every menu preset) holds
+ * as f16 before it calibrates on all of them and codes them (`kv::calibration_rows`).
+ */
+calibration_rows: number, 
 /**
  * Sliding window (0 without sliding layers).
  */

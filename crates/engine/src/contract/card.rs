@@ -98,6 +98,9 @@ pub struct ModelCard {
     pub vocab_size: usize,
     /// Maximum context in tokens.
     pub max_context: usize,
+    /// Tokens a TurboQuant cache that centers or weighs its keys (every menu preset) holds
+    /// as f16 before it calibrates on all of them and codes them (`kv::calibration_rows`).
+    pub calibration_rows: usize,
     /// Sliding window (0 without sliding layers).
     pub sliding_window: usize,
     /// Head shapes, one entry per distinct shape, sliding layers first.

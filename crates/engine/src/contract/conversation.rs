@@ -137,6 +137,10 @@ pub struct ConversationInfo {
     pub spec: String,
     /// KV bytes it holds in memory.
     pub bytes: u64,
+    /// Its TurboQuant layers still hold their first tokens as f16, waiting for the model's
+    /// calibration rows (`ModelCard::calibration_rows`) before they code them.
+    #[serde(default)]
+    pub calibrating: bool,
     /// Bytes of its cache file (0 when none).
     pub disk_bytes: u64,
     /// A request is running in it (it is never demoted or spilled then).

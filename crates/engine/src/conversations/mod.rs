@@ -16,7 +16,7 @@ use crate::contract::{CacheOrigin, ConversationId, ConversationInfo, MarkerKind,
 use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
 use crate::kv::PrecisionPolicy;
-use crate::memory::{estimate_kv_bytes, unix_ms, ByteCount, RssProbe, SwitchEvent};
+use crate::memory::{unix_ms, ByteCount, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 
 pub(crate) use files::SpillDir;
@@ -137,14 +137,15 @@ impl Pool {
         self.conversations
             .iter()
             .map(|(id, c)| {
-                let (tier, bytes, tokens) = match &c.place {
+                let (tier, bytes, tokens, calibrating) = match &c.place {
                     Place::Memory { session, demoted } => (
                         if *demoted { Tier::Demoted } else { Tier::Held },
                         session.memory().total.0 as u64,
                         session.len(),
+                        session.cache().calibrating(),
                     ),
-                    Place::Disk => (Tier::OnDisk, 0, c.tokens),
-                    Place::Dropped => (Tier::Dropped, 0, c.tokens),
+                    Place::Disk => (Tier::OnDisk, 0, c.tokens, false),
+                    Place::Dropped => (Tier::Dropped, 0, c.tokens, false),
                 };
                 ConversationInfo {
                     id: id.clone(),
@@ -152,6 +153,7 @@ impl Pool {
                     tokens,
                     spec: c.policy.spec_string(),
                     bytes,
+                    calibrating,
                     disk_bytes: c.file.map_or(0, |(b, _)| b),
                     busy: c.busy,
                     last_used_ms: c.used_ms,
@@ -502,7 +504,6 @@ impl Pool {
         need: &Need,
         limit: u64,
         settings: &PoolSettings,
-        model: &Model,
     ) -> Result<std::result::Result<Vec<Action>, Shortfall>> {
         // The owner's own reservation is what it asks to replace.
         let owner_reserved = need
@@ -518,7 +519,6 @@ impl Pool {
         if short == 0 {
             return Ok(Ok(Vec::new()));
         }
-        let config = model.config();
         let mut victims: Vec<(&ConversationId, &Conversation, u64)> = self
             .conversations
             .iter()
@@ -542,12 +542,9 @@ impl Pool {
             if *demoted || c.policy == settings.demote_to || session.is_empty() {
                 continue;
             }
-            let after = estimate_kv_bytes(
-                config,
-                &settings.demote_to,
-                session.len(),
-                session.cache().rewind_margin(),
-            )?;
+            // The switch's own plan: what the demotion will hold, layer by layer (a switch
+            // calibrates on the rows it has, where a new cache would hold them as f16).
+            let after = session.cache().plan(&settings.demote_to)?.bytes_after();
             if after >= *bytes {
                 continue;
             }

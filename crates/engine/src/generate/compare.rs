@@ -207,10 +207,14 @@ impl CompareRun {
                 max_context,
                 started,
             )?;
+            // Calibrated on the prompt, given at once, as the scoring's caches are
+            // (`Lockstep::calibrating_on_first_chunk`): each pane shows what its cache holds.
+            let mut cache = model.new_cache(policy)?;
+            cache.set_calibration_rows(prompt.len())?;
             panes.push(Pane {
                 index,
                 seq: Some(seq),
-                cache: Some(model.new_cache(policy)?),
+                cache: Some(cache),
             });
         }
         Ok(Self {
@@ -340,14 +344,17 @@ impl CompareRun {
         };
         let run = match self.scoring.as_mut() {
             Some(run) => run,
-            None => self.scoring.insert(Lockstep::new(
-                model,
-                self.reference.clone(),
-                &self.policies[0],
-                &self.tests[range.clone()],
-                FIDELITY_CHUNK,
-                0,
-            )?),
+            None => self.scoring.insert(
+                Lockstep::new(
+                    model,
+                    self.reference.clone(),
+                    &self.policies[0],
+                    &self.tests[range.clone()],
+                    FIDELITY_CHUNK,
+                    0,
+                )?
+                .calibrating_on_first_chunk()?,
+            ),
         };
         run.step(model)?;
         let len = self.reference.len();

@@ -11,7 +11,7 @@ use ts_rs::TS;
 use crate::error::Result;
 use crate::generate::fidelity::{compare_many_from, FidelityReport};
 use crate::kv::{KvPrecision, PrecisionPolicy};
-use crate::memory::estimate_kv_bytes;
+use crate::memory::{estimate_kv_bytes, estimate_kv_bytes_at_once};
 use crate::models::common::Model;
 
 /// One cache's point of a sweep.
@@ -35,12 +35,15 @@ pub struct SweepPoint {
     pub tokens_scored: usize,
 }
 
-/// Bits per coordinate `policy` holds at `tokens` tokens: its bytes against an f32 cache's
-/// (exactly 32 bits per coordinate) with the same layers and tokens held, both from the
-/// engine's byte formula ([`estimate_kv_bytes`], which the storages' own counts equal).
+/// Bits per coordinate `policy` holds at `tokens` tokens once calibrated (as a comparison's
+/// caches are, `Lockstep::calibrating_on_first_chunk`, and any cache past the model's
+/// calibration rows): its bytes against an f32 cache's (exactly 32 bits per coordinate)
+/// with the same layers and tokens held, both from the engine's byte formula
+/// ([`estimate_kv_bytes_at_once`], which the storages' own counts equal).
 pub fn bits_per_coordinate(model: &Model, policy: &PrecisionPolicy, tokens: usize) -> Result<f64> {
     let config = model.config();
-    let held = |p: &PrecisionPolicy| estimate_kv_bytes(config, p, tokens, 0).map(|b| b as f64);
+    let held =
+        |p: &PrecisionPolicy| estimate_kv_bytes_at_once(config, p, tokens, 0).map(|b| b as f64);
     let f32_bytes = held(&PrecisionPolicy::uniform(KvPrecision::F32))?;
     Ok(32.0 * held(policy)? / f32_bytes.max(1.0))
 }

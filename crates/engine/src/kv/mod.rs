@@ -31,7 +31,7 @@ pub use presets::{
 pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
 pub use storage::{
     calibration_rows, AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic,
-    CALIBRATION_ROWS,
+    CALIBRATION_ROWS, MIN_CALIBRATION_ROWS,
 };
 pub use switch::{ConvertPlan, LayerChange};
 pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
@@ -252,6 +252,23 @@ impl KvCache {
     /// `margin` tokens of memory per sliding layer; takes effect from the next step.
     pub fn set_rewind_margin(&mut self, margin: usize) {
         self.rewind_margin = margin;
+    }
+
+    /// Lets an empty cache's TurboQuant layers calibrate on their first `rows` tokens
+    /// ([`StorageShape::calibration_rows`], at most the model's): a comparison over a text
+    /// shorter than the model's calibration rows codes it as a switch would, where a new
+    /// conversation would hold it all as f16. Fails on a cache that holds tokens.
+    pub fn set_calibration_rows(&mut self, rows: usize) -> Result<()> {
+        if self.seq_len > 0 {
+            return Err(EngineError::invalid(
+                "calibration rows are set before the first token",
+            ));
+        }
+        for o in self.slots.iter_mut().filter_map(|s| s.owned.as_mut()) {
+            o.shape.calibration_rows = o.shape.calibration_rows.min(rows);
+            o.storage = new_storage(o.storage.precision(), o.shape.clone())?;
+        }
+        Ok(())
     }
 
     /// Tokens sliding layers keep beyond their window ([`KvCache::set_rewind_margin`]).
@@ -483,6 +500,15 @@ impl KvCache {
             .filter_map(|s| s.owned.as_ref())
             .map(|o| o.storage.traffic())
             .fold(StorageTraffic::default(), |a, b| a + b)
+    }
+
+    /// Whether some layer still holds its first tokens as f16 before it calibrates
+    /// ([`KvStorage::calibrating`]): until then a TurboQuant cache weighs what f16 weighs.
+    pub fn calibrating(&self) -> bool {
+        self.slots
+            .iter()
+            .filter_map(|s| s.owned.as_ref())
+            .any(|o| o.storage.calibrating())
     }
 
     /// Exact bytes per layer and per attention kind.

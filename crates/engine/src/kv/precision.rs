@@ -59,15 +59,21 @@ impl std::fmt::Display for KvPrecision {
 /// instead (a short first message), tq4+qw@all lost 2–3.4× as much for the rest of the
 /// conversation (270M, Alice: 0.046 mean KLD calibrated on 512 rows, 0.060 on 256, 0.080
 /// on 128, 0.158 on 1). At most a segment ([`super::SEGMENT_TOKENS`]), so a sliding window
-/// never drops rows that wait.
+/// never drops rows that wait. A layer given all its rows at once calibrates on them
+/// without waiting, from [`MIN_CALIBRATION_ROWS`]: a switch (`KvCache::apply`: the user
+/// asked for the smaller cache now, and no more rows are coming with it) and a comparison
+/// over a shorter text.
 pub const CALIBRATION_ROWS: usize = 512;
+
+/// Fewest rows a layer calibrates on: below, their mean is no offset worth having.
+pub const MIN_CALIBRATION_ROWS: usize = 16;
 
 /// The rows a calibrating layer waits for in a model trained for `context` tokens:
 /// [`CALIBRATION_ROWS`], or a sixteenth of a shorter context (16 at least, the fewest
 /// centering takes), so that f16 never holds more than that share of a full context. Every
 /// Gemma has 32k tokens or more; the tests' tiny models have 256, and wait for 16.
 pub fn calibration_rows(context: usize) -> usize {
-    (context / 16).clamp(16, CALIBRATION_ROWS)
+    (context / 16).clamp(MIN_CALIBRATION_ROWS, CALIBRATION_ROWS)
 }
 
 impl KvPrecision {

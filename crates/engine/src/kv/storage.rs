@@ -5,7 +5,7 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use super::precision::{calibration_rows, KvPrecision, CALIBRATION_ROWS};
+pub use super::precision::{calibration_rows, KvPrecision, CALIBRATION_ROWS, MIN_CALIBRATION_ROWS};
 use super::wire::{WireReader, WireWriter};
 use crate::error::Result;
 
@@ -53,6 +53,16 @@ pub trait KvStorage: Send + std::fmt::Debug {
     /// query group) over the query rows the cache has seen, given before the appends that
     /// follow them.
     fn set_query_energy(&mut self, _energy: &[f64]) {}
+    /// Whether some side still holds its first rows as f16, waiting to calibrate on
+    /// [`StorageShape::calibration_rows`] of them (a TurboQuant side that centers or weighs).
+    fn calibrating(&self) -> bool {
+        false
+    }
+    /// Calibrates now on the rows held, without waiting for more, if they are at least
+    /// [`MIN_CALIBRATION_ROWS`] (a switch's new storage, filled with every row it will get).
+    fn calibrate_now(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// softmax(scale·q·kᵀ + mask)·v over the held tokens, computed by the storage.
     fn attend(&self, q: &Tensor, spec: &AttendSpec) -> Result<Tensor>;
     /// Forgets the `n` oldest tokens (sliding windows).

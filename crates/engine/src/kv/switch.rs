@@ -4,7 +4,9 @@
 //! swaps them in only when all are complete, so a switch that fails part-way leaves the cache
 //! exactly as it was.
 
-use super::{new_storage, KvCache, KvPrecision, PrecisionPolicy, CONVERT_CHUNK};
+use super::{
+    new_storage, KvCache, KvPrecision, PrecisionPolicy, CONVERT_CHUNK, MIN_CALIBRATION_ROWS,
+};
 use crate::contract::AttentionKind;
 use crate::error::{EngineError, Result};
 
@@ -97,8 +99,8 @@ impl KvCache {
                 to,
                 tokens,
                 bytes_before: o.storage.bytes_used() as u64,
-                // The new storage is filled with the held tokens only.
-                bytes_after: to.bytes_after(h, d, tokens, tokens, o.shape.calibration_rows)?,
+                // The new storage gets the held tokens at once and calibrates on them.
+                bytes_after: to.bytes_after(h, d, tokens, tokens, MIN_CALIBRATION_ROWS)?,
             });
         }
         Ok(ConvertPlan {
@@ -142,6 +144,9 @@ impl KvCache {
                 storage.append(&k, &v)?;
                 at += m;
             }
+            // Every row it will get is there: a TurboQuant layer calibrates on them now
+            // rather than hold them as f16 (the user asked for the smaller cache).
+            storage.calibrate_now()?;
             fresh.push((change.layer, storage));
         }
         for (layer, storage) in fresh {

@@ -67,7 +67,9 @@ use kvlab_turboquant::{CodeBlock, Codec, Scratch};
 use rayon::prelude::*;
 
 use super::spec::{TqPrecision, TqSide};
-use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic};
+use super::storage::{
+    AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic, MIN_CALIBRATION_ROWS,
+};
 use super::wire::{corrupt, WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 use kvlab_cpu::attention;
@@ -81,11 +83,6 @@ pub const SEGMENT_TOKENS: usize = 512;
 /// Upper bound on the floats of one query block's score buffer (4 MiB): long prefills are
 /// cut into blocks of query rows so the scores never grow with `t × context`.
 const SCORE_BUDGET: usize = 1 << 20;
-
-/// Fewest rows a head calibrates on for their mean to become its offset (the centering in
-/// `kv::spec`); with fewer (a storage told to calibrate on less, in tests) it stays
-/// uncentered.
-const MIN_CENTER_ROWS: usize = 16;
 
 /// Below this many (query, key) pairs a block is processed on the calling thread. Low enough
 /// that a decode step over a sliding window (4 query heads × 512 keys on the 270M, 8 on
@@ -519,9 +516,12 @@ impl Side {
     }
 
     /// Calibrates a waiting side on the rows it holds and `rows` (`heads × t × dim`): each
-    /// head's offset (their mean, [`MIN_CENTER_ROWS`] at least) and weights, then every row
+    /// head's offset (their mean, [`MIN_CALIBRATION_ROWS`] at least) and weights, then every row
     /// coded in the same places. All or nothing: on an error the side is as it was.
     fn calibrate(&mut self, rows: &[f32], t: usize) -> Result<()> {
+        if self.waiting.is_none() {
+            return Ok(());
+        }
         let d = self.dim;
         let n_heads = self.heads.len();
         self.codec = self.waiting.take();
@@ -529,12 +529,13 @@ impl Side {
             let mut heads = Vec::with_capacity(n_heads);
             let mut offsets = Vec::with_capacity(n_heads);
             let mut weights = Vec::with_capacity(n_heads);
-            for (h, new) in rows.chunks_exact(t * d).enumerate() {
+            for h in 0..n_heads {
+                let new = rows.get(h * t * d..(h + 1) * t * d).unwrap_or_default();
                 let held: usize = self.heads[h].iter().map(|s| self.seg_len(s)).sum();
                 let mut all = vec![0f32; held * d];
                 self.decode(h, 0, &mut all)?;
                 all.extend_from_slice(new);
-                let offset = (self.center && all.len() / d >= MIN_CENTER_ROWS)
+                let offset = (self.center && all.len() / d >= MIN_CALIBRATION_ROWS)
                     .then(|| mean_row(&all, d))
                     .or(self.center.then(|| vec![0.0; d]));
                 if let Some(m) = &offset {
@@ -1009,7 +1010,7 @@ impl Side {
 }
 
 /// Fewest rows for a head's channel weights: below, the head's codes stay unweighted.
-const MIN_WEIGHT_ROWS: usize = MIN_CENTER_ROWS;
+const MIN_WEIGHT_ROWS: usize = MIN_CALIBRATION_ROWS;
 
 /// Bounds on a channel's weight relative to the others: a channel no query has read yet, or
 /// on which no key varies, must not take a weight that overflows the stored norm.
@@ -1645,6 +1646,20 @@ impl KvStorage for TurboQuantStorage {
 
     fn set_query_energy(&mut self, energy: &[f64]) {
         self.key.set_query_energy(energy);
+    }
+
+    fn calibrating(&self) -> bool {
+        self.key.waiting.is_some() || self.value.waiting.is_some()
+    }
+
+    fn calibrate_now(&mut self) -> Result<()> {
+        if self.total < MIN_CALIBRATION_ROWS {
+            return Ok(());
+        }
+        // Each side calibrates all or nothing; a side calibrated beside one still waiting is
+        // a storage like any other (each side reads its own segments).
+        self.key.calibrate(&[], 0)?;
+        self.value.calibrate(&[], 0)
     }
 
     fn drop_front(&mut self, n: usize) -> Result<()> {

@@ -9,6 +9,7 @@ use kvlab_turboquant::{bytes_per_vector, Bits, RotationKind, Spec, Variant};
 use super::*;
 use crate::kv::attend_dense;
 use crate::kv::spec::CacheSpec;
+use crate::kv::CALIBRATION_ROWS;
 
 /// Deterministic roughly-normal values (sum of 4 uniforms), with a per-row offset so
 /// vectors are not centred (the case a sign-less rotation would get wrong).
@@ -463,7 +464,7 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
     );
     held(&chat, 45)?;
     assert_eq!(chat.bytes_used(), n_kv * 45 * 2 * 2 * d);
-    assert!(chat.wants_query_energy());
+    assert!(chat.wants_query_energy() && chat.calibrating());
     // The row that reaches 64 calibrates on all 64 waiting and new rows: the same codes,
     // offsets and weights as one long first append of them.
     chat.append(&k.narrow(1, 45, 30)?, &v.narrow(1, 45, 30)?)?;
@@ -476,7 +477,7 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
     assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0);
     assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0);
     assert!(sq_error(&chat, &k)? > 0.0, "the keys are coded now");
-    assert!(!chat.wants_query_energy());
+    assert!(!chat.wants_query_energy() && !chat.calibrating());
     held(&chat, t)?;
     // Codes, offsets of both sides and the keys' weights: far below f16's bytes.
     let coded = KvPrecision::TurboQuant(p).token_bytes(n_kv, d)? * t + 3 * n_kv * d * 4;
@@ -504,6 +505,33 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
     let e = chat.append(&k.narrow(1, 0, 1)?, &huge);
     assert!(matches!(e, Err(EngineError::Codec(_))), "{e:?}");
     assert_eq!(chat.len(), 5);
+    Ok(())
+}
+
+#[test]
+fn a_switch_calibrates_on_the_rows_it_was_given() -> Result<()> {
+    let (n_kv, d) = (2usize, 64usize);
+    let k = offset_rows(5, n_kv, 40, d)?
+        .to_dtype(DType::F16)?
+        .to_dtype(DType::F32)?;
+    let p = tq(codes(Bits::B3), codes(Bits::B4));
+    let mut s = TurboQuantStorage::new(p, waiting(n_kv, d, CALIBRATION_ROWS))?;
+    // Fewer rows than calibrating takes: they keep waiting.
+    s.append(&k.narrow(1, 0, 10)?, &k.narrow(1, 0, 10)?)?;
+    s.calibrate_now()?;
+    assert!(s.calibrating());
+    s.append(&k.narrow(1, 10, 30)?, &k.narrow(1, 10, 30)?)?;
+    s.calibrate_now()?;
+    assert!(!s.calibrating());
+    // The codes of a storage that calibrated on those 40 rows appended at once, at the bytes
+    // a switch's plan gives.
+    let mut once = TurboQuantStorage::new(p, shape(n_kv, d))?;
+    once.append(&k, &k)?;
+    let (a, b) = (s.to_dense()?, once.to_dense()?);
+    assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0);
+    assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0);
+    let planned = KvPrecision::TurboQuant(p).bytes_after(n_kv, d, 40, 40, MIN_CALIBRATION_ROWS)?;
+    assert_eq!(s.bytes_used() as u64, planned);
     Ok(())
 }
 

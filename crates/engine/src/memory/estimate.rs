@@ -9,7 +9,7 @@ use crate::checkpoint::config::ModelConfig;
 use crate::contract::AttentionKind;
 use crate::contract::TokenCost;
 use crate::error::Result;
-use crate::kv::{calibration_rows, presets, PrecisionPolicy};
+use crate::kv::{calibration_rows, presets, PrecisionPolicy, MIN_CALIBRATION_ROWS};
 
 /// KV bytes one token costs under `policy` over `config`'s cache-owning layers, per
 /// attention kind (sliding layers stop growing once their window is full).
@@ -51,15 +51,39 @@ pub fn estimate_kv_bytes(
     tokens: usize,
     rewind_margin: usize,
 ) -> Result<u64> {
-    let mut total = 0u64;
     let waits = calibration_rows(config.max_position_embeddings);
+    kv_bytes(config, policy, tokens, rewind_margin, waits)
+}
+
+/// [`estimate_kv_bytes`] of a cache given its tokens at once, which calibrates on them
+/// without waiting ([`MIN_CALIBRATION_ROWS`] on): a switch, a comparison.
+pub fn estimate_kv_bytes_at_once(
+    config: &ModelConfig,
+    policy: &PrecisionPolicy,
+    tokens: usize,
+    rewind_margin: usize,
+) -> Result<u64> {
+    kv_bytes(config, policy, tokens, rewind_margin, MIN_CALIBRATION_ROWS)
+}
+
+/// The bytes of [`estimate_kv_bytes`] for layers that calibrate on their first
+/// `calibration_rows` tokens.
+fn kv_bytes(
+    config: &ModelConfig,
+    policy: &PrecisionPolicy,
+    tokens: usize,
+    rewind_margin: usize,
+    calibration_rows: usize,
+) -> Result<u64> {
+    let mut total = 0u64;
     for l in config.cache_owning_layers() {
         let held = match l.sliding_window {
             Some(w) => tokens.min(w.saturating_sub(1).saturating_add(rewind_margin)),
             None => tokens,
         };
         let precision = policy.for_layer(l.index, l.kind);
-        let bytes = precision.bytes_after(l.n_kv_heads, l.head_dim, held, tokens, waits)?;
+        let bytes =
+            precision.bytes_after(l.n_kv_heads, l.head_dim, held, tokens, calibration_rows)?;
         total = total.saturating_add(bytes);
     }
     Ok(total)

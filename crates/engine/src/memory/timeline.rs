@@ -104,6 +104,10 @@ pub struct MemorySample {
     /// The cache's policy at that moment, as its canonical SPEC (so a figure and its label
     /// always come from the same instant).
     pub cache_spec: String,
+    /// Whether the cache's TurboQuant layers still hold their first tokens as f16, waiting
+    /// for the model's calibration rows ([`KvCache::calibrating`]).
+    #[serde(default)]
+    pub calibrating: bool,
     /// Every conversation's cache: its tier and bytes, in memory and on disk (the timeline's
     /// stack by conversation and tier).
     #[serde(default)]
@@ -126,6 +130,7 @@ impl MemorySample {
             weights_bytes: weights_bytes as u64,
             rss_bytes: probe.rss_bytes(),
             cache_spec: policy.spec_string(),
+            calibrating: cache.calibrating(),
             conversations: Vec::new(),
         }
     }

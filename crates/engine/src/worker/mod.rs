@@ -431,6 +431,7 @@ impl EngineHandle {
             weights_bytes: s.weights_bytes,
             rss_bytes: probe.rss_bytes(),
             cache_spec: focused.map_or_else(|| s.policy.spec_string(), |c| c.spec.clone()),
+            calibrating: focused.is_some_and(|c| c.calibrating),
             conversations: s.conversations,
         }
     }

@@ -379,8 +379,10 @@ impl Worker {
             let _ = self.identity();
         }
         let limit = self.kv_limit();
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let actions = match self.pool.plan(&need, limit, &settings, &loaded.model)? {
+        if self.loaded.is_none() {
+            return Err(JobError::no_model());
+        }
+        let actions = match self.pool.plan(&need, limit, &settings)? {
             Ok(actions) => actions,
             Err(short) => return Err(self.refusal(&need, purpose, short)),
         };

@@ -336,6 +336,28 @@ fn a_generating_conversation_is_never_demoted_or_spilled() {
 }
 
 #[test]
+fn a_turboquant_cache_holds_its_first_tokens_as_f16_until_it_calibrates() {
+    // The tiny model (a 256-token context) waits for 16 rows; a 12-token prompt and one
+    // more token stay below.
+    let (tq, f16) = (lab("tq4@all"), lab("f16"));
+    let (a1, _) = ok_turn(&tq.engine, "a", &prompt(1), 2);
+    ok_turn(&f16.engine, "a", &prompt(1), 2);
+    let (a, b) = (info(&tq.engine, "a"), info(&f16.engine, "a"));
+    assert!(a.tokens < 16 && a.calibrating && !b.calibrating, "{a:?}");
+    assert_eq!((a.bytes, a.spec.as_str()), (b.bytes, "tq4@all"));
+    // Past 16 tokens it has calibrated and codes them all: fewer bytes than f16's.
+    ok_turn(&tq.engine, "a", &next(&prompt(1), &a1), 8);
+    let a = info(&tq.engine, "a");
+    assert!(a.tokens >= 16 && !a.calibrating, "{a:?}");
+    let with_f16 = lab("f16");
+    ok_turn(&with_f16.engine, "a", &prompt(1), 2);
+    ok_turn(&with_f16.engine, "a", &next(&prompt(1), &a1), 8);
+    let b = info(&with_f16.engine, "a");
+    assert_eq!(b.tokens, a.tokens);
+    assert!(a.bytes < b.bytes, "{a:?} {b:?}");
+}
+
+#[test]
 fn one_clients_cache_leaves_anothers_precision_and_answers_alone() {
     let l = lab("f16");
     let (a1, _) = ok_turn(&l.engine, "a", &prompt(1), 8);

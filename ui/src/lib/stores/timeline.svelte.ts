@@ -25,7 +25,12 @@ export class TimelineStore {
   onSample(s: MemorySample, current: string, spec: string): void {
     const mine = s.conversations.find((c) => c.id === current);
     this.conversations = s.conversations;
-    this.lastSample = { ...s, tokens_in_context: mine?.tokens ?? 0, cache_spec: mine?.spec ?? spec };
+    this.lastSample = {
+      ...s,
+      tokens_in_context: mine?.tokens ?? 0,
+      cache_spec: mine?.spec ?? spec,
+      calibrating: mine?.calibrating ?? false,
+    };
     this.series.push({ tMs: s.t_ms, tokens: mine?.tokens ?? 0, values: sampleValues(s, current) });
     this.version += 1;
   }

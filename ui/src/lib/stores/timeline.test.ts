@@ -2,12 +2,13 @@ import { describe, expect, it } from "vitest";
 import type { ConversationInfo, MemorySample, SwitchEvent } from "../api";
 import { TimelineStore } from "./timeline.svelte";
 
-const conv = (id: string, tokens: number, bytes: number, tier: ConversationInfo["tier"] = "held"): ConversationInfo => ({
+const conv = (id: string, tokens: number, bytes: number, tier: ConversationInfo["tier"] = "held", calibrating = false): ConversationInfo => ({
   id,
   tier,
   tokens,
   spec: "f16",
   bytes,
+  calibrating,
   disk_bytes: 0,
   busy: false,
   last_used_ms: 0,
@@ -20,6 +21,7 @@ const sample = (t: number, conversations: ConversationInfo[]): MemorySample => (
   weights_bytes: 100,
   rss_bytes: 5000,
   cache_spec: "engine's",
+  calibrating: true,
   conversations,
 });
 
@@ -28,15 +30,18 @@ const bytes = (used: number) => ({ used, allocated: used });
 describe("TimelineStore", () => {
   it("reads a sample's figures for the conversation on screen", () => {
     const t = new TimelineStore();
-    t.onSample(sample(1000, [conv("a", 10, 1000), conv("b", 40, 2000, "demoted")]), "b", "tq4");
+    t.onSample(sample(1000, [conv("a", 10, 1000, "held", true), conv("b", 40, 2000, "demoted")]), "b", "tq4");
     expect(t.lastSample?.tokens_in_context).toBe(40);
     expect(t.lastSample?.cache_spec).toBe("f16");
+    // Whether its cache still waits to calibrate is the conversation's too, not the sample's.
+    expect(t.lastSample?.calibrating).toBe(false);
     expect(t.conversation("a")?.bytes).toBe(1000);
     expect(t.series.length).toBe(1);
     expect(t.version).toBe(1);
     // A conversation the engine does not hold yet: no tokens, and the chat's own cache name.
     t.onSample(sample(1500, [conv("a", 10, 1000)]), "new", "tq4");
     expect(t.lastSample?.tokens_in_context).toBe(0);
+    expect(t.lastSample?.calibrating).toBe(false);
     expect(t.lastSample?.cache_spec).toBe("tq4");
     expect(t.conversations.map((c) => c.id)).toEqual(["a"]);
   });
