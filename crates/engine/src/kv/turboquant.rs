@@ -1,5 +1,7 @@
 //! Quantized K/V storage: tokens are encoded as they are appended (no dense copy outlives
-//! the chunk that brought them), keys and values each in their own side format (TurboQuant
+//! the chunk that brought them; a side that calibrates holds its first rows as f16 until it
+//! has seen [`StorageShape::calibration_rows`], then codes them all, `Side::append_heads`),
+//! keys and values each in their own side format (TurboQuant
 //! codes under a codec spec, one of llama.cpp's block types, or dense f16, bf16 or f32;
 //! `kv::format`), one stream of segments per kv head; attention reads the stored form
 //! directly, on every device, and the held tokens are never decoded on the decode path.
@@ -537,7 +539,7 @@ impl Side {
                 all.extend_from_slice(new);
                 let offset = (self.center && all.len() / d >= MIN_CALIBRATION_ROWS)
                     .then(|| mean_row(&all, d))
-                    .or(self.center.then(|| vec![0.0; d]));
+                    .or_else(|| self.center.then(|| vec![0.0; d]));
                 if let Some(m) = &offset {
                     for r in all.chunks_exact_mut(d) {
                         r.iter_mut().zip(m).for_each(|(x, m)| *x -= m);

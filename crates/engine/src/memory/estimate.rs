@@ -126,13 +126,23 @@ pub fn context_costs(
     costs_between(config, 0, tokens, rewind_margin)
 }
 
-/// Per preset: the bytes a context of `to` tokens holds minus those of `from` tokens.
+/// Per preset: the bytes a context of `to` tokens holds minus those of `from` tokens. Where
+/// `to` reaches the model's calibration rows both are counted calibrated: tokens that make a
+/// TurboQuant cache code what it held as f16 cost what they weigh as codes, not the
+/// (negative) difference the calibration makes.
 fn costs_between(config: &ModelConfig, from: usize, to: usize, margin: usize) -> Vec<ContextCost> {
+    let calibrated = to >= calibration_rows(config.max_position_embeddings);
     presets()
         .into_iter()
         .filter_map(|p| {
             let policy = crate::kv::CacheSpec::parse(&p.specs.all).ok()?.to_policy();
-            let at = |t| estimate_kv_bytes(config, &policy, t, margin).ok();
+            let at = |t| {
+                if calibrated {
+                    kv_bytes(config, &policy, t, margin, 0).ok()
+                } else {
+                    estimate_kv_bytes(config, &policy, t, margin).ok()
+                }
+            };
             Some(ContextCost {
                 label: p.label,
                 spec: p.specs.all,

@@ -164,8 +164,10 @@ fn context_and_document_costs_are_differences_of_the_estimate() {
             .unwrap()
             .bytes
     };
-    // Only the 2 full layers grow: 2 heads × (10 + 8) B per token each.
+    // Only the 2 full layers grow: 2 heads × (10 + 8) B per token each; a document that
+    // makes the cache calibrate (10 tokens held as f16, 30 after it) costs its tokens' codes.
     assert_eq!(tq(&document_fits(&cfg, 20, &[20], 16, 0)), 2 * 36 * 20);
+    assert_eq!(tq(&document_fits(&cfg, 10, &[20], 16, 0)), 2 * 36 * 20);
     // Until TurboQuant layers have seen 16 tokens (the tiny model's calibration rows) they
     // hold f16 rows: f16's cost, on all 6 layers while the windows fill.
     assert_eq!(tq(&document_fits(&cfg, 2, &[5], 16, 0)), 6 * 128 * 5);
