@@ -35,6 +35,8 @@
 # BENCH_APP=0 skips the app rows (no display server or tauri-driver needed then).
 # llama.cpp's cache types (BENCH_BLOCK_TYPES, default "q8_0 q4_0") get their own table:
 # our decode with --kv TYPE against llama-bench -ctk TYPE -ctv TYPE, and against our f16.
+# Every ratio to our f16 (TQ-4's and the block types') is taken in one process, the caches
+# alternating (`bench decode --prefill-each`); our f16 against llama.cpp in its own.
 # Then every cache of the app's menu against our f16, prefill and decode (BENCH_PRESETS=0
 # skips it), and the time to first token through `kvlab serve` by conversation length (1 KB, 32 KB,
 # 112 KB; scripts/bench/ttft.py, BENCH_TTFT=0 skips it). Last,
@@ -116,6 +118,20 @@ kvlab() { # model depth kv -> "prefill decode weight-bytes-per-token"
     --text paradise-lost --kv "$3" --json 2>/dev/null |
     python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["prefill_tokens"]/r["prefill_secs"], r["decode_tokens"]/r["decode_secs"], r["weights_bytes_per_token"])'
 }
+# Our f16, tq4@all and the block types in one process (`--prefill-each`: each prefills its own
+# cache, then decodes from one shared prefill), alternating, so their ratios to our f16 are
+# taken side by side: one "<kv> <prefill tok/s> <decode tok/s>" line per cache, f16 first.
+kvlab_caches() { # model depth
+  local kvs="f16,tq4@all" ty
+  for ty in "${BLOCK_TYPES[@]}"; do kvs="$kvs,$ty"; done
+  "$KVLAB" --threads "$THREADS" bench decode --model "${PATHS[$1]}" --ctx "$2" --decode "$GEN" \
+    --text paradise-lost --kv "$kvs" --prefill-each --rounds 1 --json 2>/dev/null |
+    python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+for kv, secs, row in zip(r["kv"], r["prefill_each_secs"], r["rows"]):
+    print(kv, r["prefill_tokens"] / min(secs), r["decode_tokens"] / min(row["decode_secs"]))'
+}
 # The machine's stream copy rate (bytes read + written per second) on the same threads.
 stream() {
   "$KVLAB" --threads "$THREADS" bench stream --json 2>/dev/null |
@@ -134,16 +150,16 @@ for round in $(seq "$ROUNDS"); do
       echo "$m weights bytes 0 $b" >>"$RESULTS"
       [ "$d" -gt "$FULL_DEPTH" ] && continue
       echo "$m llama prefill $d $(llama "$m" "$d" prefill)" >>"$RESULTS"
-      read -r p t _ < <(kvlab "$m" "$d" tq4@all)
-      echo "$m kvlab-tq4 prefill $d $p" >>"$RESULTS"
-      echo "$m kvlab-tq4 decode $d $t" >>"$RESULTS"
       # llama.cpp's own cache types on both sides, each program storing them its way.
       for ty in "${BLOCK_TYPES[@]}"; do
         echo "$m llama-$ty decode $d $(llama "$m" "$d" decode "$ty")" >>"$RESULTS"
-        read -r p t _ < <(kvlab "$m" "$d" "$ty")
-        echo "$m kvlab-$ty prefill $d $p" >>"$RESULTS"
-        echo "$m kvlab-$ty decode $d $t" >>"$RESULTS"
       done
+      # "kvlab-f16cmp": our f16 in the same process as the caches it is the ratio's base of.
+      while read -r kv p t; do
+        case "$kv" in f16) who=kvlab-f16cmp ;; tq4@all) who=kvlab-tq4 ;; *) who="kvlab-$kv" ;; esac
+        echo "$m $who prefill $d $p" >>"$RESULTS"
+        echo "$m $who decode $d $t" >>"$RESULTS"
+      done < <(kvlab_caches "$m" "$d")
     done
   done
 done
@@ -235,10 +251,12 @@ for model in sys.argv[2:]:
         g = lambda who, what: best[(model, who, what, d)]
         ld, kd, td = g("llama", "decode"), g("kvlab", "decode"), g("kvlab-tq4", "decode")
         lp, kp, tp = g("llama", "prefill"), g("kvlab", "prefill"), g("kvlab-tq4", "prefill")
+        # TurboQuant against our f16 measured beside it in one process (alternating).
+        cd, cp = g("kvlab-f16cmp", "decode"), g("kvlab-f16cmp", "prefill")
         # A figure not measured at this depth (above BENCH_FULL_DEPTH) prints as a dash.
         f = lambda x, fmt: format(x, fmt) if x else "–"
         r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
-        print(f"| {d} | {f(ld, '.1f')} | {f(kd, '.1f')} | {r(kd, ld)} | {f(td, '.1f')} | {r(td, ld)} | {r(td, kd)} | {f(lp, '.0f')} | {f(kp, '.0f')} | {r(kp, lp)} | {r(tp, kp)} |")
+        print(f"| {d} | {f(ld, '.1f')} | {f(kd, '.1f')} | {r(kd, ld)} | {f(td, '.1f')} | {r(td, ld)} | {r(td, cd)} | {f(lp, '.0f')} | {f(kp, '.0f')} | {r(kp, lp)} | {r(tp, cp)} |")
     # Decode as a share of the machine's bandwidth: the weight bytes a step reads times the
     # rate, over the stream copy rate measured in this run (KV bytes not counted).
     wb, copy = best[(model, "weights", "bytes", 0)], best[("stream", "copy", "rate", 0)]
@@ -263,7 +281,8 @@ for model in sys.argv[2:]:
                 ld, kd = g(f"llama-{ty}", "decode"), g(f"kvlab-{ty}", "decode")
                 if not (ld or kd):
                     continue
-                kf, kpf, kp = g("kvlab", "decode"), g("kvlab", "prefill"), g(f"kvlab-{ty}", "prefill")
+                kf, kpf = g("kvlab-f16cmp", "decode"), g("kvlab-f16cmp", "prefill")
+                kp = g(f"kvlab-{ty}", "prefill")
                 r = lambda a, b: f"{a/b:.2f}" if a and b else "–"
                 print(f"| {d} | {ty} | {ld:.1f} | {kd:.1f} | {r(kd, ld)} | {r(kd, kf)} | {r(kp, kpf)} |")
 app_rows = sorted({k[3] for k in best if k[0] == "app" and k[1] == "app"}, key=str)
