@@ -120,6 +120,7 @@ class OpenAIClient(unittest.TestCase):
         self.assertTrue(tq["kv_cache"].startswith("tq3.5"), tq["kv_cache"])
         # A short chat: TurboQuant holds its first 512 tokens as f16 before it calibrates.
         self.assertEqual(tq["kv_bytes"], f16["kv_bytes"])
+        self.assertEqual((tq["kv_calibrating"], f16["kv_calibrating"]), (True, False))
         again = self.ask().usage.model_extra
         self.assertEqual((again["kv_cache"], again["kv_bytes"]), ("f16", f16["kv_bytes"]))
         # Past them, the same tokens at 3.5 bits instead of 16 (plus norms and offsets).
@@ -129,6 +130,7 @@ class OpenAIClient(unittest.TestCase):
         f16, tq = f16.usage.model_extra, tq.usage.model_extra
         self.assertLess(tq["kv_bytes"], f16["kv_bytes"] / 2)
         self.assertGreater(tq["kv_bytes"], 0)
+        self.assertFalse(tq["kv_calibrating"])
 
     def test_errors_are_openai_errors_with_our_codes(self):
         with self.assertRaises(openai.BadRequestError) as e:

@@ -440,6 +440,9 @@ pub struct Usage {
     pub kv_bytes: usize,
     /// Bytes the KV cache has reserved.
     pub kv_bytes_allocated: usize,
+    /// Its TurboQuant layers still hold the first tokens as f16, waiting to calibrate on
+    /// the model's calibration rows (512 on a Gemma): `kv_bytes` are then f16's.
+    pub kv_calibrating: bool,
     /// The cache it ran with, as its canonical SPEC.
     pub kv_cache: String,
     pub time_to_first_token_s: f64,
@@ -465,6 +468,7 @@ impl From<&GenStats> for Usage {
             cache_origin: s.cache_origin,
             kv_bytes: s.kv_bytes,
             kv_bytes_allocated: s.kv_bytes_allocated,
+            kv_calibrating: s.kv_calibrating,
             kv_cache: s.cache_spec.clone(),
             time_to_first_token_s: s.time_to_first_token_s,
             prefill_tokens_per_second: s.prefill_tok_per_s,

@@ -455,6 +455,11 @@ kv_bytes: number,
  */
 kv_bytes_allocated: number, 
 /**
+ * Its TurboQuant layers still hold their first tokens as f16, waiting for the model's
+ * calibration rows (`kv_bytes` are then f16's).
+ */
+kv_calibrating: boolean, 
+/**
  * The cache it ran with at its end, as its canonical SPEC.
  */
 cache_spec: string, 

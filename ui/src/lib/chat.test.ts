@@ -14,6 +14,7 @@ const stats: GenStats = {
   max_context: 256,
   kv_bytes: 4096,
   kv_bytes_allocated: 8192,
+  kv_calibrating: false,
   cache_spec: "f16",
   cache_origin: "new",
 };

@@ -56,6 +56,7 @@ describe("statsParts", () => {
       max_context: 32768,
       kv_bytes: 3 * 1024 * 1024,
       kv_bytes_allocated: 4 * 1024 * 1024,
+      kv_calibrating: false,
       cache_spec: "f16",
       cache_origin: "new",
     });

@@ -33,6 +33,7 @@ vi.mock("./api", async (importOriginal) => {
         max_context: 32768,
         kv_bytes: 1,
         kv_bytes_allocated: 1,
+        kv_calibrating: false,
         cache_spec: "x",
         cache_origin: "new",
       });

@@ -109,6 +109,10 @@ pub struct GenStats {
     pub kv_bytes: usize,
     /// Bytes the KV cache has reserved.
     pub kv_bytes_allocated: usize,
+    /// Its TurboQuant layers still hold their first tokens as f16, waiting for the model's
+    /// calibration rows (`kv_bytes` are then f16's).
+    #[serde(default)]
+    pub kv_calibrating: bool,
     /// The cache it ran with at its end, as its canonical SPEC.
     pub cache_spec: String,
     /// The conversation it ran in.
@@ -245,6 +249,7 @@ mod tests {
             max_context: 256,
             kv_bytes: 1024,
             kv_bytes_allocated: 2048,
+            kv_calibrating: true,
             cache_spec: "tq3.5@all".into(),
             conversation: Some(super::super::ConversationId::new("s-1").unwrap()),
             cache_origin: super::super::CacheOrigin::Restored,

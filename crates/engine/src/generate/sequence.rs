@@ -244,6 +244,7 @@ impl Sequence {
             max_context: self.max_context,
             kv_bytes: memory.total.0,
             kv_bytes_allocated: memory.total.1,
+            kv_calibrating: memory.calibrating,
             cache_spec: policy.spec_string(),
             conversation: self.conversation.clone(),
             cache_origin: self.origin,
@@ -288,6 +289,7 @@ mod tests {
             sliding: (0, 0),
             full: (0, 0),
             total: (64, 128),
+            calibrating: false,
         }
     }
 

@@ -182,6 +182,10 @@ pub struct KvMemoryReport {
     pub full: (usize, usize),
     /// (used, allocated) over all layers.
     pub total: (usize, usize),
+    /// Some layer still holds its first tokens as f16, waiting to calibrate
+    /// ([`KvCache::calibrating`]).
+    #[serde(default)]
+    pub calibrating: bool,
 }
 
 /// All layers' caches plus the number of tokens processed so far.
@@ -546,6 +550,7 @@ impl KvCache {
             sliding,
             full,
             total: (sliding.0 + full.0, sliding.1 + full.1),
+            calibrating: self.calibrating(),
         }
     }
 }

@@ -1326,5 +1326,6 @@ fn empty_report() -> KvMemoryReport {
         sliding: (0, 0),
         full: (0, 0),
         total: (0, 0),
+        calibrating: false,
     }
 }
