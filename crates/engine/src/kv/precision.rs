@@ -122,8 +122,7 @@ impl KvPrecision {
             return self.token_bytes(n_kv_heads, head_dim);
         };
         let side = |s: &TqSide, is_key: bool| -> Result<usize> {
-            let coded = s.spec().is_some();
-            if coded && (p.center || (is_key && p.weigh_keys)) {
+            if p.calibrates(is_key) {
                 return Ok(2 * head_dim);
             }
             super::format::side_bytes(s, head_dim)

@@ -180,6 +180,13 @@ fn center_by_default() -> bool {
 }
 
 impl TqPrecision {
+    /// Whether the keys (`is_key`) or the values calibrate on their first rows (module doc):
+    /// a coded side that is centered, or coded keys weighted by the queries (`+qw`).
+    pub(crate) fn calibrates(&self, is_key: bool) -> bool {
+        let side = if is_key { self.key } else { self.value };
+        side.spec().is_some() && (self.center || (is_key && self.weigh_keys))
+    }
+
     /// Keys and values as given, centered (the default).
     pub fn new(key: TqSide, value: TqSide) -> Self {
         Self {

@@ -244,6 +244,14 @@ impl DenseRows {
         }
     }
 
+    /// Floats `range` as f32 (a bf16 side's widened, for the f32 kernels).
+    fn floats(&self, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; range.len()];
+        self.read(range.start, &mut out)
+            .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
+        Ok(out)
+    }
+
     /// Floats `at..at + out.len()` into `out`; `None` past the end.
     fn read(&self, at: usize, out: &mut [f32]) -> Option<()> {
         let range = at..at + out.len();
@@ -407,7 +415,11 @@ impl Side {
         };
         let center = center && codec.is_some();
         let weigh = weigh && codec.is_some();
-        let waiting = if center || weigh { codec.take() } else { None };
+        let waiting = if p.calibrates(is_key) {
+            codec.take()
+        } else {
+            None
+        };
         Ok(Self {
             codec,
             waiting,
@@ -842,29 +854,11 @@ impl Side {
                     return Ok(());
                 }
                 let g = queries.len() / d;
-                let mut sc = vec![0f32; g * (hi - lo)];
-                let none: &[&[f32]] = &[];
-                match v {
-                    DenseRows::F16(x) => {
-                        let keys: Vec<&[f16]> = x[lo * d..hi * d].chunks_exact(d).collect();
-                        attention::scores(queries, &keys, none, g, 1.0, &mut sc);
-                    }
-                    DenseRows::F32(x) => {
-                        let keys: Vec<&[f32]> = x[lo * d..hi * d].chunks_exact(d).collect();
-                        attention::scores(queries, &keys, none, g, 1.0, &mut sc);
-                    }
-                    DenseRows::Bf16(_) => {
-                        let mut row = vec![0f32; d];
-                        for t in lo..hi {
-                            v.read(t * d, &mut row)
-                                .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
-                            for (qi, q) in queries.chunks_exact(d).enumerate() {
-                                sc[qi * (hi - lo) + t - lo] =
-                                    q.iter().zip(&row).map(|(a, b)| a * b).sum();
-                            }
-                        }
-                    }
-                }
+                let sc = match v {
+                    DenseRows::F16(x) => dense_scores(queries, &x[lo * d..hi * d], d, g),
+                    DenseRows::F32(x) => dense_scores(queries, &x[lo * d..hi * d], d, g),
+                    DenseRows::Bf16(_) => dense_scores(queries, &v.floats(lo * d..hi * d)?, d, g),
+                };
                 for (qi, row) in sc.chunks_exact(hi - lo).enumerate() {
                     out[qi * n + lo..qi * n + hi].copy_from_slice(row);
                 }
@@ -968,39 +962,17 @@ impl Side {
                     out.copy_from_slice(&matmul(w, g, values, span.len(), d)?);
                 }
             }
-            (Seg::Dense(DenseRows::F16(x)), _) => {
-                let g = out.len() / d;
-                let Some((span, w)) = weighed_span(weights, x.len() / d, g, rows) else {
-                    out.fill(0.0);
-                    return Ok(());
-                };
-                let vals: Vec<&[f16]> = x[span.start * d..span.end * d].chunks_exact(d).collect();
-                attention::weighted(&w, &vals, g, out);
-            }
-            (Seg::Dense(DenseRows::F32(x)), _) => {
-                let g = out.len() / d;
-                let Some((span, w)) = weighed_span(weights, x.len() / d, g, rows) else {
-                    out.fill(0.0);
-                    return Ok(());
-                };
-                let vals: Vec<&[f32]> = x[span.start * d..span.end * d].chunks_exact(d).collect();
-                attention::weighted(&w, &vals, g, out);
-            }
             (Seg::Dense(v), _) => {
-                let n = v.len() / d;
-                out.fill(0.0);
-                let mut row = vec![0f32; d];
-                for t in rows.start.min(n)..rows.end.min(n) {
-                    v.read(t * d, &mut row)
-                        .ok_or_else(|| EngineError::invalid("rows past a dense segment"))?;
-                    for (qi, o) in out.chunks_exact_mut(d).enumerate() {
-                        let w = weights[qi * n + t];
-                        if w != 0.0 {
-                            for (a, &x) in o.iter_mut().zip(&row) {
-                                *a += w * x;
-                            }
-                        }
-                    }
+                let g = out.len() / d;
+                let Some((span, w)) = weighed_span(weights, v.len() / d, g, rows) else {
+                    out.fill(0.0);
+                    return Ok(());
+                };
+                let at = span.start * d..span.end * d;
+                match v {
+                    DenseRows::F16(x) => dense_weighted(&x[at], d, &w, g, out),
+                    DenseRows::F32(x) => dense_weighted(&x[at], d, &w, g, out),
+                    DenseRows::Bf16(_) => dense_weighted(&v.floats(at)?, d, &w, g, out),
                 }
             }
             (Seg::Codes(_), None) => {
@@ -1009,6 +981,23 @@ impl Side {
         }
         Ok(())
     }
+}
+
+/// `g × rows` scores of the `g` queries against dense rows `x` (rows of `d`), by the f16
+/// cache's kernels.
+fn dense_scores<T: attention::Elem>(queries: &[f32], x: &[T], d: usize, g: usize) -> Vec<f32> {
+    let keys: Vec<&[T]> = x.chunks_exact(d).collect();
+    let mut sc = vec![0f32; g * keys.len()];
+    let none: &[&[f32]] = &[];
+    attention::scores(queries, &keys, none, g, 1.0, &mut sc);
+    sc
+}
+
+/// `out[qi] = Σ_t w[qi·rows + t] · x_t` over dense rows `x` (rows of `d`), by the f16 cache's
+/// kernels.
+fn dense_weighted<T: attention::Elem>(x: &[T], d: usize, w: &[f32], g: usize, out: &mut [f32]) {
+    let vals: Vec<&[T]> = x.chunks_exact(d).collect();
+    attention::weighted(w, &vals, g, out);
 }
 
 /// Fewest rows for a head's channel weights: below, the head's codes stay unweighted.

@@ -69,8 +69,7 @@ fn check_against_dense(
     let as_given = |q: &Tensor, _: f32| Ok(q.clone());
     check_against_dense_scored(precision, n_heads, n_kv, d, window, chunks, &as_given)?;
     // Again with the first 200 rows waiting as f16 before the side calibrates on them.
-    let waits = |q: &Tensor, _: f32| Ok(q.clone());
-    check_waiting(precision, n_heads, n_kv, d, window, chunks, 200, &waits)
+    check_waiting(precision, n_heads, n_kv, d, window, chunks, 200, &as_given)
 }
 
 /// [`check_against_dense`] with the dense attention given the queries as `scored(q, scale)`
