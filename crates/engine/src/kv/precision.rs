@@ -94,9 +94,20 @@ impl KvPrecision {
     }
 
     /// Bytes a layer holds besides its tokens once it holds any: the per-head offsets of its
-    /// centered TurboQuant sides and the channel weights of `+qw` keys (`head_dim` f32 each;
-    /// see `kv::spec`).
+    /// centered TurboQuant sides and the channel weights of `+qw` keys (`head_dim` f32 each),
+    /// and the first token of `+sink` block sides (`head_dim` f16 each; see `kv::spec`).
     pub fn fixed_bytes(self, n_kv_heads: usize, head_dim: usize) -> usize {
+        let KvPrecision::TurboQuant(p) = self else {
+            return 0;
+        };
+        let per_head = |n: usize, bytes: usize| n * n_kv_heads * head_dim * bytes;
+        per_head(self.calibrating_vectors(), std::mem::size_of::<f32>())
+            + per_head(p.sink_sides(), 2)
+    }
+
+    /// Per head, the f32 vectors a layer measures when it calibrates: an offset per centered
+    /// coded side, channel weights for `+qw` keys.
+    fn calibrating_vectors(self) -> usize {
         let KvPrecision::TurboQuant(p) = self else {
             return 0;
         };
@@ -105,14 +116,13 @@ impl KvPrecision {
             .filter(|s| s.spec().is_some())
             .count();
         let offsets = if p.center { coded } else { 0 };
-        let weights = usize::from(p.weigh_keys && p.key.spec().is_some());
-        (offsets + weights) * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+        offsets + usize::from(p.weigh_keys && p.key.spec().is_some())
     }
 
     /// Whether some side of this precision calibrates on its first rows (and holds them as
     /// f16 until then, [`CALIBRATION_ROWS`]): a centered coded side or `+qw` keys.
     pub fn calibrates(self) -> bool {
-        self.fixed_bytes(1, 1) > 0
+        self.calibrating_vectors() > 0
     }
 
     /// Bytes one token takes while the layer waits to calibrate: each calibrating side as
@@ -154,8 +164,13 @@ impl KvPrecision {
             return Ok(0);
         }
         if self.calibrates() && seen < calibration_rows {
+            // Nothing measured yet; a `+sink` block side beside the waiting one has its row.
             let per = self.staged_token_bytes(n_kv_heads, head_dim)? as u64;
-            return Ok(per.saturating_mul(held as u64));
+            let sinks = match self {
+                KvPrecision::TurboQuant(p) => p.sink_sides() * n_kv_heads * head_dim * 2,
+                _ => 0,
+            };
+            return Ok(per.saturating_mul(held as u64).saturating_add(sinks as u64));
         }
         let per = self.token_bytes(n_kv_heads, head_dim)? as u64;
         let fixed = self.fixed_bytes(n_kv_heads, head_dim) as u64;

@@ -374,6 +374,14 @@ struct Side {
     weights: Vec<Option<Vec<f32>>>,
     /// Per head: Σ q_j² over the query rows of the head's group seen so far, for the weights.
     query_energy: Vec<Vec<f64>>,
+    /// Whether this is a `+sink` block side (`kv::spec`).
+    sink: bool,
+    /// Per head: a `+sink` side's first token as f16, rotated as its blocks are. Attention
+    /// and decoding read it in place of that token's blocks ([`Side::sink_row`]).
+    sinks: Vec<Option<Vec<f16>>>,
+    /// Whether a sliding window dropped the first segment: the sinks then stand for no held
+    /// token, and stay (their bytes are in the layer's fixed bytes) until the side empties.
+    sink_dropped: bool,
 }
 
 impl fmt::Debug for Side {
@@ -433,7 +441,42 @@ impl Side {
             weigh,
             weights: vec![None; n_heads],
             query_energy: vec![vec![0.0; dim]; n_heads],
+            sink: p.sink && block.is_some(),
+            sinks: vec![None; n_heads],
+            sink_dropped: false,
         })
+    }
+
+    /// Keeps head `h`'s first token (the first row of `rows`) as its sink when this is a
+    /// `+sink` side that holds nothing yet.
+    fn keep_sink(&mut self, h: usize, rows: &[f32]) -> Result<()> {
+        let (Some(b), Some(first)) = (&self.block, rows.get(..self.dim)) else {
+            return Ok(());
+        };
+        if !self.sink || self.sinks[h].is_some() || !self.heads[h].is_empty() {
+            return Ok(());
+        }
+        let mut row = first.to_vec();
+        b.rotate(&mut row)?;
+        let row: Vec<f16> = row.into_iter().map(f16::from_f32).collect();
+        if row.iter().any(|x| !x.is_finite()) {
+            // Refused as a calibrating side refuses what f16 cannot hold (all or nothing:
+            // the append leaves the storage as it was).
+            let norm = first.iter().map(|x| x * x).sum::<f32>().sqrt();
+            return Err(kvlab_turboquant::Error::NotEncodable { norm }.into());
+        }
+        self.sinks[h] = Some(row);
+        Ok(())
+    }
+
+    /// Head `h`'s sink where segment `s` holds its token (as the first row), in the rotated
+    /// domain the blocks are read in.
+    fn sink_row(&self, h: usize, s: usize) -> Option<Vec<f32>> {
+        if s != 0 || self.sink_dropped {
+            return None;
+        }
+        let row = self.sinks.get(h)?.as_ref()?;
+        Some(row.iter().map(|x| x.to_f32()).collect())
     }
 
     /// Whether a head still waits for its weights (so the queries' energy is wanted).
@@ -505,6 +548,7 @@ impl Side {
             }
         }
         for (h, r) in rows.chunks_exact(per_head).enumerate() {
+            self.keep_sink(h, r)?;
             let coded = self.coded(h, r);
             self.append_rows(h, &coded)?;
         }
@@ -658,6 +702,8 @@ impl Side {
         if total == 0 {
             self.offsets.iter_mut().for_each(|o| *o = None);
             self.weights.iter_mut().for_each(|w| *w = None);
+            self.sinks.iter_mut().for_each(|s| *s = None);
+            self.sink_dropped = false;
             self.restage();
         }
         let keep = total.div_ceil(SEGMENT_TOKENS);
@@ -676,16 +722,19 @@ impl Side {
 
     /// Forgets the first `n` segments of every head.
     fn drop_segments(&mut self, n: usize) {
+        self.sink_dropped |= n > 0;
         for segs in &mut self.heads {
             let n = n.min(segs.len());
             segs.drain(..n);
         }
     }
 
-    /// Bytes of the per-head offsets and weights (f32, `dim` each per head that has one).
+    /// Bytes of the per-head offsets and weights (f32, `dim` each per head that has one)
+    /// and sinks (f16).
     fn offset_bytes(&self) -> usize {
         let vectors = self.offsets.iter().flatten().count() + self.weights.iter().flatten().count();
-        vectors * self.dim * std::mem::size_of::<f32>()
+        let sinks = self.sinks.iter().flatten().count();
+        (vectors * std::mem::size_of::<f32>() + sinks * 2) * self.dim
     }
 
     fn bytes_allocated(&self) -> usize {
@@ -738,7 +787,10 @@ impl Side {
                     let src = v
                         .get(i * b.row_bytes..(i + 1) * b.row_bytes)
                         .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
-                    b.ty.dequantize_row(src, row)?;
+                    match self.sink_row(h, j / SEGMENT_TOKENS).filter(|_| i == 0) {
+                        Some(sink) => row.copy_from_slice(&sink),
+                        None => b.ty.dequantize_row(src, row)?,
+                    }
                     b.rotate(row)?;
                 }
                 (Seg::Codes(_), None) => {
@@ -826,11 +878,11 @@ impl Side {
                 let Some(Prepared::Block(qq)) = prepared else {
                     return Err(EngineError::invalid("block keys without queries"));
                 };
+                let (lo, hi) = (cols.start.min(n), cols.end.min(n));
                 if g >= BLOCK_GEMM_MIN_ROWS && !b.ty.query_is_q8_1() {
                     // Prefill: the same products as one matrix product of the quantized
                     // queries' floats with the keys' (summed in another order). Not for
                     // q4_1/q5_1, whose dots use the query's sum rounded to f16.
-                    let (lo, hi) = (cols.start.min(n), cols.end.min(n));
                     let mut qf = vec![0f32; g * d];
                     for (q, out) in qq.chunks_exact(qb).zip(qf.chunks_exact_mut(d)) {
                         b.ty.dequantize_query(q, out)?;
@@ -840,11 +892,18 @@ impl Side {
                     for (qi, p) in prod.chunks_exact((hi - lo).max(1)).enumerate().take(g) {
                         out[qi * n + lo..qi * n + hi].copy_from_slice(&p[..hi - lo]);
                     }
-                    return Ok(());
+                } else {
+                    let keys = &v[lo * b.row_bytes..hi * b.row_bytes];
+                    b.ty.dots(keys, qq, d, &mut out[lo..], n)?;
                 }
-                let (lo, hi) = (cols.start.min(n), cols.end.min(n));
-                let keys = &v[lo * b.row_bytes..hi * b.row_bytes];
-                b.ty.dots(keys, qq, d, &mut out[lo..], n)?;
+                // A `+sink` side's first token: its f16 row, scored by the same query.
+                if let Some(sink) = self.sink_row(h, s).filter(|_| lo == 0 && hi > 0) {
+                    let mut qf = vec![0f32; d];
+                    for (qi, q) in qq.chunks_exact(qb).take(g).enumerate() {
+                        b.ty.dequantize_query(q, &mut qf)?;
+                        out[qi * n] = qf.iter().zip(&sink).map(|(a, b)| a * b).sum();
+                    }
+                }
             }
             (Seg::Dense(v), _) => {
                 // The f16 cache's kernels (a calibrating side's first rows, a dense side).
@@ -951,6 +1010,14 @@ impl Side {
                     return Ok(());
                 };
                 let held = &v[span.start * b.row_bytes..span.end * b.row_bytes];
+                let m = span.len();
+                // A `+sink` side's first token: its f16 row in place of its blocks', added
+                // as the difference once the blocks are summed.
+                let sink = self.sink_row(h, s).filter(|_| span.start == 0);
+                let w0: Vec<f32> = match sink {
+                    Some(_) => w.chunks_exact(m).map(|r| r[0]).collect(),
+                    None => Vec::new(),
+                };
                 if g < BLOCK_GEMM_MIN_ROWS {
                     // Decode: each row dequantized once and fused-added into the few
                     // outputs (the codec's SIMD kernels), never a whole dequantized copy.
@@ -959,7 +1026,18 @@ impl Side {
                 } else {
                     // Prefill: one matrix product.
                     let values = b.dequantize_rows(held, d)?;
-                    out.copy_from_slice(&matmul(w, g, values, span.len(), d)?);
+                    out.copy_from_slice(&matmul(w, g, values, m, d)?);
+                }
+                if let Some(sink) = sink {
+                    let mut first = vec![0f32; d];
+                    b.ty.dequantize_row(&held[..b.row_bytes], &mut first)?;
+                    for (o, &w0) in out.chunks_exact_mut(d).zip(&w0) {
+                        if w0 != 0.0 {
+                            for ((o, s), f) in o.iter_mut().zip(&sink).zip(&first) {
+                                *o += w0 * (s - f);
+                            }
+                        }
+                    }
                 }
             }
             (Seg::Dense(v), _) => {
@@ -1438,14 +1516,28 @@ impl Side {
     /// then its segments (kind, byte length, bytes: a `CodeBlock`'s records, or f16 rows).
     fn write_state(&self, w: &mut WireWriter) {
         w.len(self.heads.len());
-        for ((segs, offset), weights) in self.heads.iter().zip(&self.offsets).zip(&self.weights) {
+        for (h, segs) in self.heads.iter().enumerate() {
             // Weights only for `+qw` sides, so other files read as before `+qw` existed.
-            let weighted = if self.weigh { Some(weights) } else { None };
-            for v in std::iter::once(offset).chain(weighted) {
+            let weighted = if self.weigh {
+                Some(&self.weights[h])
+            } else {
+                None
+            };
+            for v in std::iter::once(&self.offsets[h]).chain(weighted) {
                 match v {
                     Some(o) => {
                         w.u8(1);
                         w.f32s(o);
+                    }
+                    None => w.u8(0),
+                }
+            }
+            // Sinks only for `+sink` sides: 0 none, 1 held, 2 kept past a dropped segment.
+            if self.sink {
+                match &self.sinks[h] {
+                    Some(row) => {
+                        w.u8(if self.sink_dropped { 2 } else { 1 });
+                        w.u16s(row.iter().map(|x| x.to_bits()));
                     }
                     None => w.u8(0),
                 }
@@ -1504,6 +1596,21 @@ impl Side {
                 }
                 flag => return Err(corrupt(format!("weights flag {flag}"))),
             };
+            let flag = if self.sink { r.u8()? } else { 0 };
+            self.sinks[h] = match flag {
+                0 => None,
+                1 | 2 if total > 0 => {
+                    if h > 0 && self.sink_dropped != (flag == 2) {
+                        return Err(corrupt("kv heads saved with their sinks both held and not"));
+                    }
+                    self.sink_dropped = flag == 2;
+                    Some(r.u16s(d)?.into_iter().map(f16::from_bits).collect())
+                }
+                flag => return Err(corrupt(format!("sink flag {flag} with {total} tokens"))),
+            };
+            if self.sink && total > 0 && self.sinks[h].is_none() {
+                return Err(corrupt("a `+sink` layer saved without its first token"));
+            }
             // A calibrating side saved before it calibrated has neither, and f16 rows.
             if self.center || self.weigh {
                 let calibrated = self.offsets[h].is_some() || self.weights[h].is_some();

@@ -90,7 +90,13 @@ impl Side {
                 let held = v
                     .get(range.start * b.row_bytes..range.end * b.row_bytes)
                     .ok_or_else(|| EngineError::invalid("rows past a block segment"))?;
-                Ok(Rows::F32(Cow::Owned(b.dequantize_rows(held, d)?)))
+                let mut rows = b.dequantize_rows(held, d)?;
+                if let Some(sink) = self.sink_row(h, s).filter(|_| range.start == 0) {
+                    if let Some(first) = rows.get_mut(..d) {
+                        first.copy_from_slice(&sink);
+                    }
+                }
+                Ok(Rows::F32(Cow::Owned(rows)))
             }
             (Seg::Dense(DenseRows::F16(v)), _) => Ok(Rows::F16(
                 v.get(range.start * d..range.end * d)

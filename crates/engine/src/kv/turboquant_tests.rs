@@ -227,6 +227,9 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         "tq4/f32",
         "bf16/tq3",
         "f32/bf16",
+        "q4_0+sink",
+        "f16/q4_0+sink",
+        "q8_0/tq3+sink",
     ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
@@ -243,7 +246,21 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
             .iter()
             .filter(|s| s.spec().is_some())
             .count();
-        let fixed = coded * n_kv * d * 4;
+        // Each `+sink` block side its first token as f16.
+        let sinks = if text.ends_with("+sink") {
+            [precision.key, precision.value]
+                .iter()
+                .filter(|s| s.block().is_some())
+                .count()
+        } else {
+            0
+        };
+        let fixed = coded * n_kv * d * 4 + sinks * n_kv * d * 2;
+        assert_eq!(
+            KvPrecision::TurboQuant(precision).bytes_after(n_kv, d, 704, 704, 1)?,
+            (704 * per_token + fixed) as u64,
+            "{text}"
+        );
         let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
         assert_eq!(s.bytes_used(), 0);
         for (i, c) in [1usize, 700, 3].into_iter().enumerate() {
@@ -676,6 +693,7 @@ fn block_sides_hold_ggml_bytes_of_upstreams_rotation() -> Result<()> {
     ] {
         let p = TqPrecision {
             rotate,
+            sink: false,
             ..tq(block(kt), block(vt))
         };
         let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
@@ -781,6 +799,7 @@ fn block_sides_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
         tq(TqSide::Bf16, block(BlockType::Q8_0)),
         TqPrecision {
             rotate: false,
+            sink: false,
             ..tq(TqSide::F16, block(BlockType::Q5_1))
         },
     ] {
@@ -802,6 +821,8 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         "f32/q4_0",
         "q8_0/bf16",
         "bf16/f32",
+        "q4_0+sink",
+        "q8_0/q4_0+sink",
     ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
@@ -889,6 +910,10 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
         "f16/q4_0",
         "iq4_nl",
         "q5_0/q4_0",
+        "q4_0+sink",
+        "q8_0/q4_0+sink",
+        "q4_0/f16+sink",
+        "f16/q4_0+sink",
     ] {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
@@ -916,5 +941,94 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
             )?;
         }
     }
+    Ok(())
+}
+
+#[test]
+fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
+    use crate::kv::wire::{WireReader, WireWriter};
+    use candle_core::DType;
+    let (n_kv, d) = (2, 64);
+    let parse = |text: &str| -> Result<TqPrecision> {
+        match CacheSpec::parse(text)? {
+            CacheSpec::TurboQuant { precision, .. } => Ok(precision),
+            _ => panic!("{text} is dense"),
+        }
+    };
+    let (plain, sunk) = (parse("q4_0")?, parse("q4_0+sink")?);
+    // The first token an outlier (an attention sink's row is), the rest as usual.
+    let outlier = |seed: u64, t: usize| -> Result<Tensor> {
+        let x = tensor(seed, n_kv, t, d)?;
+        let gain = Tensor::from_vec(
+            (0..t).map(|i| if i == 0 { 40f32 } else { 1.0 }).collect(),
+            (1, t, 1),
+            &Device::Cpu,
+        )?;
+        Ok(x.broadcast_mul(&gain)?)
+    };
+    let (k, v) = (outlier(3, 700)?, outlier(4, 700)?);
+    let mut a = TurboQuantStorage::new(plain, shape(n_kv, d))?;
+    let mut b = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    for s in [&mut a, &mut b] {
+        s.append(&k.narrow(1, 0, 5)?, &v.narrow(1, 0, 5)?)?;
+        s.append(&k.narrow(1, 5, 695)?, &v.narrow(1, 5, 695)?)?;
+    }
+    assert_eq!(b.bytes_used(), a.bytes_used() + 2 * n_kv * d * 2);
+    let ((ka, va), (kb, vb)) = (a.to_dense()?, b.to_dense()?);
+    for (held, plain, given) in [(&kb, &ka, &k), (&vb, &va, &v)] {
+        // Token 0 is as exact as an f16 rounding (made in the rotated domain, so not the
+        // same one); every other token is the plain cache's, byte for byte.
+        let first = given.narrow(1, 0, 1)?;
+        let f16_err = max_abs(&(&first.to_dtype(DType::F16)?.to_dtype(DType::F32)? - &first)?)?;
+        let err = max_abs(&(&held.narrow(1, 0, 1)? - &first)?)?;
+        let blocks_err = max_abs(&(&plain.narrow(1, 0, 1)? - &first)?)?;
+        assert!(err <= f16_err * 2.0, "sink {err} vs f16 {f16_err}");
+        assert!(blocks_err > 20.0 * err, "q4_0 {blocks_err} vs sink {err}");
+        let rest = |x: &Tensor| x.narrow(1, 1, 699);
+        assert_eq!(max_abs(&(&rest(held)? - &rest(plain)?)?)?, 0.0);
+    }
+    // Attention reads it: a query aimed at token 0 gets its value nearly exactly, and more
+    // exactly than from its blocks.
+    let q = k.narrow(1, 0, 1)?.repeat((2, 1, 1))?;
+    let spec = AttendSpec {
+        query_start: 700,
+        key_start: 0,
+        window: None,
+        scale: 1.0,
+    };
+    let want = attend_dense(&q, &k, &v, &spec)?;
+    let err = |s: &TurboQuantStorage| -> Result<f32> { max_abs(&(&s.attend(&q, &spec)? - &want)?) };
+    assert!(
+        err(&b)? * 4.0 < err(&a)?,
+        "sink {} vs blocks {}",
+        err(&b)?,
+        err(&a)?
+    );
+    // Saved and restored with it; a sliding window that drops the first segment stops
+    // reading it but keeps its bytes; an emptied layer takes the next first token.
+    let mut w = WireWriter::new();
+    b.write_state(&mut w)?;
+    let bytes = w.into_bytes();
+    let mut back = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    back.read_state(&mut WireReader::new(&bytes))?;
+    assert_eq!(max_abs(&(&back.to_dense()?.0 - &kb)?)?, 0.0);
+    let before = b.bytes_used();
+    b.drop_front(600)?;
+    a.drop_front(600)?;
+    assert_eq!(b.bytes_used(), a.bytes_used() + 2 * n_kv * d * 2);
+    assert_eq!(max_abs(&(&b.to_dense()?.0 - &a.to_dense()?.0)?)?, 0.0);
+    assert!(b.bytes_used() < before);
+    let mut w = WireWriter::new();
+    b.write_state(&mut w)?;
+    let bytes = w.into_bytes();
+    let mut back = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    back.read_state(&mut WireReader::new(&bytes))?;
+    assert_eq!(max_abs(&(&back.to_dense()?.0 - &a.to_dense()?.0)?)?, 0.0);
+    b.truncate(0)?;
+    let (k2, v2) = (outlier(7, 3)?, outlier(8, 3)?);
+    b.append(&k2, &v2)?;
+    let first = k2.narrow(1, 0, 1)?;
+    let err = max_abs(&(&b.to_dense()?.0.narrow(1, 0, 1)? - &first)?)?;
+    assert!(err < 0.05, "the new first token: {err}");
     Ok(())
 }
