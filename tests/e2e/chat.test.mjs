@@ -180,7 +180,7 @@ test("Esc stops an answer mid-stream", async () => {
   await setNumber(app.browser, "max-tokens", 24);
 });
 
-test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → f32/q4_0 → TQ 3.6)", async () => {
+test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → q4_0+sink → f32/q4_0 → TQ 3.6)", async () => {
   const current = await $('[data-testid="cache-current"]');
   const policy = () => current.getAttribute("data-policy");
   const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
@@ -201,6 +201,13 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   await app.browser.waitUntil(async () => (await policy()) === "q8_0", { timeout: 30_000 });
   const q8 = await kvBytes();
   assert.equal(q8 * 64, half * 34, `q8_0 holds 34/64 of f16 (${q8} vs ${half})`);
+  // q4_0 keeping its first token as f16 (KV Lab's +sink): q4_0's 18/64 of f16, and that
+  // token's f16 rows on top, a small share of f16's.
+  await choosePrecision("q4_0+sink");
+  await app.browser.waitUntil(async () => (await policy()) === "q4_0+sink", { timeout: 30_000 });
+  const sunk = await kvBytes();
+  const sink = sunk - (half * 18) / 64;
+  assert.ok(sink > 0 && sink * 8 <= half, `q4_0+sink holds q4_0's bytes and a token's f16 (${sunk} vs ${half})`);
   // Keys and values apart, any two formats: f32 keys (4 bytes a coordinate) beside q4_0
   // values (18 bytes for 32) hold 73/64 of f16's 4 bytes a coordinate pair.
   await (await $('[data-testid="split-kv"]')).click();
@@ -225,7 +232,7 @@ test("switching the cache precision mid-conversation marks the timeline and shri
     await (await $('[data-testid="preset-measured"]')).getText(),
     /^k4v3\+qw@all · 3\.63 bits per coordinate · mean KLD 0\.\d+ · top-1 \d+(\.\d)?% vs FP16$/,
   );
-  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "5", { timeout: 5_000 });
+  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "6", { timeout: 5_000 });
   // The conversation goes on in the new precision.
   const i = await send("Thanks!");
   const a = await waitForStats(i);

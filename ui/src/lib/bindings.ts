@@ -45,7 +45,11 @@ values: SideFormat,
 /**
  * Which cache-owning layers get these formats.
  */
-scope: LayerScope, };
+scope: LayerScope, 
+/**
+ * Whether llama.cpp's types keep the first token as f16 too (`+sink`, `kv::spec`).
+ */
+sink: boolean, };
 
 export type CacheOptions = { 
 /**
@@ -95,6 +99,10 @@ keys: SideFormat,
  * Values' format.
  */
 values: SideFormat, 
+/**
+ * Whether it keeps the first token as f16 too ([`CacheChoice::sink`]).
+ */
+sink: boolean, 
 /**
  * Its canonical SPEC at each scope, to compare with the current policy.
  */

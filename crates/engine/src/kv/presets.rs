@@ -11,7 +11,7 @@ pub use super::format::SideFormat;
 use super::spec::{CacheSpec, LayerScope, TqPrecision};
 use super::storage::KvPrecision;
 use super::PrecisionPolicy;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 /// A cache as a user picks it: each side's format and the layers it applies to (the other
 /// layers stay f16).
@@ -23,6 +23,9 @@ pub struct CacheChoice {
     pub values: SideFormat,
     /// Which cache-owning layers get these formats.
     pub scope: LayerScope,
+    /// Whether llama.cpp's types keep the first token as f16 too (`+sink`, `kv::spec`).
+    #[serde(default)]
+    pub sink: bool,
 }
 
 impl CacheChoice {
@@ -30,9 +33,15 @@ impl CacheChoice {
     /// both sides is a dense cache, any other two formats a layer of each (`f32` keys with
     /// `q4_0` values, `q8_0` with TurboQuant 3-bit). TurboQuant keys are
     /// query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of the
-    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`).
+    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`). `sink` needs one
+    /// of llama.cpp's types.
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
+        if self.sink && !k.is_llama_cpp() && !v.is_llama_cpp() {
+            return Err(EngineError::invalid(
+                "keeping the first token (+sink) is for llama.cpp's types; neither side is one",
+            ));
+        }
         if k == v && k.is_dense() {
             let precision = match k {
                 SideFormat::F32 => KvPrecision::F32,
@@ -44,6 +53,7 @@ impl CacheChoice {
         let (key, value) = (k.side(true), v.side(false));
         let precision = TqPrecision {
             weigh_keys: k.is_turboquant(),
+            sink: self.sink,
             ..TqPrecision::new(key, value)
         };
         Ok(CacheSpec::TurboQuant {
@@ -102,6 +112,8 @@ pub struct CachePreset {
     pub keys: SideFormat,
     /// Values' format.
     pub values: SideFormat,
+    /// Whether it keeps the first token as f16 too ([`CacheChoice::sink`]).
+    pub sink: bool,
     /// Its canonical SPEC at each scope, to compare with the current policy.
     pub specs: ScopedSpecs,
     /// What it costs and loses on all layers, as measured ([`MEASURED_ON`]); `None` for the
@@ -140,12 +152,17 @@ const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
 
 /// llama.cpp's types as presets, measured by this engine as the TurboQuant ones are (keys,
 /// values, bits per coordinate, mean KLD, top-1; all layers, [`MEASURED_ON`], rotated as
-/// upstream does).
+/// upstream does), and q4_0 keeping its first token as f16 (`+sink`, ours).
 const LLAMA_CPP_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 3] = [
     (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0033, 0.9572),
     (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0079, 0.9379),
     (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1319, 0.7825),
 ];
+
+/// The `+sink` presets (keys, values, bits per coordinate as held, mean KLD, top-1; as
+/// [`LLAMA_CPP_PRESETS`]), shown among llama.cpp's types before the type without.
+const SINK_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 1] =
+    [(SideFormat::Q4_0, SideFormat::Q4_0, 4.521, 0.0990, 0.8109)];
 
 /// A cache a menu offers by its SPEC, with the label it shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
@@ -193,8 +210,9 @@ pub struct FormatOption {
 /// by its measured bits per coordinate.
 pub fn presets() -> Vec<CachePreset> {
     use SideFormat::*;
-    let dense = [F32, F16].map(|f| (f.label().to_string(), f, f, None));
-    let measured = |(keys, values, bits, kld, top1): (SideFormat, SideFormat, f64, f64, f64)| {
+    type Row = (SideFormat, SideFormat, f64, f64, f64);
+    let dense = [F32, F16].map(|f| (f.label().to_string(), f, f, false, None));
+    let measured = |(keys, values, bits, kld, top1): Row| {
         let measured = PresetFidelity {
             bits_per_coordinate: bits,
             mean_kld: kld,
@@ -204,27 +222,39 @@ pub fn presets() -> Vec<CachePreset> {
     };
     let turboquant = TURBOQUANT_PRESETS.map(measured).map(|(keys, values, m)| {
         let bits = m.map_or(0.0, |m| m.bits_per_coordinate);
-        (format!("TQ {bits:.1}"), keys, values, m)
+        (format!("TQ {bits:.1}"), keys, values, false, m)
     });
-    // llama.cpp's types are named as llama.cpp names them (`-ctk q8_0 -ctv q4_0`).
-    let llama_cpp = LLAMA_CPP_PRESETS.map(measured).map(|(keys, values, m)| {
-        let label = if keys == values {
-            keys.label().to_string()
-        } else {
-            format!("{}/{}", keys.label(), values.label())
-        };
-        (label, keys, values, m)
+    // llama.cpp's types are named as llama.cpp names them (`-ctk q8_0 -ctv q4_0`), each after
+    // its `+sink` form if it has one.
+    let llama_cpp = LLAMA_CPP_PRESETS.into_iter().flat_map(|row| {
+        let sunk = SINK_PRESETS
+            .into_iter()
+            .filter(move |s| (s.0, s.1) == (row.0, row.1))
+            .map(|s| (s, true));
+        sunk.chain([(row, false)]).map(|(row, sink)| {
+            let (keys, values, m) = measured(row);
+            let mut label = if keys == values {
+                keys.label().to_string()
+            } else {
+                format!("{}/{}", keys.label(), values.label())
+            };
+            if sink {
+                label.push_str("+sink");
+            }
+            (label, keys, values, sink, m)
+        })
     });
     dense
         .into_iter()
         .chain(turboquant)
         .chain(llama_cpp)
-        .filter_map(|(label, keys, values, measured)| {
+        .filter_map(|(label, keys, values, sink, measured)| {
             let at = |scope| {
                 CacheChoice {
                     keys,
                     values,
                     scope,
+                    sink,
                 }
                 .spec()
                 .ok()
@@ -237,6 +267,7 @@ pub fn presets() -> Vec<CachePreset> {
                 label,
                 keys,
                 values,
+                sink,
                 specs: ScopedSpecs {
                     all,
                     full: at(LayerScope::Full)?,
@@ -343,6 +374,7 @@ mod tests {
             keys,
             values,
             scope,
+            sink: false,
         }
     }
 
@@ -411,6 +443,15 @@ mod tests {
             spec(choice(Tq4, Iq4Nl, LayerScope::All)).unwrap(),
             "tq4/iq4_nl+qw"
         );
+        // Keeping the first token: for llama.cpp's types only.
+        let sunk = |keys, values| CacheChoice {
+            sink: true,
+            ..choice(keys, values, LayerScope::All)
+        };
+        assert_eq!(spec(sunk(Q4_0, Q4_0)).unwrap(), "q4_0+sink");
+        assert_eq!(spec(sunk(Tq4, Q4_0)).unwrap(), "tq4/q4_0+qw+sink");
+        assert!(sunk(Tq4, Tq3).spec().is_err());
+        assert!(sunk(F16, F32).spec().is_err());
     }
 
     #[test]
@@ -442,7 +483,7 @@ mod tests {
     #[test]
     fn every_preset_round_trips_through_its_policy() {
         let presets = presets();
-        assert_eq!(presets.len(), 10);
+        assert_eq!(presets.len(), 11);
         assert_eq!(presets[5].label, "TQ 3.6");
         assert_eq!(presets[5].id, "k4v3+qw");
         assert_eq!(presets[5].specs.all, "k4v3+qw@all");
@@ -462,7 +503,10 @@ mod tests {
         // The same holds for llama.cpp's types, named as llama.cpp names them.
         for (group, labels) in [
             (&presets[2..7], None),
-            (&presets[7..], Some(["q8_0", "q8_0/q4_0", "q4_0"])),
+            (
+                &presets[7..],
+                Some(["q8_0", "q8_0/q4_0", "q4_0+sink", "q4_0"]),
+            ),
         ] {
             let measured: Vec<PresetFidelity> = group.iter().filter_map(|p| p.measured).collect();
             assert_eq!(measured.len(), group.len());
@@ -501,10 +545,13 @@ mod tests {
             .iter()
             .map(|c| (c.spec.as_str(), c.label.as_str()))
             .collect();
-        assert_eq!(compare.len(), 11);
+        assert_eq!(compare.len(), 12);
         assert_eq!(compare[1], ("f16", "FP16"));
-        assert_eq!(compare[9], ("q4_0", "q4_0"));
-        assert_eq!(compare[10], ("k4v3+qw", "TQ 3.6 full layers only"));
+        assert_eq!(compare[9], ("q4_0+sink", "q4_0+sink"));
+        assert_eq!(compare[10], ("q4_0", "q4_0"));
+        assert_eq!(compare[11], ("k4v3+qw", "TQ 3.6 full layers only"));
+        assert!(presets[9].sink && !presets[10].sink);
+        assert_eq!(presets[9].specs.full, "q4_0+sink@full");
     }
 
     #[test]
