@@ -14,6 +14,11 @@
 # (README, "Where they differ"). So the table also prints the three 4-bit value formats
 # averaged, each program against the other.
 #
+# KV Lab alone also measures each of KLD_SINKS (`+sink`: block sides keep their first token,
+# the <bos> every window shares, as f16; llama.cpp has no such cache) and prints it beside
+# the same cache without, in both programs: the <bos> rows' rounding is one draw that every
+# scored token pays, and it is what moves q4_0's figure between the two programs (README).
+#
 # A cache is written as KV Lab's SPEC (`key/value`, `+norot`); llama.cpp gets it as
 # `-ctk key -ctv value`, and `+norot` as LLAMA_ATTN_ROT_DISABLE=1.
 #
@@ -37,6 +42,7 @@ CTX="${KLD_CTX:-2048}"
 WINDOWS="${KLD_WINDOWS:-4}"
 CACHES=(${KLD_CACHES:-q8_0 q8_0/q4_0 q4_0 q4_0/q4_1 q4_0/iq4_nl q4_0/f16 q4_0+norot})
 TEXTS=(${KLD_TEXTS:-alice paradise-lost})
+SINKS=(${KLD_SINKS:-q4_0+sink q4_0/q4_1+sink q4_0/iq4_nl+sink q4_0/f16+sink q8_0/q4_0+sink})
 
 build_llama_cpp
 if [ -z "${KVLAB_BIN:-}" ]; then
@@ -94,7 +100,7 @@ for text in "${TEXTS[@]}"; do
   floor="$(awk '/^Mean +KLD:/ {print $3; exit}' "$WORK/run.log")"
   echo "$text floor f16(ub1) ${floor:-nan}" >>"$WORK/results"
   say "$text: kvlab fidelity sweep"
-  list="$(IFS=,; echo "${CACHES[*]}")"
+  list="$(IFS=,; echo "${CACHES[*]} ${SINKS[*]}" | tr ' ' ',')"
   "$KVLAB_BIN" --threads "$THREADS" fidelity sweep --model "$MODEL" --text "$file" \
     --ctx "$CTX" --windows "$WINDOWS" --kv "$list" --json 2>/dev/null |
     python3 -c '
@@ -142,6 +148,17 @@ for text in dict.fromkeys(t for t, _ in order):
         k = sum(r["kvlab"][0] for r in got) / 3
         print(f"{text:<14} q4_0 keys, values in q4_0, q4_1 and iq4_nl averaged: llama.cpp "
               f"{l:.5f}, KV Lab {k:.5f}, ratio {k / l:.3f}")
+sinks = [(t, kv) for t, kv in order if kv.endswith("+sink") and "kvlab" in rows[(t, kv)]]
+if sinks:
+    print("KV Lab's +sink (the first token kept as f16; llama.cpp has none) beside the same "
+          "cache without, in each program:")
+for text, kv in sinks:
+    k = rows[(text, kv)]["kvlab"]
+    plain = rows.get((text, kv[: -len("+sink")]), {})
+    ours = f"{plain['kvlab'][0]:.5f}" if "kvlab" in plain else "-"
+    theirs = f"{plain['llama'][0]:.5f}" if "llama" in plain else "-"
+    print(f"{text:<14} {kv:<20} {k[0]:>9.5f} ±{k[2]:>7.5f}   without: KV Lab {ours}, "
+          f"llama.cpp {theirs}")
 print("±: standard error of each mean from the spread of its windows' means; diff/σ: the "
       "difference in units of both errors combined")
 print("targets (issue 35): q4_0, q8_0/q4_0 and q4_0+norot within 10% (ratio 0.9-1.1); "
