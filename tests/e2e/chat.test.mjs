@@ -180,7 +180,7 @@ test("Esc stops an answer mid-stream", async () => {
   await setNumber(app.browser, "max-tokens", 24);
 });
 
-test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → q4_0+sink → f32/q4_0 → TQ 3.6)", async () => {
+test("switching the cache precision mid-conversation marks the timeline and shrinks the KV (FP32 → FP16 → q8_0 → q4_0+sink → f32/q4_0 → f32/q4_0+sink → TQ 3.6)", async () => {
   const current = await $('[data-testid="cache-current"]');
   const policy = () => current.getAttribute("data-policy");
   const kvBytes = async () => Number(await current.getAttribute("data-kv-bytes"));
@@ -219,6 +219,13 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   await waitForPolicy("f32/q4_0", 30_000);
   const mixed = await kvBytes();
   assert.equal(mixed * 64, half * 73, `f32/q4_0 holds 73/64 of f16 (${mixed} vs ${half})`);
+  // The same with the q4_0 side keeping its first token: that token's f16 values on top.
+  await (await $('[data-testid="split-sink"]')).click();
+  await apply.waitForEnabled({ timeout: 30_000 });
+  await apply.click();
+  await waitForPolicy("f32/q4_0+sink", 30_000);
+  const mixedSink = await kvBytes();
+  assert.ok(mixedSink > mixed && (mixedSink - mixed) * 8 <= half, `f32/q4_0+sink holds f32/q4_0's bytes and a token's f16 values (${mixedSink} vs ${mixed})`);
   await shot("cache-split-f32-q4_0.png");
   await (await $('[data-testid="split-kv"]')).click();
   await choosePrecision("k4v3+qw");
@@ -232,7 +239,7 @@ test("switching the cache precision mid-conversation marks the timeline and shri
     await (await $('[data-testid="preset-measured"]')).getText(),
     /^k4v3\+qw@all · 3\.63 bits per coordinate · mean KLD 0\.\d+ · top-1 \d+(\.\d)?% vs FP16$/,
   );
-  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "6", { timeout: 5_000 });
+  await app.browser.waitUntil(async () => (await chart.getAttribute("data-markers")) === "7", { timeout: 5_000 });
   // The conversation goes on in the new precision.
   const i = await send("Thanks!");
   const a = await waitForStats(i);

@@ -415,7 +415,11 @@ format: SideFormat,
 /**
  * Its label.
  */
-label: string, };
+label: string, 
+/**
+ * One of llama.cpp's types (a side in one may keep its first token, `sink`).
+ */
+llama_cpp: boolean, };
 
 export type GenStats = { 
 /**

@@ -204,6 +204,8 @@ pub struct FormatOption {
     pub format: SideFormat,
     /// Its label.
     pub label: String,
+    /// One of llama.cpp's types (a side in one may keep its first token, `sink`).
+    pub llama_cpp: bool,
 }
 
 /// The presets: FP32, FP16, then the TurboQuant ones from most to fewest bits, each labelled
@@ -312,6 +314,7 @@ pub fn cache_options() -> CacheOptions {
             .map(|format| FormatOption {
                 format,
                 label: format.label().to_string(),
+                llama_cpp: format.is_llama_cpp(),
             })
             .collect(),
     }
@@ -535,6 +538,11 @@ mod tests {
                 "FP32", "FP16", "BF16", "TQ 8", "TQ 6", "TQ 5", "TQ 4.5", "TQ 4", "TQ 3.5", "TQ 3",
                 "TQ 2.5", "TQ 2", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"
             ]
+        );
+        assert_eq!(
+            options.formats.iter().filter(|f| f.llama_cpp).count(),
+            6,
+            "q8_0 to iq4_nl"
         );
         // The UI names caches only through these; the suggested cache is the least lossy
         // preset at or below 4 bits.
