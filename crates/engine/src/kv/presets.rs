@@ -143,20 +143,20 @@ pub const MEASURED_ON: &str =
 /// then bits per coordinate, mean KLD and top-1 agreement on all layers, [`MEASURED_ON`]).
 /// Every one weighs its keys by query energy (`+qw`).
 const TURBOQUANT_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 5] = [
-    (SideFormat::Tq8, SideFormat::Tq4, 6.125, 0.0117, 0.9338),
-    (SideFormat::Tq5, SideFormat::Tq4, 4.625, 0.0208, 0.9091),
-    (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0448, 0.8646),
-    (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0725, 0.8324),
-    (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1618, 0.7666),
+    (SideFormat::Tq8, SideFormat::Tq4, 6.125, 0.0118, 0.9348),
+    (SideFormat::Tq5, SideFormat::Tq4, 4.625, 0.0204, 0.9076),
+    (SideFormat::Tq4, SideFormat::Tq4, 4.125, 0.0443, 0.8634),
+    (SideFormat::Tq4, SideFormat::Tq3, 3.625, 0.0767, 0.8253),
+    (SideFormat::Tq3, SideFormat::Tq3, 3.125, 0.1626, 0.7603),
 ];
 
 /// llama.cpp's types as presets, measured by this engine as the TurboQuant ones are (keys,
 /// values, bits per coordinate, mean KLD, top-1; all layers, [`MEASURED_ON`], rotated as
 /// upstream does), and q4_0 keeping its first token as f16 (`+sink`, ours).
 const LLAMA_CPP_PRESETS: [(SideFormat, SideFormat, f64, f64, f64); 3] = [
-    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0033, 0.9572),
-    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0079, 0.9379),
-    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1319, 0.7825),
+    (SideFormat::Q8_0, SideFormat::Q8_0, 8.5, 0.0032, 0.9609),
+    (SideFormat::Q8_0, SideFormat::Q4_0, 6.5, 0.0079, 0.9416),
+    (SideFormat::Q4_0, SideFormat::Q4_0, 4.5, 0.1288, 0.7818),
 ];
 
 /// The `+sink` presets (keys, values, bits per coordinate as held, mean KLD, top-1; as
