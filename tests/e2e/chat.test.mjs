@@ -662,5 +662,14 @@ test("a new TurboQuant conversation says it holds f16 until it calibrates", asyn
     timeoutMsg: "the KV figure does not say the cache waits as f16",
   });
   assert.match(await label.getAttribute("title"), /^k4v3\+qw@all holds this conversation's first 512 tokens as f16/);
+  // So does its line in the session list.
+  const line = () =>
+    app.browser.execute(
+      () => document.querySelector('.session.active [data-testid="session-tier"]')?.textContent ?? "",
+    );
+  await app.browser.waitUntil(async () => / · f16 until 512$/.test(await line()), {
+    timeout: 10_000,
+    timeoutMsg: "the session's line does not say the cache waits as f16",
+  });
   await shot("cache-calibrating.png");
 });
