@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { FORMAT_BYTES_EXAMPLES } from "./bindings";
-import { formatBytes, formatRate, templateLabel } from "./format";
+import { calibratingLabel, formatBytes, formatRate, templateLabel } from "./format";
 
 describe("formatBytes", () => {
   it("writes every size as the engine's format_bytes does", () => {
@@ -105,5 +105,13 @@ describe("templateLabel", () => {
     expect(templateLabel({ kind: "gguf" })).toBe("the GGUF file's own chat template");
     expect(templateLabel({ kind: "jinja", path: "/m/chat_template.jinja" })).toBe("chat template from /m/chat_template.jinja");
     expect(templateLabel({ kind: "builtin", family: "gemma4", family_name: "Gemma 4" })).toMatch(/built-in Gemma 4/);
+  });
+});
+
+describe("calibratingLabel", () => {
+  it("names the engine's calibration rows, and says so plainly without a card", () => {
+    expect(calibratingLabel(512)).toBe("f16 until 512");
+    expect(calibratingLabel(16)).toBe("f16 until 16");
+    expect(calibratingLabel(undefined)).toBe("f16 until calibrated");
   });
 });

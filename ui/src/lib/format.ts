@@ -117,3 +117,9 @@ export function templateLabel(t: TemplateSource | null): string {
       return "a custom chat template";
   }
 }
+
+/** What a TurboQuant cache still waiting to calibrate holds: f16 rows until it has seen the
+ * model's calibration rows (`ModelCard.calibration_rows`, the engine's figure). */
+export function calibratingLabel(rows: number | undefined): string {
+  return rows ? `f16 until ${rows}` : "f16 until calibrated";
+}

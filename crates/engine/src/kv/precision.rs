@@ -100,9 +100,8 @@ impl KvPrecision {
         let KvPrecision::TurboQuant(p) = self else {
             return 0;
         };
-        let per_head = |n: usize, bytes: usize| n * n_kv_heads * head_dim * bytes;
-        per_head(self.calibrating_vectors(), std::mem::size_of::<f32>())
-            + per_head(p.sink_sides(), 2)
+        let vectors = self.calibrating_vectors() * n_kv_heads * head_dim;
+        vectors * std::mem::size_of::<f32>() + p.sink_bytes(n_kv_heads, head_dim)
     }
 
     /// Per head, the f32 vectors a layer measures when it calibrates: an offset per centered
@@ -167,7 +166,7 @@ impl KvPrecision {
             // Nothing measured yet; a `+sink` block side beside the waiting one has its row.
             let per = self.staged_token_bytes(n_kv_heads, head_dim)? as u64;
             let sinks = match self {
-                KvPrecision::TurboQuant(p) => p.sink_sides() * n_kv_heads * head_dim * 2,
+                KvPrecision::TurboQuant(p) => p.sink_bytes(n_kv_heads, head_dim),
                 _ => 0,
             };
             return Ok(per.saturating_mul(held as u64).saturating_add(sinks as u64));

@@ -37,10 +37,14 @@ impl CacheChoice {
     /// of llama.cpp's types.
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
-        if self.sink && !k.is_llama_cpp() && !v.is_llama_cpp() {
-            return Err(EngineError::invalid(
-                "keeping the first token (+sink) is for llama.cpp's types; neither side is one",
-            ));
+        let (key, value) = (k.side(true), v.side(false));
+        let precision = TqPrecision {
+            weigh_keys: k.is_turboquant(),
+            sink: self.sink,
+            ..TqPrecision::new(key, value)
+        };
+        if let Some(why) = precision.refusal() {
+            return Err(EngineError::invalid(why));
         }
         if k == v && k.is_dense() {
             let precision = match k {
@@ -50,12 +54,6 @@ impl CacheChoice {
             };
             return Ok(CacheSpec::dense(precision, self.scope));
         }
-        let (key, value) = (k.side(true), v.side(false));
-        let precision = TqPrecision {
-            weigh_keys: k.is_turboquant(),
-            sink: self.sink,
-            ..TqPrecision::new(key, value)
-        };
         Ok(CacheSpec::TurboQuant {
             precision,
             scope: self.scope,

@@ -212,15 +212,23 @@ impl TqPrecision {
         }
     }
 
-    /// How many sides keep their first token as an f16 row (`+sink` block sides).
-    pub(crate) fn sink_sides(&self) -> usize {
+    /// Bytes a layer of `n_kv_heads × head_dim` holds for its first token as f16 rows, one
+    /// per `+sink` block side and head.
+    pub(crate) fn sink_bytes(&self, n_kv_heads: usize, head_dim: usize) -> usize {
         if !self.sink {
             return 0;
         }
-        [self.key, self.value]
+        let sides = [self.key, self.value]
             .iter()
             .filter(|s| s.block().is_some())
-            .count()
+            .count();
+        sides * n_kv_heads * head_dim * std::mem::size_of::<half::f16>()
+    }
+
+    /// Why a precision cannot be: `+sink` with no block side to keep a token of.
+    pub(crate) fn refusal(&self) -> Option<&'static str> {
+        (self.sink && !self.has_block())
+            .then_some("`+sink` keeps the first token of llama.cpp's types; this cache has none")
     }
 
     /// Whether a side is one of llama.cpp's block types (the SPEC then takes the
@@ -641,12 +649,6 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
             continue;
         }
         if body == "sink" {
-            if !has_block {
-                return Err(bad(
-                    input,
-                    "`+sink` keeps the first token of llama.cpp's types; this cache has none",
-                ));
-            }
             if sink {
                 return Err(dup());
             }
@@ -751,6 +753,9 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
         rotate,
         sink,
     };
+    if let Some(why) = precision.refusal() {
+        return Err(bad(input, why));
+    }
     Ok(CacheSpec::TurboQuant {
         scope: scope.unwrap_or(precision.default_scope()),
         precision,

@@ -787,7 +787,12 @@ impl Side {
                     let src = v
                         .get(i * b.row_bytes..(i + 1) * b.row_bytes)
                         .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
-                    match self.sink_row(h, j / SEGMENT_TOKENS).filter(|_| i == 0) {
+                    let sink = if i == 0 {
+                        self.sink_row(h, j / SEGMENT_TOKENS)
+                    } else {
+                        None
+                    };
+                    match sink {
                         Some(sink) => row.copy_from_slice(&sink),
                         None => b.ty.dequantize_row(src, row)?,
                     }
