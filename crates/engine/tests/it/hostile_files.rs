@@ -542,3 +542,48 @@ fn hostile_inf_weights_are_non_finite_logits() {
     );
     non_finite(&lab, "Inf in a weight", &p);
 }
+
+/// The tiny Gemma 3 GGUF with `patch` applied to its bytes.
+fn gguf_patched(lab: &Lab, name: &str, patch: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let src = common::fixture("gguf").join("tiny_gemma3.f32.gguf");
+    let mut bytes = std::fs::read(&src).expect("fixture");
+    patch(&mut bytes);
+    lab.file(name, &bytes)
+}
+
+#[test]
+fn hostile_a_gguf_with_non_finite_numbers_is_refused_at_load() {
+    let lab = lab();
+    // A NaN as the first value of a weight read early (an f32 tensor here; a quantized one's
+    // block scale is found the same way, by the unit test of the check).
+    let p = gguf_patched(&lab, "nan-weight.gguf", |bytes| {
+        let mut cursor = std::io::Cursor::new(bytes.as_slice());
+        let content = candle_core::quantized::gguf_file::Content::read(&mut cursor).expect("read");
+        let info = &content.tensor_infos["blk.0.ffn_down.weight"];
+        let at = (content.tensor_data_offset + info.offset) as usize;
+        bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    lab.refused(
+        "gguf with a NaN weight scale",
+        &p,
+        ErrorCode::BadModelFile,
+        "non-finite",
+    );
+    // A NaN RoPE base: the header's `gemma3.rope.freq_base` (an f32, type 6).
+    let p = gguf_patched(&lab, "nan-rope.gguf", |bytes| {
+        let key = b"gemma3.rope.freq_base";
+        let at = bytes
+            .windows(key.len() + 4)
+            .position(|w| w.starts_with(key) && w[key.len()..] == 6u32.to_le_bytes())
+            .expect("the key")
+            + key.len()
+            + 4;
+        bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    lab.refused(
+        "gguf with a NaN rope_freq_base",
+        &p,
+        ErrorCode::BadModelFile,
+        "rope_theta",
+    );
+}

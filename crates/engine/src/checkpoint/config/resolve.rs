@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{AttentionKind, Family, KvSource, LayerSpec, ModelConfig, MoeSpec, PleSpec, RopeSpec};
+use super::{
+    AttentionKind, Family, KvSource, LayerSpec, ModelConfig, MoeSpec, PleSpec, RopeKind, RopeSpec,
+};
 use crate::error::{EngineError, Result};
 
 /// Explicit per-layer overrides (`per_layer_config` in transformers' spelling).
@@ -71,6 +73,50 @@ pub(crate) fn check_layer_count(n: usize) -> Result<()> {
         return Err(contradiction(format!(
             "the config declares {n} layers (at most {MAX_LAYERS})"
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a configuration value no model can run with: a NaN or an infinity (they reach the
+/// logits as noise through some kernels, not as non-finite logits), or a RoPE base, scaling
+/// factor, epsilon or soft cap that is negative or zero where the formula divides by it.
+fn check_numbers(
+    eps: f64,
+    softcap: Option<f64>,
+    norm_offset: f64,
+    layers: &[LayerSpec],
+) -> Result<()> {
+    let mut values = vec![
+        ("rms_norm_eps", eps, eps >= 0.0),
+        ("norm weight offset", norm_offset, true),
+    ];
+    if let Some(c) = softcap {
+        values.push(("final_logit_softcap", c, c > 0.0));
+    }
+    for (i, l) in layers.iter().enumerate() {
+        let (theta, name) = (l.rope.theta, "rope_theta (rope_freq_base)");
+        if !(theta.is_finite() && theta > 1.0) {
+            return Err(contradiction(format!(
+                "layer {i}: {name} is {theta}: it must be a finite number above 1"
+            )));
+        }
+        match l.rope.kind {
+            RopeKind::Default => {}
+            RopeKind::Linear { factor } => {
+                values.push(("rope scaling factor", factor, factor > 0.0))
+            }
+            RopeKind::Proportional {
+                partial_rotary_factor: f,
+            } => values.push(("partial_rotary_factor", f, (0.0..=1.0).contains(&f))),
+        }
+        values.push(("attention scale", l.attn_scale, l.attn_scale > 0.0));
+    }
+    for (name, v, in_range) in values {
+        if !v.is_finite() || !in_range {
+            return Err(contradiction(format!(
+                "{name} is {v}: a model cannot run with it"
+            )));
+        }
     }
     Ok(())
 }
@@ -312,6 +358,12 @@ impl RawConfig {
                 }
             }
         }
+        check_numbers(
+            self.rms_norm_eps,
+            self.final_logit_softcap,
+            self.norm_weight_offset,
+            &layers,
+        )?;
         Ok(ModelConfig {
             family: self.family,
             vocab_size: self.vocab_size,

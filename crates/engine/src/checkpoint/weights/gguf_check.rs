@@ -385,6 +385,51 @@ pub fn check<R: Read + Seek>(r: R, len: u64) -> Result<GgufLayout, String> {
     })
 }
 
+/// Where a tensor's floats sit in the bytes of one block of type `ty`: the block's size, and
+/// each field's offset and width (2: f16, 4: f32; `BF16`'s halves are checked by the same
+/// exponent test as f16's after widening). A block of quantized codes is only as finite as
+/// its scales.
+fn float_fields(ty: GgmlDType) -> (usize, &'static [(usize, usize)]) {
+    use GgmlDType as G;
+    match ty {
+        G::F32 => (4, &[(0, 4)]),
+        G::F16 => (2, &[(0, 2)]),
+        G::BF16 => (2, &[(0, 3)]),
+        G::Q4_0 => (18, &[(0, 2)]),
+        G::Q4_1 => (20, &[(0, 2), (2, 2)]),
+        G::Q5_0 => (22, &[(0, 2)]),
+        G::Q5_1 => (24, &[(0, 2), (2, 2)]),
+        G::Q8_0 => (34, &[(0, 2)]),
+        G::Q8_1 => (36, &[(0, 2), (2, 2)]),
+        G::Q2K => (84, &[(80, 2), (82, 2)]),
+        G::Q3K => (110, &[(108, 2)]),
+        G::Q4K => (144, &[(0, 2), (2, 2)]),
+        G::Q5K => (176, &[(0, 2), (2, 2)]),
+        G::Q6K => (210, &[(208, 2)]),
+        G::Q8K => (292, &[(0, 4)]),
+    }
+}
+
+/// The first non-finite float (NaN or infinity) among a tensor's `data` of type `ty`: its
+/// block's index. A weight like that reaches the logits as noise through some kernels (an
+/// int8 product turns a NaN into a number), so it is refused at load instead.
+pub fn first_non_finite(ty: GgmlDType, data: &[u8]) -> Option<usize> {
+    let (size, fields) = float_fields(ty);
+    let bad = |b: &[u8], at: usize, width: usize| -> bool {
+        match width {
+            4 => {
+                let bits = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                bits & 0x7f80_0000 == 0x7f80_0000
+            }
+            // bf16: the top half of an f32.
+            3 => u16::from_le_bytes([b[at], b[at + 1]]) & 0x7f80 == 0x7f80,
+            _ => u16::from_le_bytes([b[at], b[at + 1]]) & 0x7c00 == 0x7c00,
+        }
+    };
+    data.chunks_exact(size)
+        .position(|block| fields.iter().any(|&(at, width)| bad(block, at, width)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +450,38 @@ mod tests {
 
     fn run(b: &[u8]) -> Result<GgufLayout, String> {
         check(Cursor::new(b), b.len() as u64)
+    }
+
+    #[test]
+    fn non_finite_scales_are_found_in_every_type() {
+        use half::f16;
+        let nan = f16::NAN.to_le_bytes();
+        let inf = f16::INFINITY.to_le_bytes();
+        for ty in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let (size, fields) = float_fields(ty);
+            let mut data = vec![0u8; size * 4];
+            assert_eq!(first_non_finite(ty, &data), None, "{ty:?}");
+            let at = size * 2 + fields[0].0;
+            data[at..at + 2].copy_from_slice(&nan);
+            assert_eq!(first_non_finite(ty, &data), Some(2), "{ty:?}");
+            data[at..at + 2].copy_from_slice(&inf);
+            assert_eq!(first_non_finite(ty, &data), Some(2), "{ty:?}");
+        }
+        let floats: Vec<u8> = [1.0f32, f32::NEG_INFINITY]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(first_non_finite(GgmlDType::F32, &floats), Some(1));
+        let halves: Vec<u8> = [f16::ONE, f16::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(first_non_finite(GgmlDType::F16, &halves), None);
     }
 
     #[test]

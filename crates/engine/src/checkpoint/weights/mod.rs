@@ -436,8 +436,18 @@ impl WeightStore {
         let mut f = file
             .lock()
             .map_err(|_| EngineError::invalid("GGUF reader poisoned by an earlier panic"))?;
-        info.read(&mut *f, content.tensor_data_offset, &self.device)
-            .map_err(|e| self.corrupt(format!("tensor `{n}`: {e}")))
+        let q = info
+            .read(&mut *f, content.tensor_data_offset, &self.device)
+            .map_err(|e| self.corrupt(format!("tensor `{n}`: {e}")))?;
+        // Non-finite weights are refused here, as the file is read: some kernels would turn
+        // them into finite noise rather than non-finite logits.
+        let data = q.data()?;
+        if let Some(block) = gguf_check::first_non_finite(q.dtype(), &data) {
+            return Err(self.corrupt(format!(
+                "tensor `{n}` holds a non-finite value (NaN or infinity) in block {block}"
+            )));
+        }
+        Ok(q)
     }
 
     /// The kernel format a quantized tensor of type `q` with rows of `cols` is repacked to
