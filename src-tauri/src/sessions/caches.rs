@@ -99,7 +99,9 @@ impl SessionCaches {
         }
     }
 
-    /// Every saved cache: session id, bytes, last write; oldest first.
+    /// Every saved cache of a session (its `<id>.json` beside it): session id, bytes, last
+    /// write; oldest first. A `.kvc` file without its session is not ours: it is never
+    /// counted, listed or removed.
     fn all(&self) -> Vec<(String, u64, SystemTime)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
@@ -112,7 +114,13 @@ impl SessionCaches {
                     return None;
                 }
                 let id = path.file_stem()?.to_str()?.to_owned();
+                if !self.dir.join(format!("{id}.json")).is_file() {
+                    return None;
+                }
                 let meta = e.metadata().ok()?;
+                if !meta.is_file() {
+                    return None;
+                }
                 Some((id, meta.len(), meta.modified().ok()?))
             })
             .collect();
@@ -184,7 +192,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A session `id` and its saved cache.
     fn write(dir: &Path, id: &str, bytes: usize, age_s: u64) {
+        std::fs::write(dir.join(format!("{id}.json")), b"{}").unwrap();
         let path = dir.join(format!("{id}.kvc"));
         std::fs::write(&path, vec![0u8; bytes]).unwrap();
         let t = SystemTime::now() - Duration::from_secs(age_s);
@@ -204,7 +214,9 @@ mod tests {
         write(dir.path(), "middle", 300, 200);
         write(dir.path(), "kept", 500, 250);
         write(dir.path(), "new", 200, 100);
-        std::fs::write(dir.path().join("new.json"), b"{}").unwrap();
+        // A cache file no session of ours owns: never counted nor removed.
+        let planted = dir.path().join("user-session.kvc");
+        std::fs::write(&planted, vec![0u8; 5000]).unwrap();
         assert_eq!(caches.total_bytes(), 1400);
         // Over by 400: "old" goes (400); "kept" is older than "middle" but is the one kept.
         assert_eq!(caches.enforce_budget(1000, "kept"), vec!["old".to_string()]);
@@ -215,6 +227,10 @@ mod tests {
         assert_eq!(caches.enforce_budget(10, "middle"), vec!["new".to_string()]);
         assert_eq!(caches.total_bytes(), 300);
         assert!(dir.path().join("new.json").exists());
+        assert!(
+            planted.exists(),
+            "a file the app did not write is never removed"
+        );
     }
 
     #[test]
