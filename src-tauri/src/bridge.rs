@@ -49,6 +49,8 @@ impl EngineBridge {
         handle.set_pool_settings(PoolSettings {
             spill_dir: Some(caches),
             disk_budget,
+            // The Local API's clients never take the places the user's own chats need.
+            reserve_for_user: true,
             ..PoolSettings::default()
         });
         Ok(Self { handle })

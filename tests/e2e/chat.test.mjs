@@ -573,8 +573,9 @@ test("many conversations, one memory: the app's chat keeps its cache across Loca
   const stranger = await ask([{ role: "user", content: "The sea" }]);
   assert.notEqual(stranger.usage.conversation, "e2e-client");
   assert.equal(stranger.usage.prompt_tokens_details.cached_tokens, 0);
-  // The API's clients show as their own conversations, named as the API named them.
-  await (await $('[data-testid="api-conversation"][data-id="api:e2e-client"]')).waitForExist({ timeout: 5_000 });
+  // The API's clients show as their own conversations, named as the API named them (each in
+  // its client's namespace).
+  await (await $('[data-testid="api-conversation"][data-name="e2e-client"]')).waitForExist({ timeout: 5_000 });
   await toggle.click();
   await urlEl.waitForDisplayed({ reverse: true, timeout: 5_000 });
   // The app's next turn reads only what is new: its history stayed cached through them.

@@ -145,21 +145,29 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(e.exception.code, "model_not_found")
 
     def test_a_full_queue_is_429_and_every_other_request_is_answered(self):
-        # One long answer holds the engine; 16 more wait; the 18th is refused.
-        def one(tokens):
+        # One long answer holds the engine; two clients (two keys) send 14 short ones each:
+        # each client holds at most 8 of the 16 waiting places, the rest are refused.
+        def one(tokens, key="none"):
             try:
-                return self.ask(tokens=tokens).usage.completion_tokens
+                api = openai.OpenAI(base_url=self.server.url, api_key=key, max_retries=0)
+                return api.chat.completions.create(
+                    model=self.server.model, temperature=0, max_tokens=tokens,
+                    messages=[{"role": "user", "content": "Tell me about the sea."}],
+                ).usage.completion_tokens
             except openai.RateLimitError as e:
                 return e.code
-        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
             long = pool.submit(one, 200)
             time.sleep(0.5)
-            short = [pool.submit(one, 1) for _ in range(20)]
-            results = [f.result() for f in short]
+            short = {k: [pool.submit(one, 1, k) for _ in range(14)] for k in ("a", "b")}
+            results = {k: [f.result() for f in fs] for k, fs in short.items()}
         self.assertEqual(long.result(), 200)
-        self.assertIn("queue_full", results)
-        self.assertTrue(all(r in (1, "queue_full") for r in results), results)
-        self.assertGreaterEqual(results.count(1), 16)
+        every = results["a"] + results["b"]
+        self.assertIn("queue_full", every)
+        self.assertTrue(all(r in (1, "queue_full") for r in every), results)
+        self.assertGreaterEqual(every.count(1), 16)
+        for k, rs in results.items():
+            self.assertGreaterEqual(rs.count(1), 8, (k, rs))
 
     def test_eight_concurrent_streams_each_get_their_own_answer(self):
         prompts = [f"Write one sentence about the number {i}." for i in range(8)]

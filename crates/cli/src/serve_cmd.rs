@@ -58,17 +58,22 @@ pub struct ServeArgs {
     /// Seconds of silence allowed within a request's body (then 408).
     #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT.as_secs_f64())]
     body_timeout: f64,
-    /// KV bytes all conversations may hold in memory together (`512M`, `4G`; default: what
-    /// the machine has available beside the weights).
+    /// KV bytes all conversations may allocate in memory together (`512M`, `4G`; default: a
+    /// quarter of the machine's memory, at most 8 GiB).
     #[arg(long, value_parser = parse_size)]
     kv_budget: Option<u64>,
     /// Bytes the conversations' cache files may take on disk together.
     #[arg(long, value_parser = parse_size, default_value = "2G")]
     disk_budget: u64,
-    /// Where idle conversations' caches are spilled (default: `$KVLAB_CACHE/conversations`,
-    /// `~/.cache/kvlab/conversations`).
+    /// Where idle conversations' caches are spilled (default: a folder of this server's
+    /// own, `$KVLAB_CACHE/conversations/<model>-<port>`, so two servers never share one).
+    /// Made private (0700); only files the server wrote there are ever removed.
     #[arg(long)]
     spill_dir: Option<std::path::PathBuf>,
+    /// Seconds a conversation may stay idle in memory before it is spilled to its file (it
+    /// comes back on its next turn); 0: never.
+    #[arg(long, default_value_t = kvlab_engine::worker::DEFAULT_IDLE_TTL.as_secs())]
+    idle_ttl: u64,
     /// The cache idle conversations are demoted to before they are spilled (default: the
     /// suggested TurboQuant preset).
     #[arg(long)]
@@ -108,8 +113,25 @@ fn seconds(s: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
         .ok_or_else(|| anyhow::anyhow!("{flag} {s}: a number of seconds above 0"))
 }
 
-/// Where spilled conversations go unless `--spill-dir` says.
-fn default_spill_dir() -> std::path::PathBuf {
+/// Where spilled conversations go unless `--spill-dir` says: a folder of this server's own,
+/// named by its model and port.
+fn default_spill_dir(model: &str, port: u16) -> std::path::PathBuf {
+    let model: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    conversations_root().join(format!("{}-{port}", model.trim_start_matches('.')))
+}
+
+/// The folder the servers' own spill folders are in.
+fn conversations_root() -> std::path::PathBuf {
     let cache = std::env::var_os("KVLAB_CACHE")
         .map(std::path::PathBuf::from)
         .or_else(|| {
@@ -144,7 +166,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut pool = engine.pool_settings();
     pool.kv_budget = args.kv_budget;
     pool.disk_budget = args.disk_budget;
-    pool.spill_dir = Some(args.spill_dir.clone().unwrap_or_else(default_spill_dir));
+    pool.idle_ttl = (args.idle_ttl > 0).then(|| std::time::Duration::from_secs(args.idle_ttl));
+    // The default folder names the model and port: set once both are known, before the
+    // first request.
+    pool.spill_dir = args.spill_dir.clone();
     if let Some(spec) = &args.demote_to {
         pool.demote_to = kv_policy(spec)?;
     }
@@ -159,6 +184,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = kvlab_server::bind(&config).await?;
         let addr = listener.local_addr()?;
+        if args.spill_dir.is_none() {
+            let mut pool = engine.pool_settings();
+            pool.spill_dir = Some(default_spill_dir(&card.name, addr.port()));
+            engine.set_pool_settings(pool);
+        }
         // One line a script can wait for (tests read the port from it).
         println!("kvlab serve: {} on http://{addr}/v1", card.name);
         kvlab_server::serve(listener, engine.clone(), config, async {

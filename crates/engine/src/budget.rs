@@ -24,7 +24,7 @@ pub const AVAILABLE_ENV: &str = "KVLAB_AVAILABLE_MEMORY";
 /// How much memory the engine may plan to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryBudget {
-    /// `None`: ask the system each time.
+    /// `None`: ask the system each time (then the machine's total is the system's too).
     available: Option<u64>,
     margin: u64,
 }
@@ -70,6 +70,30 @@ impl MemoryBudget {
     pub fn margin(&self) -> u64 {
         self.margin
     }
+
+    /// The machine's memory, when the budget is the system's (a fixed figure says what is
+    /// available, not what the machine has).
+    pub fn total(&self) -> Option<u64> {
+        self.available.is_none().then(|| {
+            let mut sys = sysinfo::System::new();
+            sys.refresh_memory();
+            sys.total_memory()
+        })
+    }
+}
+
+/// The most KV bytes conversations hold together unless the user sets a budget.
+pub const MAX_DEFAULT_KV_BUDGET: u64 = 8 << 30;
+
+/// The KV budget unless the user sets one: a quarter of the machine's memory, at most
+/// [`MAX_DEFAULT_KV_BUDGET`] (llama-server's host cache defaults to 8 GiB too), so that
+/// however many conversations clients open, the machine keeps room for everything else.
+/// With a fixed budget (tests, `KVLAB_AVAILABLE_MEMORY`) the machine's size is unknown: the
+/// cap alone, beside what is available.
+pub fn default_kv_budget(budget: &MemoryBudget) -> u64 {
+    budget.total().map_or(MAX_DEFAULT_KV_BUDGET, |t| {
+        (t / 4).min(MAX_DEFAULT_KV_BUDGET)
+    })
 }
 
 /// Another choice that would fit.
@@ -190,12 +214,19 @@ pub struct Plan<'a> {
     pub policy: &'a PrecisionPolicy,
     /// Tokens sliding layers keep beyond their window.
     pub rewind_margin: usize,
+    /// Count what the cache allocates, at most ([`crate::memory::estimate_kv_allocated`]),
+    /// not what it holds: the pool's admissions, whose budget bounds allocated bytes.
+    pub allocated: bool,
 }
 
 impl Plan<'_> {
     /// Bytes needed for `tokens` under `policy`.
     fn need(&self, policy: &PrecisionPolicy, tokens: usize) -> Result<u64> {
-        let kv = estimate_kv_bytes(self.config, policy, tokens, self.rewind_margin)?;
+        let kv = if self.allocated {
+            crate::memory::estimate_kv_allocated(self.config, policy, tokens, self.rewind_margin)?
+        } else {
+            estimate_kv_bytes(self.config, policy, tokens, self.rewind_margin)?
+        };
         Ok(self
             .weights_bytes
             .saturating_add(kv.saturating_sub(self.held_kv_bytes)))
@@ -288,6 +319,7 @@ mod tests {
         let cfg = config();
         let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
         let plan = Plan {
+            allocated: false,
             config: &cfg,
             weights_bytes: 1_000_000,
             held_kv_bytes: 0,
@@ -334,6 +366,7 @@ mod tests {
         let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
         let at = |t| estimate_kv_bytes(&cfg, &f32, t, 0).unwrap();
         let plan = Plan {
+            allocated: false,
             config: &cfg,
             weights_bytes: 0,
             held_kv_bytes: at(100),

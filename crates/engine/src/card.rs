@@ -236,6 +236,7 @@ pub fn estimate(
     let config = checkpoint.config();
     let kv_bytes = estimate_kv_bytes(config, &policy, context, rewind_margin)?;
     let fit = Plan {
+        allocated: false,
         config,
         weights_bytes: card.weights_bytes,
         held_kv_bytes: 0,

@@ -5,7 +5,7 @@
 //! refused, not ignored; every list is bounded as it is read.
 
 use kvlab_engine::chat::{Message, Role};
-use kvlab_engine::contract::{CacheOrigin, ConversationChoice, ConversationId, GenStats};
+use kvlab_engine::contract::{CacheOrigin, GenStats};
 use kvlab_engine::generate::stop::MAX_STOPS;
 use std::marker::PhantomData;
 
@@ -15,11 +15,8 @@ use kvlab_engine::kv::CacheSelection;
 use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::client::Client;
 use crate::error::ApiError;
-
-/// The namespace of the conversations clients of this server run in: no request reaches
-/// the app's own conversations, whatever it names.
-pub const CONVERSATION_PREFIX: &str = "api:";
 
 /// A bound on a list in a request: a list is read item by item and refused at its
 /// `MAX + 1`th, before more is read (a body of many tiny items would otherwise take many
@@ -261,6 +258,7 @@ impl RequestBody {
         &mut self,
         prompt: Prompt,
         header: Option<&str>,
+        client: &Client,
         limits: Limits,
     ) -> Result<Planned, ApiError> {
         if self.n.unwrap_or(1) != 1 {
@@ -316,16 +314,7 @@ impl RequestBody {
                 Some(selection)
             }
         };
-        let conversation = match self.conversation.as_deref().or(header) {
-            Some(name) => ConversationChoice::Id {
-                id: ConversationId::new(format!("{CONVERSATION_PREFIX}{name}")).map_err(|e| {
-                    ApiError::invalid(format!("conversation: {e} (at most 124 of them here)"))
-                })?,
-            },
-            None => ConversationChoice::Continuing {
-                prefix: CONVERSATION_PREFIX.into(),
-            },
-        };
+        let conversation = client.conversation(self.conversation.as_deref().or(header))?;
         Ok(Planned {
             request: GenerateRequest {
                 prompt,
@@ -408,9 +397,19 @@ impl RequestBody {
     pub fn text_prompt(&mut self) -> Result<Prompt, ApiError> {
         let text = match self.prompt.take() {
             Some(TextOr::Text(s)) => s,
-            Some(TextOr::List(v)) => v.0.into_iter().next().unwrap_or_default(),
-            None => return Err(ApiError::invalid("prompt is required")),
+            Some(TextOr::List(v)) if v.0.len() == 1 => v.0.into_iter().next().unwrap_or_default(),
+            Some(TextOr::List(v)) if v.0.len() > 1 => {
+                return Err(ApiError::invalid(
+                    "prompt: one prompt per request (a list of one is accepted)",
+                ))
+            }
+            Some(TextOr::List(_)) | None => return Err(ApiError::invalid("prompt is required")),
         };
+        if text.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt is empty: give the text to continue",
+            ));
+        }
         Ok(Prompt::Text { text })
     }
 }
@@ -431,7 +430,8 @@ pub struct Usage {
     pub prompt_tokens_details: PromptTokensDetails,
     /// Prompt tokens found in the cache and not computed again (its own conversation's).
     pub reused_tokens: usize,
-    /// The conversation it ran in (`api:` and its name, or a number).
+    /// The conversation it ran in: the name the client gave it, or the unguessable id a new
+    /// one got (send it back as `conversation` to continue it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
     /// Where its cache came from: `held`, `demoted`, `restored`, or read again.
@@ -450,8 +450,9 @@ pub struct Usage {
     pub decode_tokens_per_second: f64,
 }
 
-impl From<&GenStats> for Usage {
-    fn from(s: &GenStats) -> Self {
+impl Usage {
+    /// `s` as `client` sees it: its conversation by the name it has for the client.
+    pub fn of(s: &GenStats, client: &Client) -> Self {
         Self {
             prompt_tokens: s.prompt_tokens,
             completion_tokens: s.generated_tokens,
@@ -460,11 +461,11 @@ impl From<&GenStats> for Usage {
                 cached_tokens: s.reused_tokens,
             },
             reused_tokens: s.reused_tokens,
-            conversation: s.conversation.as_ref().map(|c| {
-                c.as_str()
-                    .trim_start_matches(CONVERSATION_PREFIX)
-                    .to_owned()
-            }),
+            conversation: s
+                .conversation
+                .as_ref()
+                .and_then(|c| client.name_of(c.as_str()))
+                .map(str::to_owned),
             cache_origin: s.cache_origin,
             kv_bytes: s.kv_bytes,
             kv_bytes_allocated: s.kv_bytes_allocated,
@@ -488,7 +489,12 @@ mod tests {
     fn planned(json: serde_json::Value) -> Result<Planned, ApiError> {
         let mut r = body(json);
         let prompt = r.chat_prompt()?;
-        r.plan(prompt, None, Limits::default())
+        r.plan(
+            prompt,
+            None,
+            &Client::of(None, &Default::default()),
+            Limits::default(),
+        )
     }
 
     #[test]
@@ -529,6 +535,7 @@ mod tests {
             serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
             serde_json::json!({"messages": [{"role": "tool", "content": "x"}]}),
             serde_json::json!({"messages": []}),
+            serde_json::json!({"messages": [{"role": "user", "content": "x"}], "conversation": ""}),
         ] {
             let e = planned(bad.clone()).unwrap_err();
             assert_eq!(e.code, "invalid_request", "{bad}");
@@ -564,7 +571,9 @@ mod tests {
             }
             let mut r = body(j);
             let p = r.text_prompt().unwrap();
-            r.plan(p, None, limits).unwrap().request
+            r.plan(p, None, &Client::of(None, &Default::default()), limits)
+                .unwrap()
+                .request
         };
         assert_eq!(plan(serde_json::json!({})).max_tokens, 100);
         assert_eq!(plan(serde_json::json!({"max_tokens": 7})).max_tokens, 7);

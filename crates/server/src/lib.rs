@@ -11,6 +11,7 @@
 pub mod answer;
 pub mod api;
 pub mod body;
+pub mod client;
 pub mod error;
 pub mod guard;
 mod listen;
@@ -145,9 +146,12 @@ impl AppState {
         self.engine.memory_sample(unix_ms(), &mut probe, None)
     }
 
-    /// A memory sample now, kept in the timeline (the sampler's tick).
+    /// A memory sample now, kept in the timeline (the sampler's tick) without its list of
+    /// conversations: a kept sample is the same size however many there are, and names
+    /// none (the list is served to each client for its own conversations, now).
     pub fn sample(&self) -> MemorySample {
-        let s = self.sample_now();
+        let mut s = self.sample_now();
+        s.conversations = Vec::new();
         let mut t = self.timeline.lock().unwrap_or_else(|p| p.into_inner());
         if t.len() == KV_SAMPLES_KEPT {
             t.pop_front();

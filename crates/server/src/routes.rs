@@ -5,19 +5,21 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use futures::stream::{self, StreamExt};
-use kvlab_engine::contract::ErrorCode;
+use kvlab_engine::contract::{ConversationId, ConversationInfo, ErrorCode};
 use kvlab_engine::JobError;
 use serde_json::{json, Value};
 
 use crate::answer::{Answer, Collected, Piece};
 use crate::api::{Planned, RequestBody, Usage};
 use crate::body::JsonBody;
+use crate::client::{Client, Peer};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -60,25 +62,70 @@ pub async fn models(State(state): Shared) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
+/// How many timeline samples one `GET /v1/kv` returns at most (two minutes of them).
+pub const KV_PAGE_SAMPLES: usize = 240;
+
+/// `GET /v1/kv`'s query: samples taken after `since` (ms since the Unix epoch).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct KvQuery {
+    #[serde(default)]
+    since: u64,
+}
+
 /// `GET /v1/kv`: the memory timeline (exact KV bytes by layer kind and precision, weights,
-/// resident memory), newest last, and a sample taken now (not kept: a read changes
-/// nothing); the conversations (ids, tiers, tokens, bytes; no text) and what the pool did.
-pub async fn kv(State(state): Shared) -> Json<Value> {
-    let now = state.sample_now();
+/// resident memory), oldest first, [`KV_PAGE_SAMPLES`] at most after `?since=` (`next`
+/// is the `since` of the next page), and a sample taken now (not kept: a read changes
+/// nothing). Conversations are shown by name to their own client only; of everyone
+/// else's, the client sees how many there are and their bytes.
+pub async fn kv(
+    State(state): Shared,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    Query(query): Query<KvQuery>,
+) -> Json<Value> {
+    let client = Client::of(peer.map(|Extension(p)| p.0), &headers);
+    let mut now = state.sample_now();
     let status = state.engine.status();
     let pool = state.engine.pool_counters();
-    let samples: Vec<_> = state
-        .timeline
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .cloned()
-        .collect();
+    let (samples, more): (Vec<_>, bool) = {
+        let timeline = state.timeline.lock().unwrap_or_else(|p| p.into_inner());
+        let mut after = timeline.iter().filter(|s| s.t_ms > query.since);
+        let page: Vec<_> = after.by_ref().take(KV_PAGE_SAMPLES).cloned().collect();
+        (page, after.next().is_some())
+    };
+    let next = samples.last().map_or(query.since, |s| s.t_ms);
+    let (own, others) = own_conversations(&client, std::mem::take(&mut now.conversations));
     Json(json!({
         "now": now, "queued": status.queued, "busy": status.busy, "running": status.running,
-        "kv_cache": status.policy.spec_string(), "samples": samples,
-        "conversations": status.conversations, "pool": pool,
+        "kv_cache": status.policy.spec_string(), "samples": samples, "next": next, "more": more,
+        "conversations": own, "others": others, "pool": pool,
     }))
+}
+
+/// The conversations of `client`, by their names for it, and a summary of all others.
+fn own_conversations(
+    client: &Client,
+    all: Vec<ConversationInfo>,
+) -> (Vec<ConversationInfo>, Value) {
+    let (mut count, mut bytes, mut disk_bytes, mut tokens) = (0usize, 0u64, 0u64, 0usize);
+    let mut own = Vec::new();
+    for mut c in all {
+        match client.name_of(c.id.as_str()).map(ConversationId::new) {
+            Some(Ok(name)) => {
+                c.id = name;
+                own.push(c);
+            }
+            _ => {
+                count += 1;
+                bytes += c.bytes;
+                disk_bytes += c.disk_bytes;
+                tokens += c.tokens;
+            }
+        }
+    }
+    let others =
+        json!({ "count": count, "bytes": bytes, "disk_bytes": disk_bytes, "tokens": tokens });
+    (own, others)
 }
 
 /// `GET /metrics`.
@@ -105,18 +152,20 @@ fn conversation_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(state): Shared,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     body: Result<JsonBody<RequestBody>, ApiError>,
 ) -> Response {
     state.counters.chat_requests.fetch_add(1, Ordering::Relaxed);
+    let client = Client::of(peer.map(|Extension(p)| p.0), &headers);
     let answered = async {
         let JsonBody(mut req) = body?;
         let model = served_model(&state, req.model.as_deref())?;
         let named = conversation_header(&headers)?;
         let prompt = req.chat_prompt()?;
-        let planned = req.plan(prompt, named.as_deref(), state.config.limits)?;
+        let planned = req.plan(prompt, named.as_deref(), &client, state.config.limits)?;
         drop(req);
-        respond(&state, Endpoint::Chat, model, planned).await
+        respond(&state, Endpoint::Chat, model, planned, client).await
     }
     .await;
     answered.unwrap_or_else(|e| failed(&state, e))
@@ -125,6 +174,7 @@ pub async fn chat(
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): Shared,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     body: Result<JsonBody<RequestBody>, ApiError>,
 ) -> Response {
@@ -132,18 +182,23 @@ pub async fn completions(
         .counters
         .completion_requests
         .fetch_add(1, Ordering::Relaxed);
+    let client = Client::of(peer.map(|Extension(p)| p.0), &headers);
     let answered = async {
         let JsonBody(mut req) = body?;
         let model = served_model(&state, req.model.as_deref())?;
         let named = conversation_header(&headers)?;
         let prompt = req.text_prompt()?;
-        let planned = req.plan(prompt, named.as_deref(), state.config.limits)?;
+        let planned = req.plan(prompt, named.as_deref(), &client, state.config.limits)?;
         drop(req);
-        respond(&state, Endpoint::Completions, model, planned).await
+        respond(&state, Endpoint::Completions, model, planned, client).await
     }
     .await;
     answered.unwrap_or_else(|e| failed(&state, e))
 }
+
+/// How long a stream waits for its first piece before it answers with its headers (see
+/// [`respond`]).
+pub const FIRST_BYTE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a request in flight gets when the server stops.
 fn stopping() -> ApiError {
@@ -174,12 +229,14 @@ struct Head {
     id: String,
     created: u64,
     model: String,
+    /// Whom it answers (its usage names the conversation by the client's name for it).
+    client: Client,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Head {
-    fn new(endpoint: Endpoint, model: String) -> Self {
+    fn new(endpoint: Endpoint, model: String, client: Client) -> Self {
         let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -190,12 +247,13 @@ impl Head {
             id: format!("{prefix}-kvlab-{n}"),
             created: kvlab_engine::memory::unix_ms() / 1000,
             model,
+            client,
         }
     }
 
     /// A whole answer.
     fn answer(&self, a: &Collected) -> Value {
-        let usage = a.stats.as_ref().map(Usage::from);
+        let usage = a.stats.as_ref().map(|s| Usage::of(s, &self.client));
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut message = json!({ "role": "assistant", "content": a.content });
@@ -258,7 +316,7 @@ impl Head {
             }) => {
                 let mut out = vec![self.chunk(json!({}), Some(finish_reason))];
                 if include_usage {
-                    let usage = stats.as_ref().map(Usage::from);
+                    let usage = stats.as_ref().map(|s| Usage::of(s, &self.client));
                     out.push(self.event(json!({ "choices": [], "usage": usage })));
                 }
                 out.push(SseEvent::default().data("[DONE]"));
@@ -278,8 +336,9 @@ async fn respond(
     endpoint: Endpoint,
     model: String,
     planned: Planned,
+    client: Client,
 ) -> Result<Response, ApiError> {
-    let head = Head::new(endpoint, model);
+    let head = Head::new(endpoint, model, client);
     // The prompt is tokenized as it is submitted: off the async workers.
     let engine = state.engine.clone();
     let submitted = planned.clone();
@@ -296,23 +355,30 @@ async fn respond(
         }
         return Ok(Json(head.answer(&collected)).into_response());
     }
-    // The first piece decides the status: a request that fails before its first token (a
-    // prompt too long, a cache that does not fit) is an HTTP error, not a broken stream.
+    // The first piece decides the status when it comes at once: a request that fails
+    // before its first token (a cache that does not fit) is an HTTP error, not a broken
+    // stream. One that waits longer (for a place, or a long prefill) gets its headers and
+    // a comment now, and keep-alive comments while it waits: its client knows the server
+    // heard it, and an error that comes later ends the stream.
     let first = tokio::select! {
-        first = answer.next() => match first {
-            Some(Err(e)) => return Err(e),
-            Some(Ok(piece)) => piece,
-            None => return Err(ApiError::from(JobError::stopped())),
+        first = tokio::time::timeout(FIRST_BYTE_WAIT, answer.next()) => match first {
+            Ok(Some(Err(e))) => return Err(e),
+            Ok(Some(Ok(piece))) => Some(piece),
+            Ok(None) => return Err(ApiError::from(JobError::stopped())),
+            Err(_) => None,
         },
         () = state.closing() => return Err(stopping()),
     };
     let include_usage = planned.include_usage;
-    let opening = match endpoint {
-        Endpoint::Chat => vec![head.chunk(json!({ "role": "assistant", "content": "" }), None)],
-        Endpoint::Completions => Vec::new(),
-    };
+    let mut opening = Vec::new();
+    if first.is_none() {
+        opening.push(SseEvent::default().comment("waiting"));
+    }
+    if endpoint == Endpoint::Chat {
+        opening.push(head.chunk(json!({ "role": "assistant", "content": "" }), None));
+    }
     let counters = Arc::clone(state);
-    let rest = stream::unfold(Some((answer, Some(first))), move |st| {
+    let rest = stream::unfold(Some((answer, first)), move |st| {
         let counters = Arc::clone(&counters);
         async move {
             let (mut answer, first) = st?;

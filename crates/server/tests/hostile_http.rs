@@ -8,28 +8,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{chat, connect, get, head, parse, post, read_reply, start, Reply, Server};
-use kvlab_engine::contract::Event;
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::worker::{Ticket, MAX_QUEUED};
+use common::{
+    chat, connect, eventually, get, head, hostile, parse, post, post_as, read_reply, serial, start,
+    Hold, Reply,
+};
+use kvlab_engine::worker::MAX_QUEUED;
 use kvlab_server::{Limits, ServerConfig};
 use serde_json::{json, Value};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn hostile(line: &str) {
-    let _ = std::io::stderr()
-        .lock()
-        .write_all(format!("HOSTILE {line}\n").as_bytes());
-}
 
 /// A field of `/proc/self/status`, in bytes.
 fn status_bytes(field: &str) -> u64 {
@@ -60,73 +47,17 @@ fn config(f: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
     c
 }
 
-/// The engine held: a request of the test's own whose callback (on the engine thread) waits
-/// at each of its tokens numbered in `at` (from 1) until released. Nothing else steps
-/// meanwhile.
-struct Hold {
-    holding: mpsc::Receiver<()>,
-    release: mpsc::Sender<()>,
-    _ticket: Ticket<GenerateRequest>,
-}
-
-impl Hold {
-    fn new(server: &Server, at: &'static [usize]) -> Self {
-        let (holding_tx, holding) = mpsc::channel();
-        let (release, released) = mpsc::channel::<()>();
-        let mut tokens = 0;
-        let ticket = server
-            .engine
-            .submit_with(
-                GenerateRequest {
-                    sampling: SamplingParams::greedy(),
-                    max_tokens: 240,
-                    ..GenerateRequest::new(Prompt::Ids {
-                        ids: vec![2, 10, 11, 12],
-                    })
-                },
-                move |ev| {
-                    if matches!(ev, Event::Token { .. }) {
-                        tokens += 1;
-                        if at.contains(&tokens) {
-                            let _ = holding_tx.send(());
-                            // A dropped Hold releases every later stop too.
-                            let _ = released.recv();
-                        }
-                    }
-                    true
-                },
-            )
-            .expect("the holding request");
-        Self {
-            holding,
-            release,
-            _ticket: ticket,
-        }
-    }
-
-    /// Blocks until the engine thread is held.
-    fn held(&self) {
-        self.holding
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the engine thread is held");
-    }
-
-    /// Lets the engine thread go on, to the next stop.
-    fn release(&self) {
-        let _ = self.release.send(());
-    }
-}
-
-/// Waits (up to `limit`) for `f` to hold.
-fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    f()
+/// Sends `body` as the client `token` is, on a new connection in a thread.
+fn send_as_in_thread(
+    addr: std::net::SocketAddr,
+    body: Value,
+    token: String,
+) -> std::thread::JoinHandle<(Reply, Duration)> {
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = post_as(addr, "/v1/chat/completions", body, &token);
+        (r, t.elapsed())
+    })
 }
 
 /// Sends `body` on a new connection in a thread; the reply comes on the handle.
@@ -218,8 +149,15 @@ fn hostile_requests_past_a_full_queue_are_refused_the_moment_they_arrive() {
     let server = start(ServerConfig::local(0));
     let hold = Hold::new(&server, &[1]);
     hold.held();
+    // Sixteen clients (a client holds at most PER_CLIENT_QUEUED places).
     let waiting: Vec<_> = (0..MAX_QUEUED)
-        .map(|_| send_in_thread(server.addr, chat(json!({"max_tokens": 2}))))
+        .map(|i| {
+            send_as_in_thread(
+                server.addr,
+                chat(json!({"max_tokens": 2})),
+                format!("client-{i}"),
+            )
+        })
         .collect();
     assert!(
         eventually(Duration::from_secs(20), || server.engine.status().queued
@@ -251,10 +189,14 @@ fn hostile_queued_clients_that_leave_free_their_places_at_once() {
     hold.held();
     let body = chat(json!({"max_tokens": 2})).to_string();
     let mut leaving: Vec<TcpStream> = (0..MAX_QUEUED)
-        .map(|_| {
+        .map(|i| {
             let mut s = connect(server.addr);
-            s.write_all(head("POST", "/v1/chat/completions", "localhost", body.len()).as_bytes())
-                .expect("write");
+            // Sixteen clients (a client holds at most PER_CLIENT_QUEUED places).
+            let head = head("POST", "/v1/chat/completions", "localhost", body.len()).replace(
+                "\r\n\r\n",
+                &format!("\r\nAuthorization: Bearer leaving-{i}\r\n\r\n"),
+            );
+            s.write_all(head.as_bytes()).expect("write");
             s.write_all(body.as_bytes()).expect("write");
             s
         })
@@ -344,18 +286,62 @@ fn hostile_a_declared_body_of_10_gib_is_refused_before_it_is_read() {
 fn hostile_connections_over_the_limit_are_refused_and_their_places_come_back() {
     let _one = serial();
     let server = start(config(|c| c.max_connections = 4));
-    let idle: Vec<TcpStream> = (0..4).map(|_| connect(server.addr)).collect();
-    // Accepted in order: the fifth finds every place taken.
-    std::thread::sleep(Duration::from_millis(200));
+    // Four connections with a request in flight each (the engine held): none is idle.
+    let hold = Hold::new(&server, &[1]);
+    hold.held();
+    let busy: Vec<_> = (0..4)
+        .map(|i| {
+            send_as_in_thread(
+                server.addr,
+                chat(json!({"max_tokens": 2})),
+                format!("busy-{i}"),
+            )
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(20), || server
+        .engine
+        .status()
+        .queued
+        == 4));
     let mut fifth = connect(server.addr);
     let r = read_reply(&mut fifth);
     assert_eq!((r.status, r.code().as_str()), (503, "too_many_connections"));
-    drop(idle);
+    hold.release();
+    for b in busy {
+        let (r, _) = b.join().expect("client");
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
     let served = eventually(Duration::from_secs(10), || {
         post(server.addr, "/v1/chat/completions", chat(json!({}))).status == 200
     });
     assert!(served, "the places did not come back");
     hostile("connections over the limit -> too_many_connections");
+    server.still_answers();
+}
+
+#[test]
+fn hostile_idle_connections_at_the_limit_make_way_for_a_newcomer() {
+    let _one = serial();
+    let server = start(config(|c| c.max_connections = 4));
+    // Every place taken by connections that send nothing (slowloris heads and idle
+    // keep-alives look alike here: no request in flight).
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| connect(server.addr)).collect();
+    idle[0]
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: loc")
+        .expect("write");
+    std::thread::sleep(Duration::from_millis(200));
+    for round in 0..8 {
+        let t = Instant::now();
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 2})),
+        );
+        assert_eq!(r.status, 200, "round {round}: {}", r.body);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        idle.push(connect(server.addr));
+    }
+    hostile("idle connections holding every place -> shed");
     server.still_answers();
 }
 
@@ -379,7 +365,8 @@ fn hostile_bodies_read_at_once_are_bounded_across_connections() {
                     .expect("timeout");
                 let _ =
                     s.write_all(head("POST", "/v1/chat/completions", "localhost", size).as_bytes());
-                let chunk = vec![b' '; 1 << 20];
+                // Small writes: the figure is the server's memory, not the clients' buffers.
+                let chunk = vec![b' '; 1 << 16];
                 let mut sent = 0;
                 while sent < size - 100 {
                     let n = chunk.len().min(size - 100 - sent);

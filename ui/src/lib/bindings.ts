@@ -280,6 +280,11 @@ spec: string,
  */
 bytes: number, 
 /**
+ * KV bytes its cache has allocated in memory (what the pool's budget counts: a dense
+ * layer allocates a block of tokens ahead).
+ */
+allocated: number, 
+/**
  * Its TurboQuant layers still hold their first tokens as f16, waiting for the model's
  * calibration rows (`ModelCard::calibration_rows`) before they code them.
  */

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { FORMAT_BYTES_EXAMPLES } from "./bindings";
-import { calibratingLabel, formatBytes, formatRate, templateLabel } from "./format";
+import { apiClient, apiName, calibratingLabel, formatBytes, formatRate, templateLabel } from "./format";
 
 describe("formatBytes", () => {
   it("writes every size as the engine's format_bytes does", () => {
@@ -113,5 +113,16 @@ describe("calibratingLabel", () => {
     expect(calibratingLabel(512)).toBe("f16 until 512");
     expect(calibratingLabel(16)).toBe("f16 until 16");
     expect(calibratingLabel(undefined)).toBe("f16 until calibrated");
+  });
+});
+
+describe("apiName", () => {
+  it("names a Local API conversation as its client named it, apart from the client", () => {
+    expect(apiName("api:0123456789abcdef:e2e-client")).toBe("e2e-client");
+    expect(apiName("api:0123456789abcdef:a:b")).toBe("a:b");
+    expect(apiClient("api:0123456789abcdef:e2e-client")).toBe("0123456789abcdef");
+    expect(apiName("api:old")).toBe("old");
+    expect(apiClient("api:old")).toBe("");
+    expect(apiName("api:0123456789abcdef:6ba6cfe7b0d1931fd8ae6c14a2d7f0e1")).toBe("unnamed 6ba6cfe7…");
   });
 });

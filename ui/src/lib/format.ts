@@ -123,3 +123,17 @@ export function templateLabel(t: TemplateSource | null): string {
 export function calibratingLabel(rows: number | undefined): string {
   return rows ? `f16 until ${rows}` : "f16 until calibrated";
 }
+
+/** A Local API conversation's id (`api:CLIENT:NAME`): the name its client gave it, or, for
+ * an unnamed one, the start of the random id it got. */
+export function apiName(id: string): string {
+  const parts = id.split(":");
+  const name = parts.length >= 3 ? parts.slice(2).join(":") : id.replace(/^api:/, "");
+  return /^[0-9a-f]{32}$/.test(name) ? `unnamed ${name.slice(0, 8)}…` : name;
+}
+
+/** The client part of a Local API conversation's id (a digest of its address and token). */
+export function apiClient(id: string): string {
+  const parts = id.split(":");
+  return parts.length >= 3 ? parts[1] : "";
+}

@@ -147,6 +147,7 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
         disk_budget: 8 << 30,
         spill_dir: Some(spill.clone()),
         demote_to: demote_to.clone(),
+        ..PoolSettings::default()
     };
     let theirs = PoolSettings {
         kv_budget: Some(budget),
@@ -154,6 +155,7 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
         spill_dir: None,
         // Demoting to what they hold already changes nothing: the oldest are dropped.
         demote_to: f16.clone(),
+        ..PoolSettings::default()
     };
     let pool = run_pool(&engine, "pool", "p", ours, &texts, &args)?;
     let oldest_first = run_pool(&engine, "f16 oldest-first", "o", theirs, &texts, &args)?;

@@ -9,6 +9,7 @@
 
 mod files;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ use crate::contract::{CacheOrigin, ConversationId, ConversationInfo, MarkerKind,
 use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
 use crate::kv::PrecisionPolicy;
-use crate::memory::{unix_ms, ByteCount, RssProbe, SwitchEvent};
+use crate::memory::{unix_ms, ByteCount, KvBytes, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 
 pub(crate) use files::SpillDir;
@@ -37,7 +38,17 @@ pub struct PoolSettings {
     pub spill_dir: Option<PathBuf>,
     /// What an idle conversation is demoted to.
     pub demote_to: PrecisionPolicy,
+    /// Keep places for the local user that namespaced (server) clients never take: the
+    /// app's own chats beside its Local API ([`crate::worker::USER_QUEUED`] waiting places
+    /// and one running place).
+    pub reserve_for_user: bool,
+    /// How long a conversation may stay idle in memory before it is spilled (dropped without
+    /// a spill directory): it comes back from its file on its next turn. `None`: never.
+    pub idle_ttl: Option<std::time::Duration>,
 }
+
+/// How long a conversation stays idle in memory unless set (`kvlab serve --idle-ttl`).
+pub const DEFAULT_IDLE_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// The disk budget unless set: the app's default for saved caches.
 pub const DEFAULT_DISK_BUDGET: u64 = 2 << 30;
@@ -49,6 +60,8 @@ impl Default for PoolSettings {
             disk_budget: DEFAULT_DISK_BUDGET,
             spill_dir: None,
             demote_to: crate::kv::presets::suggested_policy(),
+            reserve_for_user: false,
+            idle_ttl: Some(DEFAULT_IDLE_TTL),
         }
     }
 }
@@ -84,6 +97,12 @@ struct Conversation {
     busy: bool,
     /// Bytes it was admitted to grow to while it runs (its room is kept for it).
     reserved: u64,
+    /// Its last demotion made room for another client's request (not its own client's):
+    /// undone on its next turn when there is room.
+    demoted_by_other: bool,
+    /// Made by [`Pool::unnamed`] for a request that named none: the only kind an unnamed
+    /// request's prompt may continue ([`Pool::continuing`]).
+    unnamed: bool,
     /// Use order (higher: more recent) and wall time.
     used: u64,
     used_ms: u64,
@@ -121,17 +140,90 @@ pub(crate) enum Action {
     Drop(ConversationId),
 }
 
+/// The bytes a session counts against the budget: what its layers have allocated (a dense
+/// layer allocates a block of tokens at a time), never less than what they hold.
+fn allocated(session: &Session) -> u64 {
+    let (used, allocated) = session.memory().total;
+    used.max(allocated) as u64
+}
+
+/// What the idle conversations add up to: kept between steps, since a step changes only the
+/// running ones (recomputed when the pool changes, never per step).
+#[derive(Debug, Default, Clone)]
+struct IdleTotals {
+    /// Bytes allocated by idle conversations in memory.
+    allocated: u64,
+    /// Their bytes by layer kind and precision, and their tokens.
+    kv: KvBytes,
+    tokens: usize,
+}
+
 /// The conversations of the loaded model (see the module doc).
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     conversations: BTreeMap<ConversationId, Conversation>,
     clock: u64,
-    next_unnamed: u64,
     /// The model's identity in cache files (a digest of its weights), once known.
     identity: Option<String>,
+    /// Changes with every change of the pool but a running conversation's step.
+    revision: u64,
+    /// The idle conversations' totals at a revision.
+    idle: RefCell<Option<(u64, IdleTotals)>>,
 }
 
 impl Pool {
+    /// Something other than a running conversation's step changed.
+    fn touch(&mut self) {
+        self.revision += 1;
+    }
+
+    /// Changes with every change of the pool but a running conversation's step: what was
+    /// read of the idle conversations at one revision holds until the next.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The idle conversations' totals, computed once per revision.
+    fn idle_totals(&self) -> IdleTotals {
+        if let Some((rev, totals)) = self.idle.borrow().as_ref() {
+            if *rev == self.revision {
+                return totals.clone();
+            }
+        }
+        let mut t = IdleTotals::default();
+        for c in self.conversations.values().filter(|c| !c.busy) {
+            if let Place::Memory { session, .. } = &c.place {
+                t.allocated += allocated(session);
+                t.kv.merge(&KvBytes::from_report(&session.memory()));
+                t.tokens += session.len();
+            }
+        }
+        *self.idle.borrow_mut() = Some((self.revision, t.clone()));
+        t
+    }
+
+    /// The running conversations in memory (at most a few).
+    fn running(&self) -> impl Iterator<Item = (&Conversation, &Session)> {
+        self.conversations
+            .values()
+            .filter(|c| c.busy)
+            .filter_map(|c| match &c.place {
+                Place::Memory { session, .. } => Some((c, session.as_ref())),
+                _ => None,
+            })
+    }
+
+    /// Every conversation's KV bytes by layer kind and precision, and their tokens.
+    pub fn kv_totals(&self) -> (KvBytes, usize) {
+        let idle = self.idle_totals();
+        let (mut kv, mut tokens) = (idle.kv, idle.tokens);
+        for (_, session) in self.running() {
+            kv.merge(&KvBytes::from_report(&session.memory()));
+            tokens += session.len();
+        }
+        (kv, tokens)
+    }
+
     /// Every conversation, as front ends see them.
     pub fn infos(&self) -> Vec<ConversationInfo> {
         self.conversations
@@ -147,12 +239,14 @@ impl Pool {
                     Place::Disk => (Tier::OnDisk, 0, c.tokens, false),
                     Place::Dropped => (Tier::Dropped, 0, c.tokens, false),
                 };
+                let allocated = self.bytes_of_conversation(c);
                 ConversationInfo {
                     id: id.clone(),
                     tier,
                     tokens,
                     spec: c.policy.spec_string(),
                     bytes,
+                    allocated,
                     calibrating,
                     disk_bytes: c.file.map_or(0, |(b, _)| b),
                     busy: c.busy,
@@ -162,34 +256,19 @@ impl Pool {
             .collect()
     }
 
-    /// KV bytes all conversations hold in memory.
+    /// KV bytes all conversations have allocated in memory.
     pub fn held_bytes(&self) -> u64 {
-        self.conversations
-            .values()
-            .filter_map(|c| match &c.place {
-                Place::Memory { session, .. } => Some(session.memory().total.0 as u64),
-                _ => None,
-            })
-            .sum()
+        self.idle_totals().allocated + self.running().map(|(_, s)| allocated(s)).sum::<u64>()
     }
 
-    /// KV bytes counted against the budget: what each conversation holds, or, while it runs,
-    /// the room it was admitted to grow to.
+    /// KV bytes counted against the budget: what each conversation has allocated, or, while
+    /// it runs, the room it was admitted to grow to.
     pub fn committed_bytes(&self) -> u64 {
-        self.conversations
-            .values()
-            .map(|c| {
-                let held = match &c.place {
-                    Place::Memory { session, .. } => session.memory().total.0 as u64,
-                    _ => 0,
-                };
-                if c.busy {
-                    held.max(c.reserved)
-                } else {
-                    held
-                }
-            })
-            .sum()
+        self.idle_totals().allocated
+            + self
+                .running()
+                .map(|(c, s)| allocated(s).max(c.reserved))
+                .sum::<u64>()
     }
 
     /// Keeps `bytes` (what `id` may grow to in its running turn) for it until it ends.
@@ -201,17 +280,16 @@ impl Pool {
 
     fn bytes_of_conversation(&self, c: &Conversation) -> u64 {
         match &c.place {
-            Place::Memory { session, .. } => session.memory().total.0 as u64,
+            Place::Memory { session, .. } => allocated(session),
             _ => 0,
         }
     }
 
-    /// KV bytes `id` holds in memory (0 when it is not there).
+    /// KV bytes `id` has allocated in memory (0 when it is not there).
     pub fn bytes_of(&self, id: &ConversationId) -> u64 {
-        match self.conversations.get(id).map(|c| &c.place) {
-            Some(Place::Memory { session, .. }) => session.memory().total.0 as u64,
-            _ => 0,
-        }
+        self.conversations
+            .get(id)
+            .map_or(0, |c| self.bytes_of_conversation(c))
     }
 
     /// Whether the pool knows `id`.
@@ -227,10 +305,24 @@ impl Pool {
         }
     }
 
-    /// The session of `id`, when it is in memory, to run or switch it.
+    /// The session of `id`, when it is in memory, to switch or start it.
     pub fn session_mut(&mut self, id: &ConversationId) -> Option<&mut Session> {
+        self.touch();
         match self.conversations.get_mut(id).map(|c| &mut c.place) {
             Some(Place::Memory { session, .. }) => Some(session),
+            _ => None,
+        }
+    }
+
+    /// The session of `id` while it runs a request, to step it (a step changes no idle
+    /// conversation: the pool's revision stays).
+    pub fn running_session_mut(&mut self, id: &ConversationId) -> Option<&mut Session> {
+        match self.conversations.get_mut(id) {
+            Some(Conversation {
+                place: Place::Memory { session, .. },
+                busy: true,
+                ..
+            }) => Some(session),
             _ => None,
         }
     }
@@ -247,6 +339,7 @@ impl Pool {
 
     /// Marks `id` as running a request (or not), and as just used.
     pub fn set_busy(&mut self, id: &ConversationId, busy: bool) {
+        self.touch();
         self.clock += 1;
         let clock = self.clock;
         if let Some(c) = self.conversations.get_mut(id) {
@@ -280,6 +373,7 @@ impl Pool {
         if self.conversations.contains_key(id) {
             return;
         }
+        self.touch();
         self.clock += 1;
         let file = spill.and_then(|d| d.peek(id));
         let chosen = policy.clone();
@@ -297,17 +391,24 @@ impl Pool {
                 tokens,
                 busy: false,
                 reserved: 0,
+                demoted_by_other: false,
+                unnamed: false,
                 used: self.clock,
                 used_ms: unix_ms(),
             },
         );
     }
 
-    /// A new conversation id `prefix` + a number, not yet used.
+    /// A new conversation id: `prefix` and 128 random bits (32 hex digits), so no client
+    /// can guess another's and no run reuses an earlier run's.
     pub fn unnamed(&mut self, prefix: &str) -> Result<ConversationId> {
         loop {
-            self.next_unnamed += 1;
-            let id = ConversationId::new(format!("{prefix}{}", self.next_unnamed))
+            let mut bits = [0u8; 16];
+            getrandom::fill(&mut bits).map_err(|e| {
+                EngineError::invalid(format!("no random source for a conversation id: {e}"))
+            })?;
+            let hex: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+            let id = ConversationId::new(format!("{prefix}{hex}"))
                 .map_err(|e| EngineError::invalid(e.to_string()))?;
             if !self.conversations.contains_key(&id) {
                 return Ok(id);
@@ -318,11 +419,24 @@ impl Pool {
     /// The held conversation among those named `prefix…` whose history `prompt` continues:
     /// all of it, but for a short tail a re-rendered answer may change (at most 32 tokens
     /// and an eighth of the history), so a client's next turn finds its own conversation
-    /// and no prompt reaches into another's.
-    pub fn continuing(&self, prefix: &str, prompt: &[u32]) -> Option<ConversationId> {
+    /// and no prompt reaches into another's. Only conversations its owner holds in `policy`
+    /// (the request's effective cache, never one the pool demoted) are considered: a request
+    /// never reads rows coded in a format it did not ask for.
+    pub fn continuing(
+        &self,
+        prefix: &str,
+        prompt: &[u32],
+        policy: &PrecisionPolicy,
+    ) -> Option<ConversationId> {
         self.conversations
             .iter()
-            .filter(|(id, c)| id.as_str().starts_with(prefix) && !c.busy)
+            .filter(|(id, c)| {
+                id.as_str().starts_with(prefix)
+                    && c.unnamed
+                    && !c.busy
+                    && &c.chosen == policy
+                    && c.policy == c.chosen
+            })
             .filter_map(|(id, c)| {
                 let Place::Memory { session, .. } = &c.place else {
                     return None;
@@ -354,6 +468,7 @@ impl Pool {
         spill: Option<&SpillDir>,
         rewind_margin: usize,
     ) -> Result<(CacheOrigin, Option<SwitchEvent>)> {
+        self.touch();
         let identity = self.identity.clone();
         let c = self
             .conversations
@@ -408,6 +523,7 @@ impl Pool {
 
     /// Records that `id`'s owner switched it to `policy` (it is no longer demoted).
     pub fn switched(&mut self, id: &ConversationId, policy: &PrecisionPolicy) {
+        self.touch();
         if let Some(c) = self.conversations.get_mut(id) {
             c.policy = policy.clone();
             c.chosen = policy.clone();
@@ -419,6 +535,7 @@ impl Pool {
 
     /// Sets the policy of `id`, which is not in memory, for its next turn.
     pub fn set_policy(&mut self, id: &ConversationId, policy: &PrecisionPolicy) {
+        self.touch();
         if let Some(c) = self.conversations.get_mut(id) {
             c.policy = policy.clone();
             c.chosen = policy.clone();
@@ -427,6 +544,7 @@ impl Pool {
 
     /// Puts `session` (read from a file by its owner) in memory as `id`'s cache.
     pub fn put(&mut self, id: &ConversationId, session: Session) {
+        self.touch();
         self.clock += 1;
         let used = self.clock;
         let c = self
@@ -440,6 +558,8 @@ impl Pool {
                 tokens: 0,
                 busy: false,
                 reserved: 0,
+                demoted_by_other: false,
+                unnamed: false,
                 used,
                 used_ms: unix_ms(),
             });
@@ -455,13 +575,58 @@ impl Pool {
 
     /// Records that `id`'s cache was written to its file (`bytes`, `tokens`).
     pub fn saved(&mut self, id: &ConversationId, bytes: u64, tokens: usize) {
+        self.touch();
         if let Some(c) = self.conversations.get_mut(id) {
             c.file = Some((bytes, tokens));
         }
     }
 
+    /// Marks `id` as made for a request that named none (see [`Pool::continuing`]).
+    pub fn mark_unnamed(&mut self, id: &ConversationId) {
+        if let Some(c) = self.conversations.get_mut(id) {
+            c.unnamed = true;
+        }
+    }
+
+    /// Forgets `id` that a refused request registered: its cache, never a file.
+    pub fn discard(&mut self, id: &ConversationId) {
+        self.touch();
+        self.conversations.remove(id);
+    }
+
+    /// The policy its owner chose, when `id` is in memory re-encoded by the pool to make room
+    /// for another client's request.
+    pub fn demoted(&self, id: &ConversationId) -> Option<&PrecisionPolicy> {
+        let c = self.conversations.get(id)?;
+        (c.demoted_by_other && matches!(c.place, Place::Memory { demoted: true, .. }))
+            .then_some(&c.chosen)
+    }
+
+    /// Gives `id`, demoted in memory, a fresh cache in the policy its owner chose: its next
+    /// turn reads its history again there (the pool's demotion is undone).
+    pub fn undemote(
+        &mut self,
+        id: &ConversationId,
+        model: &Model,
+        rewind_margin: usize,
+    ) -> Result<()> {
+        self.touch();
+        let Some(c) = self.conversations.get_mut(id) else {
+            return Ok(());
+        };
+        let mut session = Session::new(model, &c.chosen)?;
+        session.set_rewind_margin(rewind_margin);
+        c.policy = c.chosen.clone();
+        c.place = Place::Memory {
+            session: Box::new(session),
+            demoted: false,
+        };
+        Ok(())
+    }
+
     /// Forgets `id`: its cache and, with `spill`, its file.
     pub fn forget(&mut self, id: &ConversationId, spill: Option<&SpillDir>) {
+        self.touch();
         self.conversations.remove(id);
         if let Some(dir) = spill {
             dir.remove(id);
@@ -470,6 +635,7 @@ impl Pool {
 
     /// Empties `id`'s cache, keeping the conversation (its policy, and its file).
     pub fn reset(&mut self, id: &ConversationId) -> Result<()> {
+        self.touch();
         if let Some(c) = self.conversations.get_mut(id) {
             match &mut c.place {
                 Place::Memory { session, .. } => session.reset()?,
@@ -480,14 +646,26 @@ impl Pool {
         Ok(())
     }
 
-    /// Forgets the least recently used idle conversations past [`MAX_CONVERSATIONS`].
+    /// Forgets idle conversations past [`MAX_CONVERSATIONS`]: the least recently used of the
+    /// client that has the most (see [`crate::worker`]'s places), so one client opening
+    /// conversations by the hundred forgets its own, not everyone else's.
     pub fn trim(&mut self, spill: Option<&SpillDir>) {
         while self.conversations.len() > MAX_CONVERSATIONS {
+            let mut counts: std::collections::HashMap<&str, usize> = Default::default();
+            for id in self.conversations.keys() {
+                *counts.entry(crate::worker::client_of_id(id)).or_default() += 1;
+            }
             let oldest = self
                 .conversations
                 .iter()
                 .filter(|(_, c)| !c.busy)
-                .min_by_key(|(_, c)| c.used)
+                .max_by_key(|(id, c)| {
+                    let n = counts
+                        .get(crate::worker::client_of_id(id))
+                        .copied()
+                        .unwrap_or(0);
+                    (n, std::cmp::Reverse(c.used))
+                })
                 .map(|(id, _)| id.clone());
             match oldest {
                 Some(id) => self.forget(&id, spill),
@@ -524,7 +702,7 @@ impl Pool {
             .iter()
             .filter(|(id, c)| Some(*id) != need.owner.as_ref() && !c.busy)
             .filter_map(|(id, c)| match &c.place {
-                Place::Memory { session, .. } => Some((id, c, session.memory().total.0 as u64)),
+                Place::Memory { session, .. } => Some((id, c, allocated(session))),
                 _ => None,
             })
             .collect();
@@ -544,7 +722,7 @@ impl Pool {
             }
             // The switch's own plan: what the demotion will hold, layer by layer (a switch
             // calibrates on the rows it has, where a new cache would hold them as f16).
-            let after = session.cache().plan(&settings.demote_to)?.bytes_after();
+            let after = session.cache().plan(&settings.demote_to)?.allocated_after();
             if after >= *bytes {
                 continue;
             }
@@ -559,10 +737,7 @@ impl Pool {
             let Place::Memory { session, .. } = &c.place else {
                 continue;
             };
-            // A cache of decoded rows would be read again anyway: it is not worth a file.
-            let worth_a_file =
-                !(session.is_empty() || session.coded() && session.policy().is_dense());
-            actions.push(if settings.spill_dir.is_some() && worth_a_file {
+            actions.push(if settings.spill_dir.is_some() && worth_a_file(session) {
                 Action::Spill((*id).clone())
             } else {
                 Action::Drop((*id).clone())
@@ -585,7 +760,28 @@ impl Pool {
         Ok(Ok(actions))
     }
 
-    /// Applies `actions` in order and returns their timeline markers. An action that fails
+    /// What expires: the conversations in memory idle for longer than `ttl`, spilled (a
+    /// spill directory set and a cache worth a file) or dropped.
+    pub fn expired(&self, ttl: std::time::Duration, settings: &PoolSettings) -> Vec<Action> {
+        let cutoff = unix_ms().saturating_sub(ttl.as_millis() as u64);
+        self.conversations
+            .iter()
+            .filter(|(_, c)| !c.busy && c.used_ms < cutoff)
+            .filter_map(|(id, c)| match &c.place {
+                Place::Memory { session, .. } => {
+                    Some(if settings.spill_dir.is_some() && worth_a_file(session) {
+                        Action::Spill(id.clone())
+                    } else {
+                        Action::Drop(id.clone())
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Applies `actions` in order (made room for a request of `for_client`, see
+    /// [`crate::worker`]'s places) and returns their timeline markers. An action that fails
     /// (a full disk on a spill) drops that conversation's cache instead, so the memory is
     /// freed all the same; the conversation reads its history again on its next turn.
     pub fn apply(
@@ -594,7 +790,9 @@ impl Pool {
         settings: &PoolSettings,
         spill: Option<&SpillDir>,
         probe: &mut RssProbe,
+        for_client: &str,
     ) -> Vec<SwitchEvent> {
+        self.touch();
         let mut markers = Vec::new();
         for action in actions {
             let id = match action {
@@ -615,6 +813,7 @@ impl Pool {
                     match done {
                         Ok(marker) => {
                             *demoted = true;
+                            c.demoted_by_other = crate::worker::client_of_id(id) != for_client;
                             c.policy = settings.demote_to.clone();
                             markers.push(marker.of(MarkerKind::Demote, id));
                         }
@@ -685,6 +884,7 @@ impl Pool {
         settings: &PoolSettings,
         spill: &SpillDir,
     ) -> Vec<ConversationId> {
+        self.touch();
         let removed = spill.enforce_budget(settings.disk_budget, &self.busy_ids());
         for id in &removed {
             if let Some(c) = self.conversations.get_mut(id) {
@@ -697,39 +897,80 @@ impl Pool {
         removed
     }
 
-    /// Writes every conversation in memory to its file (a model change, a quit): each its
-    /// own cache, never another's. Returns the markers of those freed (`free`), else none.
-    pub fn save_all(&mut self, spill: &SpillDir, free: bool) -> Vec<(ConversationId, Result<u64>)> {
+    /// Writes the conversations in memory to their files (a model change, a quit), each its
+    /// own cache, never another's: the most recently used first, and none once what was
+    /// written reaches `disk_budget` (those are dropped, read again on their next turn);
+    /// then the budget is applied to the directory. With `free`, the written ones leave
+    /// memory. Returns what was written, or why not.
+    pub fn save_all(
+        &mut self,
+        spill: &SpillDir,
+        free: bool,
+        disk_budget: u64,
+    ) -> Vec<(ConversationId, Result<u64>)> {
+        self.touch();
         let identity = self.identity.clone();
+        let mut order: Vec<(u64, ConversationId)> = self
+            .conversations
+            .iter()
+            .filter(
+                |(_, c)| matches!(&c.place, Place::Memory { session, .. } if worth_a_file(session)),
+            )
+            .map(|(id, c)| (c.used, id.clone()))
+            .collect();
+        order.sort_by_key(|o| std::cmp::Reverse(o.0));
         let mut out = Vec::new();
-        for (id, c) in self.conversations.iter_mut() {
+        let mut written_total = 0u64;
+        for (_, id) in order {
+            let Some(c) = self.conversations.get_mut(&id) else {
+                continue;
+            };
             let Place::Memory { session, .. } = &c.place else {
                 continue;
             };
-            if session.is_empty() || (session.coded() && session.policy().is_dense()) {
+            if written_total >= disk_budget {
+                tracing::info!(conversation = %id, "not saved: the disk budget is spent");
                 continue;
             }
             let written = match identity.as_deref() {
-                Some(identity) => spill.save(id, session, identity),
+                Some(identity) => spill.save(&id, session, identity),
                 None => Err(EngineError::invalid("the model's identity is unknown")),
             };
             if let Ok(bytes) = &written {
+                written_total = written_total.saturating_add(*bytes);
                 c.file = Some((*bytes, session.len()));
                 if free {
                     c.tokens = session.len();
                     c.place = Place::Disk;
                 }
             }
-            out.push((id.clone(), written));
+            out.push((id, written));
+        }
+        let busy = self.busy_ids();
+        for id in spill.enforce_budget(disk_budget, &busy) {
+            if let Some(c) = self.conversations.get_mut(&id) {
+                c.file = None;
+                if matches!(c.place, Place::Disk) {
+                    c.place = Place::Dropped;
+                }
+            }
+            out.retain(|(written, _)| *written != id);
         }
         out
     }
 
     /// Forgets every conversation (the model changed: their caches cannot serve another).
     pub fn clear(&mut self) {
+        self.touch();
         self.conversations.clear();
         self.identity = None;
     }
+}
+
+/// Whether a cache is worth a file: not empty, and not rows decoded from codes (those would
+/// be read again anyway).
+fn worth_a_file(session: &Session) -> bool {
+    !(session.is_empty() || session.coded() && session.policy().is_dense())
 }
 
 /// The marker of a cache leaving memory (`kind`: spill or drop).

@@ -9,8 +9,8 @@ use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
 use super::wire::{WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 
-/// Tokens per allocation block.
-pub const BLOCK_TOKENS: usize = 256;
+/// Tokens per allocation block: every allocation is a whole number of them.
+pub const BLOCK_TOKENS: usize = 16;
 
 /// Keys and values as plain tensors `[n_kv_heads, capacity, head_dim]`.
 #[derive(Debug)]
@@ -37,6 +37,15 @@ fn dtype_of(p: KvPrecision) -> DType {
 
 fn round_up(n: usize) -> usize {
     n.div_ceil(BLOCK_TOKENS).max(1) * BLOCK_TOKENS
+}
+
+/// The room a layer allocates when it must grow to hold `held` tokens, and the most it has
+/// while it holds `held`: what it holds and a spare of an eighth (at least a block), in whole
+/// blocks. The spare makes a long cache copy O(log n) times as it grows and a sliding window
+/// compact once per spare, not per step; being bounded, it is what a budget of allocated
+/// bytes counts ([`crate::memory::estimate_kv_allocated`]).
+pub fn allocated_tokens(held: usize) -> usize {
+    round_up(held + (held / 8).max(BLOCK_TOKENS))
 }
 
 impl DenseStorage {
@@ -125,15 +134,14 @@ impl KvStorage for DenseStorage {
             return Ok(());
         }
         if self.start + self.len + t > self.cap {
-            // One spare block so a sliding window does not compact on every step.
-            let need = round_up(self.len + t + BLOCK_TOKENS);
-            let cap = if need > self.cap {
-                // Grow by at least a quarter so long full-attention caches copy O(log n) times.
-                need.max(round_up(self.cap + self.cap / 4))
+            // Room with a bounded spare (see `allocated_tokens`); a sliding window that has
+            // room compacts in place.
+            let need = allocated_tokens(self.len + t);
+            self.reallocate(if self.len + t > self.cap {
+                need
             } else {
                 self.cap
-            };
-            self.reallocate(cap)?;
+            })?;
         }
         let (kb, vb) = self
             .bufs
@@ -165,9 +173,11 @@ impl KvStorage for DenseStorage {
         if self.len == 0 {
             self.start = 0;
         }
-        // After a long prefill a sliding layer keeps a window; give the rest back.
-        let fit = round_up(self.len + BLOCK_TOKENS);
-        if self.cap > 2 * fit {
+        // After a prefill chunk a sliding layer keeps a window: give the rest back, so what
+        // it allocates between steps is the room of what it holds (a copy of the window once
+        // per chunk; between chunks the spare absorbs the window's steps).
+        let fit = allocated_tokens(self.len);
+        if self.cap > fit {
             self.reallocate(fit)?;
         }
         Ok(())

@@ -23,7 +23,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use attend::attend_dense;
-pub use dense::{DenseStorage, BLOCK_TOKENS};
+pub use dense::{allocated_tokens, DenseStorage, BLOCK_TOKENS};
 pub use presets::{
     cache_options, canonical, presets, CacheChoice, CacheOptions, CachePreset, CacheSelection,
     FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, SideFormat, MEASURED_ON,

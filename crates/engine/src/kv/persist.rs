@@ -187,7 +187,7 @@ impl KvCache {
         remove_stale_temporaries(path);
         let tmp = temporary_beside(path);
         let written = (|| -> std::io::Result<u64> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = private_file(&tmp)?;
             f.write_all(&head)?;
             for s in &sections {
                 f.write_all(s)?;
@@ -201,6 +201,16 @@ impl KvCache {
             io(path, e)
         })
     }
+}
+
+/// A new file only its owner may read or write (0600 on Unix): a cache holds the
+/// conversation's token ids.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
 }
 
 /// `path` with `.tmp-<pid>` added: beside it, so the rename stays on one file system.

@@ -26,6 +26,10 @@ pub enum KvPrecision {
     TurboQuant(TqPrecision),
 }
 
+/// Rows a TurboQuant or block side reserves at a time (its codes' chunks, its f16 and block
+/// rows: `kvlab_turboquant::DEFAULT_CHUNK_VECTORS`).
+pub const TQ_ROW_GRAIN: usize = 128;
+
 impl KvPrecision {
     /// Short lowercase name (`f32`, `f16`, `bf16`, `turboquant`); `Display` gives the full
     /// form (`tq4`, `k4v3+nc`).
@@ -140,6 +144,17 @@ impl KvPrecision {
         Ok(n_kv_heads * (side(&p.key, true)? + side(&p.value, false)?))
     }
 
+    /// The most tokens a layer of this precision holding `held` tokens has room for: a dense
+    /// layer's spare ([`super::allocated_tokens`]), or, for TurboQuant and llama.cpp's
+    /// sides, rows reserved [`TQ_ROW_GRAIN`] at a time. What a budget of allocated bytes
+    /// counts ([`crate::memory::estimate_kv_allocated`]).
+    pub fn room_tokens(self, held: usize) -> usize {
+        match self {
+            KvPrecision::TurboQuant(_) => held.div_ceil(TQ_ROW_GRAIN).max(1) * TQ_ROW_GRAIN,
+            _ => super::allocated_tokens(held),
+        }
+    }
+
     /// Bytes a layer holding `tokens` tokens takes, filled from empty and waiting for
     /// [`CALIBRATION_ROWS`] ([`KvPrecision::bytes_after`]).
     pub fn held_bytes(self, n_kv_heads: usize, head_dim: usize, tokens: usize) -> Result<u64> {
@@ -174,5 +189,21 @@ impl KvPrecision {
         let per = self.token_bytes(n_kv_heads, head_dim)? as u64;
         let fixed = self.fixed_bytes(n_kv_heads, head_dim) as u64;
         Ok(per.saturating_mul(held as u64).saturating_add(fixed))
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    #[test]
+    fn tq_rows_grow_by_the_codecs_chunk() {
+        assert_eq!(TQ_ROW_GRAIN, kvlab_turboquant::DEFAULT_CHUNK_VECTORS);
+        let tq = KvPrecision::TurboQuant(TqPrecision::new(TqSide::F16, TqSide::F16));
+        assert_eq!(tq.room_tokens(1), TQ_ROW_GRAIN);
+        assert_eq!(tq.room_tokens(129), 2 * TQ_ROW_GRAIN);
+        // A dense layer's room: what it holds and a bounded spare.
+        assert_eq!(KvPrecision::F16.room_tokens(25), 48);
+        assert_eq!(KvPrecision::F16.room_tokens(4096), 4096 + 512);
     }
 }

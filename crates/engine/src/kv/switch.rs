@@ -27,6 +27,8 @@ pub struct LayerChange {
     pub bytes_before: u64,
     /// Bytes it will hold ([`KvPrecision::bytes_after`]).
     pub bytes_after: u64,
+    /// Bytes it will allocate, at most ([`super::allocated_tokens`]).
+    pub allocated_after: u64,
 }
 
 impl LayerChange {
@@ -58,6 +60,11 @@ impl ConvertPlan {
         self.layers.iter().map(|l| l.bytes_after).sum()
     }
 
+    /// Bytes the cache will allocate, at most (what a budget of allocated bytes counts).
+    pub fn allocated_after(&self) -> u64 {
+        self.layers.iter().map(|l| l.allocated_after).sum()
+    }
+
     /// Bytes the switch needs beyond what the cache holds now, at its peak: every converted
     /// layer's new storage, built while the old ones are still kept.
     pub fn peak_extra_bytes(&self) -> u64 {
@@ -65,6 +72,16 @@ impl ConvertPlan {
             .iter()
             .filter(|l| l.converts())
             .map(|l| l.bytes_after)
+            .sum()
+    }
+
+    /// [`ConvertPlan::peak_extra_bytes`] as allocated, at most: what a budget of allocated
+    /// bytes admits.
+    pub fn peak_extra_allocated(&self) -> u64 {
+        self.layers
+            .iter()
+            .filter(|l| l.converts())
+            .map(|l| l.allocated_after)
             .sum()
     }
 
@@ -101,6 +118,10 @@ impl KvCache {
                 bytes_before: o.storage.bytes_used() as u64,
                 // The new storage gets the held tokens at once and calibrates on them.
                 bytes_after: to.bytes_after(h, d, tokens, tokens, MIN_CALIBRATION_ROWS)?,
+                allocated_after: {
+                    let room = to.room_tokens(tokens);
+                    to.bytes_after(h, d, room, room, MIN_CALIBRATION_ROWS)?
+                },
             });
         }
         Ok(ConvertPlan {

@@ -9,6 +9,7 @@ use crate::checkpoint::config::ModelConfig;
 use crate::contract::AttentionKind;
 use crate::contract::TokenCost;
 use crate::error::Result;
+use crate::kv::SEGMENT_TOKENS;
 use crate::kv::{calibration_rows, presets, PrecisionPolicy, MIN_CALIBRATION_ROWS};
 
 /// KV bytes one token costs under `policy` over `config`'s cache-owning layers, per
@@ -52,7 +53,20 @@ pub fn estimate_kv_bytes(
     rewind_margin: usize,
 ) -> Result<u64> {
     let waits = calibration_rows(config.max_position_embeddings);
-    kv_bytes(config, policy, tokens, rewind_margin, waits)
+    kv_bytes(config, policy, tokens, rewind_margin, waits, false)
+}
+
+/// The KV bytes a cache of `tokens` tokens allocates, at most: [`estimate_kv_bytes`] with
+/// each layer's held tokens widened to the room it may have ([`crate::kv::KvPrecision::room_tokens`]),
+/// what a budget of allocated bytes must admit.
+pub fn estimate_kv_allocated(
+    config: &ModelConfig,
+    policy: &PrecisionPolicy,
+    tokens: usize,
+    rewind_margin: usize,
+) -> Result<u64> {
+    let waits = calibration_rows(config.max_position_embeddings);
+    kv_bytes(config, policy, tokens, rewind_margin, waits, true)
 }
 
 /// [`estimate_kv_bytes`] of a cache given its tokens at once, which calibrates on them
@@ -63,25 +77,49 @@ pub fn estimate_kv_bytes_at_once(
     tokens: usize,
     rewind_margin: usize,
 ) -> Result<u64> {
-    kv_bytes(config, policy, tokens, rewind_margin, MIN_CALIBRATION_ROWS)
+    kv_bytes(
+        config,
+        policy,
+        tokens,
+        rewind_margin,
+        MIN_CALIBRATION_ROWS,
+        false,
+    )
 }
 
 /// The bytes of [`estimate_kv_bytes`] for layers that calibrate on their first
-/// `calibration_rows` tokens.
+/// `calibration_rows` tokens; with `room`, of the room each layer may allocate for its
+/// tokens ([`estimate_kv_allocated`]).
 fn kv_bytes(
     config: &ModelConfig,
     policy: &PrecisionPolicy,
     tokens: usize,
     rewind_margin: usize,
     calibration_rows: usize,
+    room: bool,
 ) -> Result<u64> {
     let mut total = 0u64;
     for l in config.cache_owning_layers() {
+        let precision = policy.for_layer(l.index, l.kind);
+        // A coded sliding layer lets its old rows go a whole segment at a time: it may
+        // allocate rows for a segment beyond its window.
+        let coded = matches!(precision, crate::kv::KvPrecision::TurboQuant(_));
+        let beyond = if room && coded { SEGMENT_TOKENS } else { 0 };
         let held = match l.sliding_window {
-            Some(w) => tokens.min(w.saturating_sub(1).saturating_add(rewind_margin)),
+            Some(w) => tokens.min(
+                w.saturating_sub(1)
+                    .saturating_add(rewind_margin)
+                    .saturating_add(beyond),
+            ),
             None => tokens,
         };
-        let precision = policy.for_layer(l.index, l.kind);
+        // Room for its rows, in the form they take after `tokens` (f16 while a TurboQuant
+        // layer waits to calibrate).
+        let held = if room {
+            precision.room_tokens(held)
+        } else {
+            held
+        };
         let bytes =
             precision.bytes_after(l.n_kv_heads, l.head_dim, held, tokens, calibration_rows)?;
         total = total.saturating_add(bytes);
@@ -138,7 +176,7 @@ fn costs_between(config: &ModelConfig, from: usize, to: usize, margin: usize) ->
             let policy = crate::kv::CacheSpec::parse(&p.specs.all).ok()?.to_policy();
             let at = |t| {
                 if calibrated {
-                    kv_bytes(config, &policy, t, margin, 0).ok()
+                    kv_bytes(config, &policy, t, margin, 0, false).ok()
                 } else {
                     estimate_kv_bytes(config, &policy, t, margin).ok()
                 }

@@ -113,6 +113,47 @@ fn estimate_equals_a_filled_cache_and_splits_by_kind() {
 }
 
 #[test]
+fn the_allocated_estimate_bounds_what_a_cache_allocates_as_it_grows() {
+    let cfg = tiny_config();
+    for spec in [
+        "f32",
+        "f16",
+        "tq4",
+        "k4v3+qw@all",
+        "tq3.5@all",
+        "k4vf16@all",
+    ] {
+        let p = policy(spec);
+        // Filled at once, and a token at a time past a prefill (decode's growth).
+        for (prefill, steps) in [(5, 0), (16, 40), (100, 150), (600, 0), (300, 300)] {
+            let mut cache = KvCache::new(&cfg, &p, &Device::Cpu).expect("cache");
+            cache.set_rewind_margin(3);
+            cache.fill_synthetic(prefill, 1).expect("fill");
+            let mut most = cache.memory().total.1 as u64;
+            for _ in 0..steps {
+                cache.fill_synthetic(1, 1).expect("step");
+                most = most.max(cache.memory().total.1 as u64);
+            }
+            let tokens = prefill + steps;
+            let bound = estimate_kv_allocated(&cfg, &p, tokens, 3).expect("estimate");
+            assert!(
+                most <= bound,
+                "{spec}, {prefill} + {steps} tokens: {most} allocated over the bound {bound}"
+            );
+            // And a dense cache's bound is not far above what it holds: a spare of an
+            // eighth (coded sides reserve 128 rows a head, and a sliding one a segment more).
+            let held = estimate_kv_bytes(&cfg, &p, tokens, 3).expect("estimate");
+            if tokens >= 256 && p.is_dense() {
+                assert!(
+                    bound <= 2 * held,
+                    "{spec}, {tokens} tokens: {bound} for {held}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn preset_costs_follow_the_codec_layout() {
     // 4 sliding and 2 full layers of 2 KV heads × 16 dims.
     let costs = token_costs(&tiny_config());

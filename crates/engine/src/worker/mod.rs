@@ -19,6 +19,7 @@
 //! the caller's thread. The engine's [`Activity`] goes to a listener on every change.
 
 mod error;
+mod places;
 mod run;
 mod submit;
 
@@ -31,10 +32,12 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 
 pub use error::{JobError, LoadError};
+pub(crate) use places::client_of_id;
+pub use places::{PER_CLIENT_QUEUED, USER_QUEUED};
 pub use submit::{Request, Submission, Ticket};
 
 pub use crate::budget::MemoryBudget;
-pub use crate::conversations::PoolSettings;
+pub use crate::conversations::{PoolSettings, DEFAULT_IDLE_TTL};
 
 use crate::card::MemoryEstimate;
 use crate::checkpoint::config::ModelConfig;
@@ -283,12 +286,25 @@ pub(crate) struct Shared {
     budget: Mutex<MemoryBudget>,
     /// The pool's settings.
     pool: Mutex<PoolSettings>,
-    /// Requests submitted and not yet started (the queue bound applies to these).
-    waiting: AtomicUsize,
+    /// Requests submitted and not yet started, by client (the queue's bounds apply to these).
+    places: Arc<Mutex<places::Places>>,
     /// The pool's markers (demotions, spills, restores, drops), newest last, numbered.
     markers: Mutex<(u64, std::collections::VecDeque<SwitchEvent>)>,
     /// What the pool did.
     counters: Mutex<PoolCounters>,
+}
+
+impl Shared {
+    /// Requests waiting to start now.
+    fn queued(&self) -> usize {
+        lock(&self.places).waiting()
+    }
+
+    /// Puts the number of waiting requests in the status snapshot.
+    fn publish_queued(&self) {
+        let queued = self.queued();
+        lock(&self.status).queued = queued;
+    }
 }
 
 /// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
@@ -323,7 +339,7 @@ impl Engine {
             rewind_margin: AtomicUsize::new(REWIND_MARGIN),
             budget: Mutex::new(MemoryBudget::default()),
             pool: Mutex::new(PoolSettings::default()),
-            waiting: AtomicUsize::new(0),
+            places: Arc::new(Mutex::new(places::Places::default())),
             markers: Mutex::new((0, std::collections::VecDeque::new())),
             counters: Mutex::new(PoolCounters::default()),
         });

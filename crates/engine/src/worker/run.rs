@@ -1,5 +1,5 @@
 //! The engine thread's loop: takes jobs as they come, starts queued requests while fewer than
-//! [`MAX_RUNNING`] run (one per conversation), steps the running ones in turn, answers
+//! [`super::MAX_RUNNING`] run (one per conversation), steps the running ones in turn, answers
 //! control jobs between steps, and keeps the shared status snapshot current.
 
 use std::any::Any;
@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{JobError, LoadError};
+use super::places::{client_of_id, may_start};
 use super::submit::{CompareJob, GenerateJob, Queued};
 use super::{
     lock, CacheFileInfo, CancelToken, CompareSink, Control, EventSink, Job, LoadRequest, Shared,
-    MARKERS_KEPT, MAX_RUNNING,
+    MARKERS_KEPT,
 };
 use crate::budget::{switch_fit, MemoryBudget, Plan};
 use crate::card::inspect;
@@ -28,7 +29,7 @@ use crate::generate::compare::{CompareEvent, CompareRun, CompareStep};
 use crate::generate::session::Session;
 use crate::generate::{Step, Turn};
 use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
-use crate::memory::{estimate_kv_bytes, format_bytes, KvBytes, RssProbe, SwitchEvent};
+use crate::memory::{estimate_kv_bytes, format_bytes, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
@@ -66,6 +67,14 @@ impl Task {
             Task::Turn { cancel, .. } | Task::Compare { cancel, .. } => cancel,
         }
     }
+
+    /// The client it runs for ([`super::places`]): comparisons are the local user's.
+    fn client(&self) -> &str {
+        match self {
+            Task::Turn { id, .. } => client_of_id(id),
+            Task::Compare { .. } => "",
+        }
+    }
 }
 
 pub(super) struct Worker {
@@ -84,6 +93,22 @@ pub(super) struct Worker {
     probe: RssProbe,
     /// Why the last load failed, while nothing is loaded.
     failure: Option<String>,
+    /// The pool's revision and the time of the conversation list last published.
+    published: (u64, Instant),
+    /// When idle conversations were last looked at for expiry.
+    expired_at: Instant,
+}
+
+/// How often, at most, the status's conversation list is rebuilt while requests step.
+const INFOS_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How often idle conversations are looked at for expiry, at most.
+const EXPIRY_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often idle conversations are looked at when they expire after `ttl`: a tenth of it,
+/// at most [`EXPIRY_PERIOD`], at least every 10 ms.
+fn expiry_period(ttl: std::time::Duration) -> std::time::Duration {
+    (ttl / 10).clamp(std::time::Duration::from_millis(10), EXPIRY_PERIOD)
 }
 
 fn loading(phase: LoadPhase) -> Event {
@@ -126,6 +151,8 @@ impl Worker {
             waiting: VecDeque::new(),
             probe: RssProbe::new(),
             failure: None,
+            published: (u64::MAX, Instant::now()),
+            expired_at: Instant::now(),
         }
     }
 
@@ -146,14 +173,23 @@ impl Worker {
     /// steps one request; false means stop the thread.
     fn iteration(&mut self) -> bool {
         if self.tasks.is_empty() && self.waiting.is_empty() {
-            match self.rx.recv() {
+            // Idle: wait for a job, waking now and then to expire idle conversations.
+            let ttl = lock(&self.shared.pool).idle_ttl;
+            match self
+                .rx
+                .recv_timeout(ttl.map_or(EXPIRY_PERIOD, expiry_period))
+            {
                 Ok(job) => {
                     if !self.take(job) {
                         return false;
                     }
                 }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    self.expire_idle();
+                    return true;
+                }
                 // Every handle is gone.
-                Err(_) => return false,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return false,
             }
         }
         while let Ok(job) = self.rx.try_recv() {
@@ -165,7 +201,8 @@ impl Worker {
         if !self.tasks.is_empty() {
             self.step_next();
         }
-        self.publish();
+        self.expire_idle();
+        self.publish_step();
         true
     }
 
@@ -272,51 +309,72 @@ impl Worker {
         }
     }
 
-    /// Starts waiting requests, in arrival order, while fewer than [`MAX_RUNNING`] run;
-    /// a request whose conversation is busy waits for it, and later ones may pass it.
+    /// Starts waiting requests while places are free ([`super::places`]): cancelled ones
+    /// are answered and dropped; of the others, the one whose client runs fewest requests
+    /// starts first (then the oldest). A request whose conversation is busy waits for it,
+    /// and later ones may pass it.
     fn start_waiting(&mut self) {
+        self.drop_cancelled_waiting();
+        let reserve = lock(&self.shared.pool).reserve_for_user;
+        loop {
+            let namespaced = self.tasks.iter().filter(|t| !t.client().is_empty()).count();
+            let mut best: Option<(usize, usize)> = None;
+            for (i, job) in self.waiting.iter().enumerate() {
+                let (client, busy) = match job {
+                    Job::Generate(q) => (
+                        q.slot.client(),
+                        named(&q.job.request.conversation).is_some_and(|id| self.pool.is_busy(&id)),
+                    ),
+                    Job::Compare(q) => (q.slot.client(), false),
+                    _ => continue,
+                };
+                if busy || !may_start(&client, self.tasks.len(), namespaced, reserve) {
+                    continue;
+                }
+                let runs = self.tasks.iter().filter(|t| t.client() == client).count();
+                if best.is_none_or(|(r, _)| runs < r) {
+                    best = Some((runs, i));
+                }
+            }
+            let Some((_, i)) = best else {
+                return;
+            };
+            match self.waiting.remove(i) {
+                Some(Job::Generate(q)) => {
+                    if q.slot.start() {
+                        self.start_turn(q);
+                    }
+                }
+                Some(Job::Compare(q)) => {
+                    if q.slot.start() {
+                        self.start_compare(q);
+                    }
+                }
+                Some(other) => self.waiting.push_back(other),
+                None => return,
+            }
+        }
+    }
+
+    /// Answers and drops the waiting requests whose clients cancelled them (or left).
+    fn drop_cancelled_waiting(&mut self) {
         let mut kept = VecDeque::new();
         while let Some(job) = self.waiting.pop_front() {
             match job {
-                Job::Generate(q) => {
-                    if q.cancel.is_cancelled() {
-                        if q.slot.start() {
-                            let mut sink = q.job.sink;
-                            sink(never_ran());
-                        }
-                        continue;
+                Job::Generate(q) if q.cancel.is_cancelled() => {
+                    if q.slot.start() {
+                        let mut sink = q.job.sink;
+                        sink(never_ran());
                     }
-                    let blocked = self.tasks.len() >= MAX_RUNNING
-                        || named(&q.job.request.conversation)
-                            .is_some_and(|id| self.pool.is_busy(&id));
-                    if blocked {
-                        kept.push_back(Job::Generate(q));
-                        continue;
-                    }
-                    if !q.slot.start() {
-                        continue;
-                    }
-                    self.start_turn(q);
                 }
-                Job::Compare(q) => {
-                    if q.cancel.is_cancelled() {
-                        if q.slot.start() {
-                            let mut sink = q.job.sink;
-                            sink(CompareEvent::Error {
-                                code: ErrorCode::Cancelled,
-                                message: "cancelled before it started".into(),
-                            });
-                        }
-                        continue;
+                Job::Compare(q) if q.cancel.is_cancelled() => {
+                    if q.slot.start() {
+                        let mut sink = q.job.sink;
+                        sink(CompareEvent::Error {
+                            code: ErrorCode::Cancelled,
+                            message: "cancelled before it started".into(),
+                        });
                     }
-                    if self.tasks.len() >= MAX_RUNNING {
-                        kept.push_back(Job::Compare(q));
-                        continue;
-                    }
-                    if !q.slot.start() {
-                        continue;
-                    }
-                    self.start_compare(q);
                 }
                 other => kept.push_back(other),
             }
@@ -342,8 +400,40 @@ impl Worker {
         let budget = *lock(&self.shared.budget);
         let held = self.pool.held_bytes();
         let system = held.saturating_add(budget.available().saturating_sub(budget.margin()));
-        let set = lock(&self.shared.pool).kv_budget.unwrap_or(u64::MAX);
-        system.min(set).saturating_sub(self.compares_reserved())
+        system
+            .min(self.kv_setting())
+            .saturating_sub(self.compares_reserved())
+    }
+
+    /// The KV budget as set, or the default one ([`crate::budget::default_kv_budget`]).
+    fn kv_setting(&self) -> u64 {
+        let set = lock(&self.shared.pool).kv_budget;
+        set.unwrap_or_else(|| crate::budget::default_kv_budget(&lock(&self.shared.budget)))
+    }
+
+    /// Spills (or drops) the conversations idle for longer than the pool's `idle_ttl`,
+    /// looked for at most every [`EXPIRY_PERIOD`]: they come back from their files.
+    fn expire_idle(&mut self) {
+        let Some(ttl) = lock(&self.shared.pool).idle_ttl else {
+            return;
+        };
+        if self.expired_at.elapsed() < expiry_period(ttl) || self.loaded.is_none() {
+            return;
+        }
+        self.expired_at = Instant::now();
+        let (settings, spill) = self.settings();
+        if settings.spill_dir.is_some() {
+            let _ = self.identity();
+        }
+        let actions = self.pool.expired(ttl, &settings);
+        if actions.is_empty() {
+            return;
+        }
+        let markers = self
+            .pool
+            .apply(&actions, &settings, spill.as_ref(), &mut self.probe, "");
+        self.mark(markers);
+        self.publish();
     }
 
     /// KV bytes the running comparisons were admitted for.
@@ -389,9 +479,14 @@ impl Worker {
         if actions.is_empty() {
             return Ok(());
         }
-        let markers = self
-            .pool
-            .apply(&actions, &settings, spill.as_ref(), &mut self.probe);
+        let for_client = need.owner.as_ref().map_or("", client_of_id);
+        let markers = self.pool.apply(
+            &actions,
+            &settings,
+            spill.as_ref(),
+            &mut self.probe,
+            for_client,
+        );
         self.mark(markers);
         Ok(())
     }
@@ -404,6 +499,7 @@ impl Worker {
         let owner_bytes = need.owner.as_ref().map_or(0, |id| self.pool.bytes_of(id));
         let fit = match (&purpose, &self.loaded) {
             (Purpose::Grow { policy, context }, Some(loaded)) => Plan {
+                allocated: true,
                 config: &loaded.config,
                 weights_bytes: 0,
                 held_kv_bytes: owner_bytes,
@@ -459,17 +555,19 @@ impl Worker {
         }
     }
 
-    /// The conversation a request runs in.
+    /// The conversation a request runs in (`policy`: the cache it runs with, which an
+    /// unnamed request's match must hold).
     fn conversation(
         &mut self,
         choice: &Option<ConversationChoice>,
         prompt: &[u32],
+        policy: &PrecisionPolicy,
     ) -> Result<ConversationId, JobError> {
         Ok(match choice {
             None => ConversationId::default_id(),
             Some(ConversationChoice::Id { id }) => id.clone(),
             Some(ConversationChoice::Continuing { prefix }) => {
-                match self.pool.continuing(prefix, prompt) {
+                match self.pool.continuing(prefix, prompt, policy) {
                     Some(id) => id,
                     None => self.pool.unnamed(prefix)?,
                 }
@@ -505,7 +603,8 @@ impl Worker {
     }
 
     /// Everything before a turn's first step: its conversation, in memory with room to grow
-    /// (the pool making room), in the cache the request names, lined up with the prompt.
+    /// (the pool making room), in the cache the request names, lined up with the prompt. A
+    /// refused turn leaves no conversation behind that it registered.
     fn prepare_turn(
         &mut self,
         request: &crate::generate::GenerateRequest,
@@ -514,35 +613,82 @@ impl Worker {
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
         let prompt = self.rendered(&request.prompt, request.context, prompt, tokenizer)?;
-        let config = Arc::clone(&self.loaded.as_ref().ok_or_else(JobError::no_model)?.config);
-        let max_context = request.context_limit(config.max_position_embeddings);
         let wanted = match &request.cache {
             Some(cache) => Some(cache.policy()?),
             None => None,
         };
-        let id = self.conversation(&request.conversation, &prompt)?;
+        let effective = wanted.clone().unwrap_or_else(|| self.policy.clone());
+        let id = self.conversation(&request.conversation, &prompt, &effective)?;
+        let registered = !self.pool.contains(&id);
+        let prepared = self.prepare_turn_in(&id, request, prompt, wanted, arrived);
+        if prepared.is_ok()
+            && registered
+            && matches!(
+                request.conversation,
+                Some(ConversationChoice::Continuing { .. })
+            )
+        {
+            self.pool.mark_unnamed(&id);
+        }
+        if prepared.is_err() && registered && !self.pool.is_busy(&id) {
+            self.pool.discard(&id);
+        }
+        prepared.map(|turn| (id, turn))
+    }
+
+    fn prepare_turn_in(
+        &mut self,
+        id: &ConversationId,
+        request: &crate::generate::GenerateRequest,
+        prompt: Vec<u32>,
+        wanted: Option<PrecisionPolicy>,
+        arrived: Instant,
+    ) -> Result<Turn, JobError> {
+        let config = Arc::clone(&self.loaded.as_ref().ok_or_else(JobError::no_model)?.config);
+        let max_context = request.context_limit(config.max_position_embeddings);
         let (_, spill) = self.settings();
         let policy = wanted.clone().unwrap_or_else(|| self.policy.clone());
-        self.pool.ensure(&id, &policy, spill.as_ref());
-        if !self.pool.contains(&id) {
+        self.pool.ensure(id, &policy, spill.as_ref());
+        if !self.pool.contains(id) {
             return Err(JobError::new(
                 ErrorCode::Internal,
                 "the conversation is gone",
             ));
         }
+        let grown = Turn::grown_context(&prompt, request, max_context);
+        // A conversation the pool demoted to make room for others goes back to its owner's
+        // cache when that fits (its history read again there: rows decoded from codes would
+        // keep the demotion's loss).
+        let mut undemoted = false;
+        if let (None, Some(chosen)) = (&wanted, self.pool.demoted(id).cloned()) {
+            let need = self.allocated_estimate(&config, &chosen, grown)?;
+            let room = self.admit(
+                Need {
+                    owner: Some(id.clone()),
+                    extra: need.saturating_sub(self.pool.bytes_of(id)),
+                    what: "restore the conversation's own cache".into(),
+                },
+                Purpose::Other,
+            );
+            if room.is_ok() {
+                let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+                self.pool
+                    .undemote(id, &loaded.model, self.rewind_margin())?;
+                undemoted = true;
+            }
+        }
         // Room for the whole turn, before anything is read back or allocated.
         let held_policy = self
             .pool
-            .policy(&id)
+            .policy(id)
             .cloned()
             .unwrap_or_else(|| policy.clone());
         let run_policy = wanted.clone().unwrap_or(held_policy);
-        let grown = Turn::grown_context(&prompt, request, max_context);
-        let need: u64 = estimate_kv_bytes(&config, &run_policy, grown, self.rewind_margin())?;
+        let need = self.allocated_estimate(&config, &run_policy, grown)?;
         self.admit(
             Need {
                 owner: Some(id.clone()),
-                extra: need.saturating_sub(self.pool.bytes_of(&id)),
+                extra: need.saturating_sub(self.pool.bytes_of(id)),
                 what: "grow the conversation's context".into(),
             },
             Purpose::Grow {
@@ -551,23 +697,28 @@ impl Worker {
             },
         )?;
         // Its room is kept for it while it runs: others are admitted against it.
-        self.pool.reserve(&id, need);
+        self.pool.reserve(id, need);
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         let (origin, restored) =
             self.pool
-                .acquire(&id, &loaded.model, spill.as_ref(), self.rewind_margin())?;
+                .acquire(id, &loaded.model, spill.as_ref(), self.rewind_margin())?;
+        let origin = if undemoted {
+            CacheOrigin::Reread
+        } else {
+            origin
+        };
         if let Some(m) = restored {
             self.mark(vec![m]);
         }
         if let Some(policy) = &wanted {
-            if self.pool.policy(&id) != Some(policy) {
-                self.switch_in_pool(&id, policy)?;
+            if self.pool.policy(id) != Some(policy) {
+                self.switch_in_pool(id, policy)?;
             }
         }
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         let session = self
             .pool
-            .session_mut(&id)
+            .session_mut(id)
             .ok_or_else(|| JobError::new(ErrorCode::Internal, "the conversation left memory"))?;
         let turn = Turn::start(
             &loaded.model,
@@ -579,7 +730,23 @@ impl Worker {
             (id.clone(), origin),
         )?;
         self.count(turn.origin());
-        Ok((id, turn))
+        Ok(turn)
+    }
+
+    /// The KV bytes a conversation of `tokens` tokens in `policy` allocates (the budget
+    /// bounds what is allocated).
+    fn allocated_estimate(
+        &self,
+        config: &crate::checkpoint::config::ModelConfig,
+        policy: &PrecisionPolicy,
+        tokens: usize,
+    ) -> Result<u64, JobError> {
+        Ok(crate::memory::estimate_kv_allocated(
+            config,
+            policy,
+            tokens,
+            self.rewind_margin(),
+        )?)
     }
 
     /// The prompt's ids for the loaded model: as the caller rendered them, unless the model
@@ -686,7 +853,7 @@ impl Worker {
                 sink,
                 cancel,
             } => {
-                let Some(session) = self.pool.session_mut(id) else {
+                let Some(session) = self.pool.running_session_mut(id) else {
                     // Never: a busy conversation is never spilled or dropped.
                     return Some(Ended::Turn(Some(
                         JobError::new(ErrorCode::Internal, "the conversation left memory")
@@ -770,6 +937,9 @@ impl Worker {
                 let _ = self.pool.reset(id);
             }
         }
+        // Past the pool's bound, idle conversations are forgotten before the status goes out.
+        let (_, spill) = self.settings();
+        self.pool.trim(spill.as_ref());
         // Status first: a caller acting on the last event sees it current.
         self.publish();
         match (task, ended) {
@@ -784,8 +954,6 @@ impl Worker {
             (Task::Compare { mut sink, .. }, Ended::Compare(ev)) => sink(ev),
             _ => {}
         }
-        let (_, spill) = self.settings();
-        self.pool.trim(spill.as_ref());
     }
 
     fn control(&mut self, control: Control) {
@@ -910,7 +1078,7 @@ impl Worker {
     /// Writes every conversation in memory to its spill file (each its own); with `free`,
     /// their memory goes too.
     fn save_all(&mut self, free: bool) -> Vec<super::SavedCache> {
-        let (_, spill) = self.settings();
+        let (settings, spill) = self.settings();
         let Some(spill) = spill else {
             return Vec::new();
         };
@@ -918,7 +1086,7 @@ impl Worker {
             return Vec::new();
         }
         self.pool
-            .save_all(&spill, free)
+            .save_all(&spill, free, settings.disk_budget)
             .into_iter()
             .map(|(id, r)| (id, r.map_err(JobError::from)))
             .collect()
@@ -967,7 +1135,7 @@ impl Worker {
         self.admit(
             Need {
                 owner: Some(conversation.clone()),
-                extra: plan.peak_extra_bytes(),
+                extra: plan.peak_extra_allocated(),
                 what: format!("switch the KV cache to {spec}"),
             },
             Purpose::Switch(plan.clone()),
@@ -1023,7 +1191,15 @@ impl Worker {
                 })
             })?;
         }
-        let bytes = session.save_cache(&path, &identity)?;
+        let bytes = if own_file {
+            let (_, spill) = self.settings();
+            match spill {
+                Some(spill) => spill.save(conversation, session, &identity)?,
+                None => session.save_cache(&path, &identity)?,
+            }
+        } else {
+            session.save_cache(&path, &identity)?
+        };
         let info = CacheFileInfo {
             path: path.clone(),
             bytes,
@@ -1149,26 +1325,39 @@ impl Worker {
         }
     }
 
-    /// Refreshes the status snapshot (and tells the listener if the activity changed).
-    fn publish(&self) {
+    /// Refreshes the status snapshot (and tells the listener if the activity changed). The
+    /// conversation list is rebuilt when the pool changed, at the end of a request, and at
+    /// most every [`INFOS_PERIOD`] while requests step: a step costs the running
+    /// conversations' bytes, never a walk over every conversation held.
+    fn publish(&mut self) {
+        self.publish_with(true);
+    }
+
+    /// [`Worker::publish`] between two steps: the list only when due.
+    fn publish_step(&mut self) {
+        self.publish_with(false);
+    }
+
+    fn publish_with(&mut self, whole: bool) {
         let activity = self.activity();
-        let conversations = self.pool.infos();
-        let mut kv = KvBytes::default();
-        let mut tokens = 0;
-        for c in &conversations {
-            if let Some(session) = self.pool.session(&c.id) {
-                kv.merge(&KvBytes::from_report(&session.memory()));
-                tokens += session.len();
-            }
+        let rebuild = whole
+            || self.published.0 != self.pool.revision()
+            || self.published.1.elapsed() >= INFOS_PERIOD;
+        let conversations = rebuild.then(|| self.pool.infos());
+        if rebuild {
+            self.published = (self.pool.revision(), Instant::now());
         }
-        let kv_limit = lock(&self.shared.pool).kv_budget.unwrap_or(0);
+        let (kv, tokens) = self.pool.kv_totals();
+        let kv_limit = self.kv_setting();
         let mut s = lock(&self.shared.status);
         let changed = s.activity != activity;
         s.activity = activity.clone();
         s.busy = !self.tasks.is_empty();
         s.running = self.tasks.len();
-        s.queued = self.shared.waiting.load(Ordering::Acquire);
-        s.conversations = conversations;
+        s.queued = self.shared.queued();
+        if let Some(conversations) = conversations {
+            s.conversations = conversations;
+        }
         s.kv = kv;
         s.context_tokens = tokens;
         s.policy = self.policy.clone();
@@ -1253,6 +1442,7 @@ impl Worker {
             request.context
         };
         let fit = Plan {
+            allocated: false,
             config: inspection.checkpoint.config(),
             weights_bytes: inspection.card.weights_bytes,
             held_kv_bytes: 0,

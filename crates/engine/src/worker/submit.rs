@@ -1,15 +1,17 @@
 //! The one way a request reaches the engine thread: [`EngineHandle::submit`] (events on a
 //! channel, read through the [`Ticket`]) or [`EngineHandle::submit_with`] (events to a
 //! callback). A chat or comparison prompt is rendered and tokenized here, on the caller's
-//! thread, and checked against the model's context before anything is queued; the queue
-//! bound ([`super::MAX_QUEUED`]) is applied here too, the moment the request arrives. A
-//! dropped ticket cancels its request and, if it had not started, frees its place at once.
+//! thread, and checked against the model's context before anything is queued; then, and
+//! only then, it takes a place in the queue ([`super::places`]: refused the moment it
+//! arrives when none is left to its client). A dropped ticket cancels its request and, if it
+//! had not started, frees its place at once; every other path frees it by the guard's drop.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::places::{client_of, PlaceGuard};
 use super::{lock, CancelToken, EngineHandle, Job, JobError, LoadRequest, Shared};
 use crate::contract::Event;
 use crate::contract::ModelCard;
@@ -22,33 +24,47 @@ const WAITING: u8 = 0;
 const STARTED: u8 = 1;
 const GONE: u8 = 2;
 
-/// A request's place in the queue: counted in [`Shared`]'s waiting requests until the engine
-/// starts it or its ticket goes.
+/// A request's place in the queue ([`super::places`]): held until the engine starts the
+/// request or its ticket goes, and given back by the guard's drop on any other path (a
+/// refusal, a request the engine drops unstarted), so no path can keep it.
 #[derive(Clone)]
-pub(crate) struct Slot {
-    state: Arc<AtomicU8>,
+pub(crate) struct Slot(Arc<SlotState>);
+
+struct SlotState {
+    state: AtomicU8,
+    place: Mutex<PlaceGuard>,
     shared: Arc<Shared>,
 }
 
+impl Drop for SlotState {
+    fn drop(&mut self) {
+        lock(&self.place).release();
+        self.shared.publish_queued();
+    }
+}
+
 impl Slot {
-    /// Takes a place, or refuses when [`super::MAX_QUEUED`] requests wait already.
-    fn take(shared: &Arc<Shared>) -> Result<Self, JobError> {
-        shared
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < super::MAX_QUEUED).then_some(n + 1)
-            })
-            .map_err(|_| JobError::queue_full())?;
-        lock(&shared.status).queued = shared.waiting.load(Ordering::Acquire);
-        Ok(Self {
-            state: Arc::new(AtomicU8::new(WAITING)),
+    /// Takes a place for `client`, or refuses with `queue_full` ([`super::places`]).
+    fn take(shared: &Arc<Shared>, client: String) -> Result<Self, JobError> {
+        let reserve = lock(&shared.pool).reserve_for_user;
+        let place = PlaceGuard::take(&shared.places, client, reserve)?;
+        shared.publish_queued();
+        Ok(Self(Arc::new(SlotState {
+            state: AtomicU8::new(WAITING),
+            place: Mutex::new(place),
             shared: Arc::clone(shared),
-        })
+        })))
+    }
+
+    /// The client it was taken for.
+    pub(crate) fn client(&self) -> String {
+        lock(&self.0.place).client().to_owned()
     }
 
     /// The engine starts the request: false when its ticket went first.
     pub(crate) fn start(&self) -> bool {
         let started = self
+            .0
             .state
             .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
@@ -61,6 +77,7 @@ impl Slot {
     /// The ticket goes: a request still waiting gives its place back now.
     fn leave(&self) {
         if self
+            .0
             .state
             .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -70,8 +87,8 @@ impl Slot {
     }
 
     fn release(&self) {
-        self.shared.waiting.fetch_sub(1, Ordering::AcqRel);
-        lock(&self.shared.status).queued = self.shared.waiting.load(Ordering::Acquire);
+        lock(&self.0.place).release();
+        self.0.shared.publish_queued();
     }
 }
 
@@ -130,9 +147,9 @@ impl Request {
         Ok(match self {
             Request::Generate(request, sink) => {
                 request.check()?;
-                // A place first: a full queue refuses before any work.
-                let slot = Slot::take(&engine.shared)?;
+                // The place last: only a request ready to run takes one.
                 let (prompt, tokenizer) = tokenized(engine, &request.prompt, request.context)?;
+                let slot = Slot::take(&engine.shared, client_of(&request.conversation))?;
                 Job::Generate(Queued {
                     job: GenerateJob {
                         request,
@@ -146,8 +163,8 @@ impl Request {
                 })
             }
             Request::Compare(request, sink) => {
-                let slot = Slot::take(&engine.shared)?;
                 let (prompt, tokenizer) = tokenized(engine, &request.prompt, None)?;
+                let slot = Slot::take(&engine.shared, String::new())?;
                 Job::Compare(Queued {
                     job: CompareJob {
                         request,

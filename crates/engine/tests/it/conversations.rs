@@ -198,13 +198,15 @@ fn a_demoted_conversation_answers_as_one_switched_to_the_preset() {
     pooled.engine.set_pool_settings(settings.clone());
     let (a1, _) = ok_turn(&pooled.engine, "a", &prompt(1), 8);
     let a_bytes = info(&pooled.engine, "a").bytes;
+    // The budget counts allocated bytes: room for A as allocated and B's admission, less one.
+    let a_allocated = info(&pooled.engine, "a").allocated;
     let cfg = kvlab_engine::checkpoint::config::hf::load_config(
         &common::fixture("tiny_gemma3").join("config.json"),
     )
     .expect("config");
-    let b_needs = kvlab_engine::memory::estimate_kv_bytes(&cfg, &policy("f32"), 12 + 8, MARGIN)
+    let b_needs = kvlab_engine::memory::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 8, MARGIN)
         .expect("estimate");
-    settings.kv_budget = Some(a_bytes + b_needs - 1);
+    settings.kv_budget = Some(a_allocated + b_needs - 1);
     pooled.engine.set_pool_settings(settings);
     let (b1, _) = ok_turn(&pooled.engine, "b", &prompt(2), 8);
     let a = info(&pooled.engine, "a");
@@ -215,8 +217,8 @@ fn a_demoted_conversation_answers_as_one_switched_to_the_preset() {
     assert_eq!(markers[0].conversation, Some(id("a")));
     assert_eq!(markers[0].kv_before.used, a_bytes);
     assert!(markers[0].kv_after.used < a_bytes / 3, "{:?}", markers[0]);
-    let peak = pooled.engine.status().kv.total_used;
-    assert!(peak < a_bytes + b_needs, "{peak} over the budget");
+    let peak = pooled.engine.status().kv.total_allocated;
+    assert!(peak < a_allocated + b_needs, "{peak} over the budget");
     let (a2, st) = ok_turn(&pooled.engine, "a", &next(&prompt(1), &a1), 8);
     assert_eq!(st.cache_origin, CacheOrigin::Demoted);
     assert_eq!(st.reused_tokens, 12 + 7);
@@ -244,7 +246,7 @@ fn a_spilled_conversation_comes_back_from_disk_as_it_was() {
     settings.demote_to = policy("f32");
     pooled.engine.set_pool_settings(settings.clone());
     let (a1, _) = ok_turn(&pooled.engine, "a", &prompt(1), 8);
-    let a_bytes = info(&pooled.engine, "a").bytes;
+    let a_bytes = info(&pooled.engine, "a").allocated;
     settings.kv_budget = Some(a_bytes + a_bytes / 2);
     pooled.engine.set_pool_settings(settings);
     ok_turn(&pooled.engine, "b", &prompt(2), 8);
@@ -287,8 +289,9 @@ fn a_generating_conversation_is_never_demoted_or_spilled() {
         &common::fixture("tiny_gemma3").join("config.json"),
     )
     .expect("config");
-    let a_needs = kvlab_engine::memory::estimate_kv_bytes(&cfg, &policy("f32"), 12 + 100, MARGIN)
-        .expect("estimate");
+    let a_needs =
+        kvlab_engine::memory::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 100, MARGIN)
+            .expect("estimate");
     settings.kv_budget = Some(a_needs);
     l.engine.set_pool_settings(settings);
     let (tx, rx) = mpsc::channel();
@@ -429,7 +432,14 @@ fn a_quit_saves_each_conversation_its_own_cache() {
     let saved = l.engine.save_all().expect("save all");
     assert_eq!(saved.len(), 2);
     for (conversation, p, answer) in [("s-a", prompt(1), a1), ("api:b", prompt(2), b1)] {
-        let file = l.spill.join(conversation.replace(':', "%3A") + ".kvc");
+        // A namespaced (server client's) conversation is filed in its namespace's folder.
+        let file = match conversation.split_once(':') {
+            Some((ns, _)) => l
+                .spill
+                .join(ns)
+                .join(conversation.replace(':', "%3A") + ".kvc"),
+            None => l.spill.join(conversation.to_owned() + ".kvc"),
+        };
         let header = kvlab_engine::kv::persist::peek(&file).expect("header");
         let mut want = p.clone();
         want.extend(&answer[..answer.len() - 1]);
@@ -476,7 +486,7 @@ fn hostile_a_spill_with_no_room_on_disk_drops_the_cache_and_every_turn_goes_on()
     settings.spill_dir = Some(blocked);
     l.engine.set_pool_settings(settings.clone());
     let (a1, _) = ok_turn(&l.engine, "a", &prompt(1), 8);
-    let a_bytes = info(&l.engine, "a").bytes;
+    let a_bytes = info(&l.engine, "a").allocated;
     settings.kv_budget = Some(a_bytes + a_bytes / 2);
     l.engine.set_pool_settings(settings);
     ok_turn(&l.engine, "b", &prompt(2), 8);
@@ -503,7 +513,7 @@ fn hostile_a_corrupt_spill_file_is_read_again_with_a_warning() {
     settings.demote_to = policy("f32");
     l.engine.set_pool_settings(settings.clone());
     let (a1, _) = ok_turn(&l.engine, "a", &prompt(1), 8);
-    let a_bytes = info(&l.engine, "a").bytes;
+    let a_bytes = info(&l.engine, "a").allocated;
     settings.kv_budget = Some(a_bytes + a_bytes / 2);
     l.engine.set_pool_settings(settings.clone());
     ok_turn(&l.engine, "b", &prompt(2), 8);

@@ -464,12 +464,23 @@ const MARGIN: usize = 16;
 /// The KV bytes the engine's cache holds at `tokens` tokens of tiny_gemma3 in f32, with a
 /// rewind margin of [`MARGIN`].
 fn kv_at(tokens: usize) -> u64 {
-    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
+    let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
+    kvlab_engine::memory::estimate_kv_bytes(&tiny_config(), &f32, tokens, MARGIN).expect("estimate")
+}
+
+/// What an f32 cache of the tiny Gemma 3 grown to `tokens` tokens allocates, at most: what
+/// the pool admits against its budget.
+fn kv_allocated_at(tokens: usize) -> u64 {
+    let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
+    kvlab_engine::memory::estimate_kv_allocated(&tiny_config(), &f32, tokens, MARGIN)
+        .expect("estimate")
+}
+
+fn tiny_config() -> kvlab_engine::checkpoint::config::ModelConfig {
+    kvlab_engine::checkpoint::config::hf::load_config(
         &common::fixture("tiny_gemma3").join("config.json"),
     )
-    .expect("config");
-    let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
-    kvlab_engine::memory::estimate_kv_bytes(&cfg, &f32, tokens, MARGIN).expect("estimate")
+    .expect("config")
 }
 
 #[test]
@@ -576,11 +587,13 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
     );
     let held = s.engine.status();
     assert_eq!(held.context_tokens, 31);
-    // An f32 cache of 31 tokens is built beside the TurboQuant one: one byte short of it.
+    // An f32 cache of 31 tokens is built beside the TurboQuant one: one byte short of the
+    // room it allocates.
     let f32_bytes = kv_at(31);
+    let f32_room = kv_allocated_at(31);
     let margin = 4096;
     s.engine
-        .set_memory_budget(MemoryBudget::fixed(margin + f32_bytes - 1, margin));
+        .set_memory_budget(MemoryBudget::fixed(margin + f32_room - 1, margin));
     let err = s
         .engine
         .switch_cache(
@@ -610,7 +623,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
     assert_eq!(after.context_tokens, 31);
     // With the byte it lacked, the same switch goes through.
     s.engine
-        .set_memory_budget(MemoryBudget::fixed(margin + f32_bytes, margin));
+        .set_memory_budget(MemoryBudget::fixed(margin + f32_room, margin));
     let marker = s
         .engine
         .switch_cache(
@@ -643,12 +656,20 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     );
     let mut history = expect[..12].to_vec();
     history.extend(first.done().1);
-    let held = s.engine.status().kv.total_used;
-    assert_eq!(held, kv_at(31));
-    // Room for the conversation to grow to 52 tokens, not more.
+    assert_eq!(s.engine.status().kv.total_used, kv_at(31));
+    // Room for the conversation to grow to 52 tokens, not more: the budget counts what its
+    // cache allocates (held tokens and a bounded spare).
+    let held = s.engine.status().kv.total_allocated;
     let margin = 4096;
-    s.engine
-        .set_memory_budget(MemoryBudget::fixed(margin + kv_at(52) - held, margin));
+    s.engine.set_memory_budget(MemoryBudget::fixed(
+        margin + kv_allocated_at(52) - held,
+        margin,
+    ));
+    // The longest context whose room is that of 52 tokens: what the refusal offers.
+    let offered = (52..132)
+        .take_while(|&n| kv_allocated_at(n) <= kv_allocated_at(52))
+        .last()
+        .expect("52 fits");
     let (code, message) = run(
         &s.engine,
         greedy(
@@ -668,22 +689,22 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     );
     assert_eq!(code, ErrorCode::OutOfMemory, "{message}");
     assert!(
-        message.contains("132 tokens") && message.contains("up to 52 tokens fits"),
+        message.contains("132 tokens") && message.contains(&format!("up to {offered} tokens fits")),
         "{message}"
     );
     // Nothing was touched: the cache holds what it held.
     assert_eq!(s.engine.status().context_tokens, 31);
-    // What it offered fits: 32 prompt tokens and 20 more make 52.
+    // What it offered fits: 32 prompt tokens and the rest of the offer.
     let r = run(
         &s.engine,
         greedy(
             Prompt::Ids {
                 ids: history.clone(),
             },
-            20,
+            offered - 32,
         ),
     );
-    assert_eq!(r.done().1.len(), 20);
+    assert_eq!(r.done().1.len(), offered - 32);
     assert_eq!(r.stats().reused_tokens, 31);
 
     // A comparison's two fresh caches are checked too.

@@ -8,10 +8,14 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvlab_engine::worker::LoadRequest;
+use kvlab_engine::contract::Event;
+use kvlab_engine::generate::sampling::SamplingParams;
+use kvlab_engine::generate::{GenerateRequest, Prompt};
+use kvlab_engine::worker::{LoadRequest, Ticket};
 use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
 use kvlab_server::ServerConfig;
 use serde_json::{json, Value};
+use std::sync::mpsc;
 use tokio::sync::oneshot;
 
 pub fn tiny_gguf() -> PathBuf {
@@ -179,6 +183,31 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, host: &str, body: &st
     read_reply(&mut s)
 }
 
+/// A request with `Authorization: Bearer <token>`: the client that token (and this
+/// machine's address) is.
+pub fn post_as(addr: SocketAddr, path: &str, body: Value, token: &str) -> Reply {
+    let body = body.to_string();
+    let mut s = connect(addr);
+    let head = head("POST", path, "127.0.0.1", body.len()).replace(
+        "\r\n\r\n",
+        &format!("\r\nAuthorization: Bearer {token}\r\n\r\n"),
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    s.write_all(body.as_bytes()).expect("write");
+    read_reply(&mut s)
+}
+
+/// A GET as the client `token` is.
+pub fn get_as(addr: SocketAddr, path: &str, token: &str) -> Reply {
+    let mut s = connect(addr);
+    let head = head("GET", path, "127.0.0.1", 0).replace(
+        "\r\n\r\n",
+        &format!("\r\nAuthorization: Bearer {token}\r\n\r\n"),
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    read_reply(&mut s)
+}
+
 pub fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
     request(addr, "POST", path, "127.0.0.1", &body.to_string())
 }
@@ -198,4 +227,87 @@ pub fn chat(extra: Value) -> Value {
         body[k] = v.clone();
     }
     body
+}
+
+/// The engine held: a request of the test's own whose callback (on the engine thread) waits
+/// at each of its tokens numbered in `at` (from 1) until released. Nothing else steps
+/// meanwhile.
+pub struct Hold {
+    holding: mpsc::Receiver<()>,
+    release: mpsc::Sender<()>,
+    _ticket: Ticket<GenerateRequest>,
+}
+
+impl Hold {
+    pub fn new(server: &Server, at: &'static [usize]) -> Self {
+        let (holding_tx, holding) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let mut tokens = 0;
+        let ticket = server
+            .engine
+            .submit_with(
+                GenerateRequest {
+                    sampling: SamplingParams::greedy(),
+                    max_tokens: 240,
+                    ..GenerateRequest::new(Prompt::Ids {
+                        ids: vec![2, 10, 11, 12],
+                    })
+                },
+                move |ev| {
+                    if matches!(ev, Event::Token { .. }) {
+                        tokens += 1;
+                        if at.contains(&tokens) {
+                            let _ = holding_tx.send(());
+                            // A dropped Hold releases every later stop too.
+                            let _ = released.recv();
+                        }
+                    }
+                    true
+                },
+            )
+            .expect("the holding request");
+        Self {
+            holding,
+            release,
+            _ticket: ticket,
+        }
+    }
+
+    /// Blocks until the engine thread is held.
+    pub fn held(&self) {
+        self.holding
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the engine thread is held");
+    }
+
+    /// Lets the engine thread go on, to the next stop.
+    pub fn release(&self) {
+        let _ = self.release.send(());
+    }
+}
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The tests of one file run one at a time: one test's memory and timings are not another's.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes a `HOSTILE <attack> -> <outcome>` line for `scripts/hostile.sh`.
+pub fn hostile(line: &str) {
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("HOSTILE {line}\n").as_bytes());
+}
+
+/// Waits (up to `limit`) for `f` to hold.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
 }

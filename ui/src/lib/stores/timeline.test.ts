@@ -8,6 +8,7 @@ const conv = (id: string, tokens: number, bytes: number, tier: ConversationInfo[
   tokens,
   spec: "f16",
   bytes,
+  allocated: bytes,
   calibrating,
   disk_bytes: 0,
   busy: false,
