@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Made private (0700); only files the server wrote there are ever removed.
     #[arg(long)]
     spill_dir: Option<std::path::PathBuf>,
+    /// Requests that run at once, each in its own conversation, stepped in turn (more wait, up
+    /// to 16, then 429).
+    #[arg(long, default_value_t = kvlab_engine::worker::MAX_RUNNING, value_parser = parse_parallel)]
+    parallel: usize,
     /// Seconds a conversation may stay idle in memory before it is spilled to its file (it
     /// comes back on its next turn); 0: never.
     #[arg(long, default_value_t = kvlab_engine::worker::DEFAULT_IDLE_TTL.as_secs())]
@@ -103,6 +107,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("`{s}` is not a size (512M, 4G)"));
     }
     Ok((v * (1u64 << shift) as f64) as u64)
+}
+
+/// `--parallel`: 1 to [`kvlab_engine::worker::MAX_PARALLEL`].
+fn parse_parallel(s: &str) -> Result<usize, String> {
+    let max = kvlab_engine::worker::MAX_PARALLEL;
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("`{s}`: requests at once, 1 to {max}"))
 }
 
 /// A timeout flag's seconds as a duration (positive, finite).
@@ -167,6 +181,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     pool.kv_budget = args.kv_budget;
     pool.disk_budget = args.disk_budget;
     pool.idle_ttl = (args.idle_ttl > 0).then(|| std::time::Duration::from_secs(args.idle_ttl));
+    pool.parallel = args.parallel;
     // The default folder names the model and port: set once both are known, before the
     // first request.
     pool.spill_dir = args.spill_dir.clone();
@@ -206,6 +221,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn parallel_is_one_to_the_most() {
+        assert_eq!(super::parse_parallel("1"), Ok(1));
+        assert_eq!(super::parse_parallel("64"), Ok(64));
+        for bad in ["0", "65", "-1", "four"] {
+            assert!(super::parse_parallel(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_read_as_binary_units() {

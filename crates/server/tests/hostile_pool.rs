@@ -542,3 +542,41 @@ fn hostile_a_client_opening_hundreds_of_conversations_forgets_its_own() {
     hostile("one client opening 530 conversations -> own_forgotten");
     server.still_answers();
 }
+
+#[test]
+fn the_parallel_setting_bounds_the_requests_that_run_at_once() {
+    let _one = serial();
+    let server = start(ServerConfig::local(0));
+    for parallel in [1, 2] {
+        pool(&server, |p| p.parallel = parallel);
+        let clients: Vec<_> = (0..4)
+            .map(|i| {
+                let addr = server.addr;
+                std::thread::spawn(move || {
+                    post_as(
+                        addr,
+                        CHAT,
+                        chat(json!({"max_tokens": 64})),
+                        &format!("p{i}"),
+                    )
+                })
+            })
+            .collect();
+        let mut most = 0;
+        while clients.iter().any(|c| !c.is_finished()) {
+            most = most.max(server.engine.status().running);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for c in clients {
+            let r = c.join().expect("client");
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        assert!(
+            most <= parallel,
+            "{most} ran at once with --parallel {parallel}"
+        );
+        assert!(most >= 1);
+    }
+    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    server.still_answers();
+}

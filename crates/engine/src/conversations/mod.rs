@@ -45,6 +45,10 @@ pub struct PoolSettings {
     /// How long a conversation may stay idle in memory before it is spilled (dropped without
     /// a spill directory): it comes back from its file on its next turn. `None`: never.
     pub idle_ttl: Option<std::time::Duration>,
+    /// Requests that run at once, each in its own conversation (`kvlab serve --parallel`;
+    /// 1 to [`crate::worker::MAX_PARALLEL`]): each running conversation's growth is admitted
+    /// against the budget when it starts.
+    pub parallel: usize,
 }
 
 /// How long a conversation stays idle in memory unless set (`kvlab serve --idle-ttl`).
@@ -62,6 +66,7 @@ impl Default for PoolSettings {
             demote_to: crate::kv::presets::suggested_policy(),
             reserve_for_user: false,
             idle_ttl: Some(DEFAULT_IDLE_TTL),
+            parallel: crate::worker::MAX_RUNNING,
         }
     }
 }

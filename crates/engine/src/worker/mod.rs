@@ -125,8 +125,12 @@ impl LoadRequest {
 /// Requests that may wait to start; one more is refused as `queue_full`.
 pub const MAX_QUEUED: usize = 16;
 
-/// Requests that run at once (each in its own conversation), stepped in turn.
+/// Requests that run at once (each in its own conversation), stepped in turn, unless the
+/// pool's settings say otherwise ([`PoolSettings::parallel`]).
 pub const MAX_RUNNING: usize = 4;
+
+/// The most requests a setting may run at once.
+pub const MAX_PARALLEL: usize = 64;
 
 /// A control job: answered between two steps of the running requests.
 pub(crate) enum Control {

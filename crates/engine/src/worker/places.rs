@@ -7,15 +7,16 @@
 //! The rules, all applied where a place is taken or a request starts:
 //! - at most [`MAX_QUEUED`] requests wait; a namespaced client holds at most
 //!   [`PER_CLIENT_QUEUED`] of those places, so another client always finds one;
+//! - at most `parallel` requests run ([`crate::conversations::PoolSettings::parallel`]);
 //! - with `reserve_for_user` (the app), namespaced clients together never take the last
-//!   [`USER_QUEUED`] waiting places nor the last running place: the user's own chats keep
-//!   them;
+//!   [`USER_QUEUED`] waiting places nor the last running place (when there are two or more):
+//!   the user's own chats keep them;
 //! - the next request to start is the waiting one whose client runs fewest (then the oldest).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{lock, JobError, MAX_QUEUED, MAX_RUNNING};
+use super::{lock, JobError, MAX_QUEUED};
 use crate::contract::{ConversationChoice, ConversationId};
 
 /// Waiting places one namespaced client may hold.
@@ -121,18 +122,19 @@ impl Drop for PlaceGuard {
     }
 }
 
-/// Whether a request of `client` may start now, given how many requests run and how many of
-/// them are `client`'s and namespaced clients' (see the rules).
+/// Whether a request of `client` may start now, given how many requests run (at most
+/// `parallel`) and how many of them are namespaced clients' (see the rules).
 pub(crate) fn may_start(
     client: &str,
     running: usize,
     namespaced_running: usize,
     reserve_for_user: bool,
+    parallel: usize,
 ) -> bool {
-    if running >= MAX_RUNNING {
+    if running >= parallel.max(1) {
         return false;
     }
-    client.is_empty() || !reserve_for_user || namespaced_running < MAX_RUNNING - 1
+    client.is_empty() || !reserve_for_user || namespaced_running + 1 < parallel.max(2)
 }
 
 #[cfg(test)]
@@ -189,10 +191,17 @@ mod tests {
 
     #[test]
     fn the_last_running_place_is_the_users_when_reserved() {
-        assert!(may_start("api:a", 2, 2, true));
-        assert!(!may_start("api:a", 3, 3, true));
-        assert!(may_start("", 3, 3, true));
-        assert!(may_start("api:a", 3, 3, false));
-        assert!(!may_start("", MAX_RUNNING, 0, true));
+        use crate::worker::MAX_RUNNING;
+        assert!(may_start("api:a", 2, 2, true, MAX_RUNNING));
+        assert!(!may_start("api:a", 3, 3, true, MAX_RUNNING));
+        assert!(may_start("", 3, 3, true, MAX_RUNNING));
+        assert!(may_start("api:a", 3, 3, false, MAX_RUNNING));
+        assert!(!may_start("", MAX_RUNNING, 0, true, MAX_RUNNING));
+        // One at a time: one runs; with the user's place kept, the API still gets one.
+        assert!(may_start("api:a", 0, 0, true, 1));
+        assert!(!may_start("", 1, 1, true, 1));
+        // Eight at once: the API may take seven.
+        assert!(may_start("api:a", 6, 6, true, 8));
+        assert!(!may_start("api:a", 7, 7, true, 8));
     }
 }

@@ -1,5 +1,5 @@
 //! The engine thread's loop: takes jobs as they come, starts queued requests while fewer than
-//! [`super::MAX_RUNNING`] run (one per conversation), steps the running ones in turn, answers
+//! the pool's `parallel` run (one per conversation), steps the running ones in turn, answers
 //! control jobs between steps, and keeps the shared status snapshot current.
 
 use std::any::Any;
@@ -315,7 +315,10 @@ impl Worker {
     /// and later ones may pass it.
     fn start_waiting(&mut self) {
         self.drop_cancelled_waiting();
-        let reserve = lock(&self.shared.pool).reserve_for_user;
+        let (reserve, parallel) = {
+            let p = lock(&self.shared.pool);
+            (p.reserve_for_user, p.parallel.clamp(1, super::MAX_PARALLEL))
+        };
         loop {
             let namespaced = self.tasks.iter().filter(|t| !t.client().is_empty()).count();
             let mut best: Option<(usize, usize)> = None;
@@ -328,7 +331,7 @@ impl Worker {
                     Job::Compare(q) => (q.slot.client(), false),
                     _ => continue,
                 };
-                if busy || !may_start(&client, self.tasks.len(), namespaced, reserve) {
+                if busy || !may_start(&client, self.tasks.len(), namespaced, reserve, parallel) {
                     continue;
                 }
                 let runs = self.tasks.iter().filter(|t| t.client() == client).count();
