@@ -110,6 +110,7 @@ EXPECTED=(
   "rust|a stream waiting for a place|first_byte"
   "rust|idle connections holding every place|shed"
   "rust|one client opening 530 conversations|own_forgotten"
+  "rust|a client that stops reading its answers|closed"
   "rust|gguf with a NaN weight scale|bad_model_file"
   "rust|gguf with a NaN rope_freq_base|bad_model_file"
   "e2e|message with <script>|not_run"

@@ -12,6 +12,7 @@ use kvlab_engine::Engine;
 use kvlab_server::{
     Limits, ServerConfig, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_SERVER_MAX_TOKENS,
+    DEFAULT_WRITE_TIMEOUT,
 };
 
 use crate::model_args::{kv_policy, ModelArgs};
@@ -58,6 +59,10 @@ pub struct ServeArgs {
     /// Seconds of silence allowed within a request's body (then 408).
     #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT.as_secs_f64())]
     body_timeout: f64,
+    /// Seconds a write may wait for a client that stopped reading (then its connection
+    /// closes and its request is cancelled).
+    #[arg(long, default_value_t = DEFAULT_WRITE_TIMEOUT.as_secs_f64())]
+    write_timeout: f64,
     /// KV bytes all conversations may allocate in memory together (`512M`, `4G`; default: a
     /// quarter of the machine's memory, at most 8 GiB).
     #[arg(long, value_parser = parse_size)]
@@ -169,6 +174,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         header_timeout: seconds(args.header_timeout, "--header-timeout")?,
         body_timeout: seconds(args.body_timeout, "--body-timeout")?,
+        write_timeout: seconds(args.write_timeout, "--write-timeout")?,
         limits: Limits {
             max_tokens: args.max_tokens.max(1),
             context: Some(args.ctx),

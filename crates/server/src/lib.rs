@@ -45,6 +45,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence allowed between the pieces of a request's body.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time one write to a client may wait for it to read before its connection is closed.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Time open streams and connections get to end once the server is told to stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -71,6 +73,9 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Silence allowed within a request's body.
     pub body_timeout: Duration,
+    /// Time a write may wait for a client that stops reading (then its connection closes,
+    /// and its request is cancelled).
+    pub write_timeout: Duration,
     /// What every request may ask (`--max-tokens`, `--ctx`).
     pub limits: Limits,
     /// The cache new conversations get (`kvlab serve --kv`), as shown by `/v1/models`;
@@ -90,6 +95,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             limits: Limits::default(),
             default_kv: None,
         }

@@ -1,7 +1,8 @@
 //! The accept loop: each connection is served by hyper's HTTP/1 with a timer, so a request's
 //! head must arrive within the header timeout (an idle keep-alive connection is closed
-//! after the same time), and each write must make progress within [`WRITE_TIMEOUT`] (a
-//! client that stops reading loses its connection, not the server's memory). At most
+//! after the same time), and each write must make progress within the write timeout (a
+//! client that stops reading loses its connection and its request, not the server's
+//! memory). At most
 //! `max_connections` are open at once: at the cap, a newcomer takes the place of the
 //! connection idle longest (between requests: no request in flight), and only when none is
 //! idle is it told `503 too_many_connections` and closed; a peer beyond loopback holds at
@@ -33,9 +34,6 @@ use tower::ServiceExt;
 use crate::client::Peer;
 use crate::error::{ApiError, HttpCode};
 use crate::{ServerConfig, ServerError, SHUTDOWN_GRACE};
-
-/// Time one write to a client may wait for it to read before its connection is closed.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most a connection reads ahead into its own buffer (hyper's default is ~400 KiB: 64
 /// connections would hold 25 MiB outside the body budget).
@@ -111,9 +109,10 @@ impl Drop for InFlight {
     }
 }
 
-/// A connection's stream whose writes fail after [`WRITE_TIMEOUT`] without progress.
+/// A connection's stream whose writes fail after `timeout` without progress.
 struct TimedWrites {
     io: TcpStream,
+    timeout: Duration,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -127,9 +126,10 @@ impl TimedWrites {
     ) -> Poll<std::io::Result<T>> {
         match result {
             Poll::Pending => {
+                let timeout = self.timeout;
                 let clock = self
                     .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_TIMEOUT)));
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match clock.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -274,6 +274,7 @@ pub(crate) async fn accept_until(
         ));
         let io = TokioIo::new(TimedWrites {
             io: stream,
+            timeout: config.write_timeout,
             stalled: None,
         });
         let connection = http.serve_connection(io, service);

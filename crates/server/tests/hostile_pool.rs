@@ -580,3 +580,87 @@ fn the_parallel_setting_bounds_the_requests_that_run_at_once() {
     pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
     server.still_answers();
 }
+
+/// A connection to `addr` whose receive buffer is as small as the system allows: a client
+/// that stops reading stalls the server's writes after a few KiB, not megabytes.
+#[cfg(unix)]
+fn connect_small_window(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(v4) = addr else {
+        panic!("loopback v4")
+    };
+    // SAFETY: a fresh socket, options and connect on it; ownership passes to the TcpStream.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket");
+        let small: libc::c_int = 1024;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::connect(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(r, 0, "connect");
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn hostile_a_client_that_stops_reading_loses_its_connection() {
+    let _one = serial();
+    let server = start(ServerConfig {
+        write_timeout: Duration::from_secs(1),
+        ..ServerConfig::local(0)
+    });
+    // Some timeline to read: each answer is a few KiB.
+    std::thread::sleep(Duration::from_millis(1500));
+    let one = get(server.addr, "/v1/kv").body.len();
+    // 6,000 requests sent at once on one connection whose client reads nothing: their answers
+    // (some 9 MB) outgrow the socket buffers (the server's send buffer grows to 4 MiB), the
+    // server's writes stall, and after the timeout it closes the connection. Read only then:
+    // the answers stop short.
+    let mut s = connect_small_window(server.addr);
+    let asked = 6000;
+    let heads = "GET /v1/kv HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(asked);
+    s.write_all(heads.as_bytes()).expect("write");
+    std::thread::sleep(Duration::from_secs(4));
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let t = Instant::now();
+    let mut got = Vec::new();
+    // Closed: an end of stream, or a reset (the server dropped what it had not read).
+    let closed = match std::io::Read::read_to_end(&mut s, &mut got) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    let answered = String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200")
+        .count();
+    eprintln!(
+        "a client that stopped reading: {answered} of {asked} answers ({} bytes, {one} each) before the close, read in {:?}",
+        got.len(),
+        t.elapsed()
+    );
+    assert!(closed, "the connection stayed open");
+    assert!(answered < asked, "every answer was written: {answered}");
+    hostile("a client that stops reading its answers -> closed");
+    server.still_answers();
+}
