@@ -124,7 +124,7 @@ fn hostile_requests_refused_out_of_memory_register_nothing() {
 fn hostile_the_kv_budget_bounds_what_is_allocated() {
     let _one = serial();
     let server = start(ServerConfig::local(0));
-    // What one short conversation allocates (a block of tokens per layer, not its bytes).
+    // What one short conversation allocates (the room its layers keep, not its bytes).
     say(&server, "probe", Some("probe"), "The sea.", json!({}));
     let one = server.engine.status().kv.total_allocated;
     assert!(one > 0);
