@@ -74,10 +74,14 @@ impl MemoryBudget {
     /// The machine's memory, when the budget is the system's (a fixed figure says what is
     /// available, not what the machine has).
     pub fn total(&self) -> Option<u64> {
+        // It does not change while we run: read once (the KV limit asks every step).
+        static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
         self.available.is_none().then(|| {
-            let mut sys = sysinfo::System::new();
-            sys.refresh_memory();
-            sys.total_memory()
+            *TOTAL.get_or_init(|| {
+                let mut sys = sysinfo::System::new();
+                sys.refresh_memory();
+                sys.total_memory()
+            })
         })
     }
 }

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 pub const CONVERSATION_PREFIX: &str = "api:";
 
 /// Bytes of a conversation name a client may choose (the id's limit less its namespace).
-pub const MAX_NAME_BYTES: usize = 128 - NAMESPACE_BYTES;
+pub const MAX_NAME_BYTES: usize = kvlab_engine::contract::MAX_ID_BYTES - NAMESPACE_BYTES;
 
 /// `api:`, 16 hex digits and `:`.
 const NAMESPACE_BYTES: usize = CONVERSATION_PREFIX.len() + 16 + 1;

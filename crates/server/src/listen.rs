@@ -51,6 +51,8 @@ struct Open {
     idle_since: Arc<Mutex<Instant>>,
     /// Told to close (between requests).
     shed: Arc<Notify>,
+    /// It was told: it no longer counts, and is not chosen again, while it closes.
+    shedding: bool,
 }
 
 /// The open connections, by number.
@@ -63,21 +65,25 @@ impl Connections {
     /// Makes room for a connection from `peer`: true when there is a place, after shedding
     /// the connection idle longest if it had to (see the module doc).
     fn admit(&self, peer: IpAddr, max: usize) -> bool {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        // Connections being shed close within SHED_GRACE: they hold no place, so at most
+        // `max` more than the cap are open at once, for that long.
+        let live = || open.values().filter(|c| !c.shedding);
         let per_peer = (max / 4).max(1);
-        let theirs = open.values().filter(|c| c.peer == peer).count();
+        let theirs = live().filter(|c| c.peer == peer).count();
         let capped_peer = !peer.is_loopback() && theirs >= per_peer;
-        if open.len() < max && !capped_peer {
+        if live().count() < max && !capped_peer {
             return true;
         }
         // The one idle longest, of this peer's when it is the peer that is over its share.
         let idle = open
-            .values()
-            .filter(|c| !capped_peer || c.peer == peer)
-            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0)
-            .min_by_key(|c| *c.idle_since.lock().unwrap_or_else(|p| p.into_inner()));
+            .iter_mut()
+            .filter(|(_, c)| !c.shedding && (!capped_peer || c.peer == peer))
+            .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|(_, c)| *c.idle_since.lock().unwrap_or_else(|p| p.into_inner()));
         match idle {
-            Some(c) => {
+            Some((_, c)) => {
+                c.shedding = true;
                 c.shed.notify_one();
                 true
             }
@@ -241,6 +247,7 @@ pub(crate) async fn accept_until(
             in_flight: Arc::new(AtomicUsize::new(0)),
             idle_since: Arc::new(Mutex::new(Instant::now())),
             shed: Arc::new(Notify::new()),
+            shedding: false,
         };
         let (in_flight, idle_since, shed) = (
             Arc::clone(&open.in_flight),

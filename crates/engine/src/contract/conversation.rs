@@ -137,8 +137,8 @@ pub struct ConversationInfo {
     pub spec: String,
     /// KV bytes it holds in memory.
     pub bytes: u64,
-    /// KV bytes its cache has allocated in memory (what the pool's budget counts: a dense
-    /// layer allocates a block of tokens ahead).
+    /// KV bytes its cache has allocated in memory (what the pool's budget counts: rows held
+    /// and a bounded spare).
     #[serde(default)]
     pub allocated: u64,
     /// Its TurboQuant layers still hold their first tokens as f16, waiting for the model's

@@ -228,7 +228,6 @@ impl SpillDir {
         if listed.is_empty() {
             return Vec::new();
         }
-        let listed_len = listed.len();
         let mut files: Vec<(SystemTime, u64, String, ConversationId)> = listed
             .iter()
             .filter_map(|name| {
@@ -242,27 +241,20 @@ impl SpillDir {
         let mut total: u64 = files.iter().map(|(_, b, _, _)| b).sum();
         files.sort_by_key(|(t, _, _, _)| *t);
         let mut removed = Vec::new();
-        let mut gone = Vec::new();
-        for (_, bytes, name, id) in &files {
-            if total <= budget {
-                break;
-            }
-            if keep.contains(id) {
-                continue;
-            }
-            if std::fs::remove_file(self.dir.join(name)).is_ok() {
+        let mut kept = Vec::new();
+        for (_, bytes, name, id) in files {
+            if total > budget
+                && !keep.contains(&id)
+                && std::fs::remove_file(self.dir.join(&name)).is_ok()
+            {
                 total -= bytes;
-                removed.push(id.clone());
-                gone.push(name.clone());
+                removed.push(id);
+            } else {
+                kept.push(name);
             }
         }
         // Listed files that are missing, or were removed, leave the list.
-        let present: Vec<String> = files.iter().map(|(_, _, n, _)| n.clone()).collect();
-        let kept: Vec<String> = listed
-            .into_iter()
-            .filter(|n| present.contains(n) && !gone.contains(n))
-            .collect();
-        if kept.len() != listed_len {
+        if kept.len() != listed.len() {
             self.write_manifest(&kept);
         }
         removed

@@ -145,8 +145,9 @@ pub(crate) enum Action {
     Drop(ConversationId),
 }
 
-/// The bytes a session counts against the budget: what its layers have allocated (a dense
-/// layer allocates a block of tokens at a time), never less than what they hold.
+/// The bytes a session counts against the budget: what its layers have allocated (rows they
+/// hold and a bounded spare, [`crate::kv::KvPrecision::room_tokens`]), never less than what
+/// they hold.
 fn allocated(session: &Session) -> u64 {
     let (used, allocated) = session.memory().total;
     used.max(allocated) as u64
@@ -154,7 +155,7 @@ fn allocated(session: &Session) -> u64 {
 
 /// What the idle conversations add up to: kept between steps, since a step changes only the
 /// running ones (recomputed when the pool changes, never per step).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 struct IdleTotals {
     /// Bytes allocated by idle conversations in memory.
     allocated: u64,
@@ -188,11 +189,11 @@ impl Pool {
         self.revision
     }
 
-    /// The idle conversations' totals, computed once per revision.
-    fn idle_totals(&self) -> IdleTotals {
+    /// `f` of the idle conversations' totals, computed once per revision.
+    fn with_idle<R>(&self, f: impl FnOnce(&IdleTotals) -> R) -> R {
         if let Some((rev, totals)) = self.idle.borrow().as_ref() {
             if *rev == self.revision {
-                return totals.clone();
+                return f(totals);
             }
         }
         let mut t = IdleTotals::default();
@@ -203,8 +204,9 @@ impl Pool {
                 t.tokens += session.len();
             }
         }
-        *self.idle.borrow_mut() = Some((self.revision, t.clone()));
-        t
+        let r = f(&t);
+        *self.idle.borrow_mut() = Some((self.revision, t));
+        r
     }
 
     /// The running conversations in memory (at most a few).
@@ -220,8 +222,7 @@ impl Pool {
 
     /// Every conversation's KV bytes by layer kind and precision, and their tokens.
     pub fn kv_totals(&self) -> (KvBytes, usize) {
-        let idle = self.idle_totals();
-        let (mut kv, mut tokens) = (idle.kv, idle.tokens);
+        let (mut kv, mut tokens) = self.with_idle(|t| (t.kv.clone(), t.tokens));
         for (_, session) in self.running() {
             kv.merge(&KvBytes::from_report(&session.memory()));
             tokens += session.len();
@@ -263,13 +264,13 @@ impl Pool {
 
     /// KV bytes all conversations have allocated in memory.
     pub fn held_bytes(&self) -> u64 {
-        self.idle_totals().allocated + self.running().map(|(_, s)| allocated(s)).sum::<u64>()
+        self.with_idle(|t| t.allocated) + self.running().map(|(_, s)| allocated(s)).sum::<u64>()
     }
 
     /// KV bytes counted against the budget: what each conversation has allocated, or, while
     /// it runs, the room it was admitted to grow to.
     pub fn committed_bytes(&self) -> u64 {
-        self.idle_totals().allocated
+        self.with_idle(|t| t.allocated)
             + self
                 .running()
                 .map(|(c, s)| allocated(s).max(c.reserved))
@@ -862,14 +863,7 @@ impl Pool {
         }
         crate::memory::release_free_memory();
         if let Some(dir) = spill {
-            for id in dir.enforce_budget(settings.disk_budget, &self.busy_ids()) {
-                if let Some(c) = self.conversations.get_mut(&id) {
-                    c.file = None;
-                    if matches!(c.place, Place::Disk) {
-                        c.place = Place::Dropped;
-                    }
-                }
-            }
+            self.apply_disk_budget(dir, settings.disk_budget);
         }
         markers
     }
@@ -890,7 +884,13 @@ impl Pool {
         spill: &SpillDir,
     ) -> Vec<ConversationId> {
         self.touch();
-        let removed = spill.enforce_budget(settings.disk_budget, &self.busy_ids());
+        self.apply_disk_budget(spill, settings.disk_budget)
+    }
+
+    /// Removes the files of ours past `budget` (never a running conversation's) and
+    /// records what that leaves: no file, and a conversation only on disk dropped.
+    fn apply_disk_budget(&mut self, spill: &SpillDir, budget: u64) -> Vec<ConversationId> {
+        let removed = spill.enforce_budget(budget, &self.busy_ids());
         for id in &removed {
             if let Some(c) = self.conversations.get_mut(id) {
                 c.file = None;
@@ -951,16 +951,8 @@ impl Pool {
             }
             out.push((id, written));
         }
-        let busy = self.busy_ids();
-        for id in spill.enforce_budget(disk_budget, &busy) {
-            if let Some(c) = self.conversations.get_mut(&id) {
-                c.file = None;
-                if matches!(c.place, Place::Disk) {
-                    c.place = Place::Dropped;
-                }
-            }
-            out.retain(|(written, _)| *written != id);
-        }
+        let removed = self.apply_disk_budget(spill, disk_budget);
+        out.retain(|(written, _)| !removed.contains(written));
         out
     }
 

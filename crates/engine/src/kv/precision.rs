@@ -26,9 +26,9 @@ pub enum KvPrecision {
     TurboQuant(TqPrecision),
 }
 
-/// Rows a TurboQuant or block side reserves at a time (its codes' chunks, its f16 and block
-/// rows: `kvlab_turboquant::DEFAULT_CHUNK_VECTORS`).
-pub const TQ_ROW_GRAIN: usize = 128;
+/// Rows a TurboQuant or block side reserves at a time: its codes' chunks, and its f16 and
+/// block rows (kv/turboquant.rs reserves by it).
+pub const TQ_ROW_GRAIN: usize = kvlab_turboquant::DEFAULT_CHUNK_VECTORS;
 
 impl KvPrecision {
     /// Short lowercase name (`f32`, `f16`, `bf16`, `turboquant`); `Display` gives the full
@@ -198,7 +198,6 @@ mod room_tests {
 
     #[test]
     fn tq_rows_grow_by_the_codecs_chunk() {
-        assert_eq!(TQ_ROW_GRAIN, kvlab_turboquant::DEFAULT_CHUNK_VECTORS);
         let tq = KvPrecision::TurboQuant(TqPrecision::new(TqSide::F16, TqSide::F16));
         assert_eq!(tq.room_tokens(1), TQ_ROW_GRAIN);
         assert_eq!(tq.room_tokens(129), 2 * TQ_ROW_GRAIN);

@@ -68,6 +68,7 @@ use kvlab_turboquant::ggml::{self, BlockType};
 use kvlab_turboquant::{CodeBlock, Codec, Scratch};
 use rayon::prelude::*;
 
+use super::precision::TQ_ROW_GRAIN;
 use super::spec::{TqPrecision, TqSide};
 use super::storage::{
     AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic, MIN_CALIBRATION_ROWS,
@@ -186,7 +187,7 @@ enum DenseRows {
 /// past a whole segment) so the reserve stays small.
 fn grow<T>(v: &mut Vec<T>, add: usize, d: usize) {
     if v.capacity() < v.len() + add {
-        let want = (v.len() + add).div_ceil(128 * d) * 128 * d;
+        let want = (v.len() + add).div_ceil(TQ_ROW_GRAIN * d) * TQ_ROW_GRAIN * d;
         v.reserve_exact(want.min(SEGMENT_TOKENS * d).max(v.len() + add) - v.len());
     }
 }
@@ -682,7 +683,9 @@ impl Side {
                     };
                     let row = b.row_bytes;
                     if v.capacity() < v.len() + take * row {
-                        let want = (v.len() + take * row).div_ceil(128 * row) * 128 * row;
+                        let want = (v.len() + take * row).div_ceil(TQ_ROW_GRAIN * row)
+                            * TQ_ROW_GRAIN
+                            * row;
                         v.reserve_exact(want.min(SEGMENT_TOKENS * row) - v.len());
                     }
                     b.encode(now, d, v)?;
