@@ -113,6 +113,8 @@ struct Reservation<'a> {
     budget: &'a BodyBudget,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     bytes: usize,
+    /// The body's cap: a reservation never grows past it.
+    cap: usize,
 }
 
 impl Reservation<'_> {
@@ -121,8 +123,12 @@ impl Reservation<'_> {
         if bytes <= self.bytes {
             return Ok(());
         }
-        // Doubling, so a large body takes a few reservations, not one per frame.
-        let want = bytes.max(self.bytes.saturating_mul(2)).div_ceil(UNIT) * UNIT;
+        // Doubling, so a large body takes a few reservations, not one per frame; never past
+        // what the body may be.
+        let want = bytes
+            .max(self.bytes.saturating_mul(2).min(self.cap))
+            .div_ceil(UNIT)
+            * UNIT;
         let more = (want - self.bytes).div_ceil(UNIT) as u32;
         let permit = Arc::clone(&self.budget.units)
             .try_acquire_many_owned(more)
@@ -172,6 +178,7 @@ async fn read_capped(
         budget,
         permit: None,
         bytes: 0,
+        cap,
     };
     room.grow_to(FIRST_RESERVE.min(cap).max(1))?;
     let started = tokio::time::Instant::now();

@@ -280,8 +280,8 @@ spec: string,
  */
 bytes: number, 
 /**
- * KV bytes its cache has allocated in memory (what the pool's budget counts: a dense
- * layer allocates a block of tokens ahead).
+ * KV bytes its cache has allocated in memory (what the pool's budget counts: rows held
+ * and a bounded spare).
  */
 allocated: number, 
 /**
