@@ -54,5 +54,5 @@ pub use checkpoint::LoadOptions;
 pub use error::{EngineError, Result};
 pub use generate::session::{Session, REWIND_MARGIN};
 pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
-pub use models::common::{Logits, Model};
+pub use models::common::{BatchItem, Logits, Model};
 pub use worker::{Engine, EngineHandle, JobError};

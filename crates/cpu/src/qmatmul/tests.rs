@@ -151,6 +151,45 @@ fn kernels_match_dequantize_then_multiply() {
     assert!(tried.contains(&Backend::best()), "{tried:?}");
 }
 
+/// A batched step lays several sequences' rows end to end: each row's outputs must be the
+/// bits it gets alone, whatever the row count (2 to 16 decode rows, a prefill chunk beside
+/// them) and wherever the row falls among the four-row groups and chunks of the kernels.
+#[test]
+fn each_row_comes_out_as_it_does_alone() {
+    for format in ALL_FORMATS {
+        let (rows, cols) = (37, 2 * format.geometry().sb);
+        let (w, _) = matrix(format, rows, cols, 3);
+        for backend in BACKENDS.into_iter().filter(|b| b.available()) {
+            for m in (1..=16).chain([67, 70]) {
+                let mut rng = Rng::new(500 + m as u64);
+                let x = random(&mut rng, m * cols, true);
+                let mut together = vec![0f32; m * rows];
+                w.matmul_with(backend, &Serial, &x, m, &mut together)
+                    .unwrap();
+                for i in 0..m {
+                    let mut alone = vec![0f32; rows];
+                    w.matmul_with(
+                        backend,
+                        &Serial,
+                        &x[i * cols..(i + 1) * cols],
+                        1,
+                        &mut alone,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        together[i * rows..(i + 1) * rows]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>(),
+                        alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{format:?} {backend:?}: row {i} of {m} differs from the row alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn repacked_rows_dequantize_as_their_blocks_and_keep_their_size() {
     for format in ALL_FORMATS {

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod batched_step;
 mod cache_equivalence;
 mod config_parsing;
 mod conversations;

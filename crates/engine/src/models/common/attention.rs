@@ -3,8 +3,9 @@
 
 use candle_core::Tensor;
 
-use super::linear::{Linear, RmsNorm};
+use super::linear::{Linear, RmsNorm, Splits};
 use super::rope::RopeTables;
+use super::Segment;
 use crate::checkpoint::config::{KvSource, LayerSpec, ModelConfig};
 use crate::checkpoint::weights::WeightStore;
 use crate::error::{EngineError, Result};
@@ -63,40 +64,74 @@ impl Attention {
         })
     }
 
-    /// `x` `[t, hidden]` at positions `start..start + t` → `[t, hidden]`; appends this
-    /// step's K/V to the layer's cache when it owns one.
-    pub fn forward(
+    /// `x` `[t, hidden]`, the rows of every segment end to end → `[t, hidden]`: the
+    /// projections over all rows at once, then per segment its q/k norms, its `rope`-th
+    /// table, its cache's append (when this layer owns one) and attention at its positions.
+    pub(crate) fn forward(
         &self,
         x: &Tensor,
-        rope: &RopeTables,
-        cache: &mut KvCache,
-        start: usize,
+        segments: &mut [Segment<'_>],
+        splits: &Splits,
+        rope: usize,
     ) -> Result<Tensor> {
-        let (t, _) = x.dims2()?;
-        let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
         // q, k and v from one pass over the input where the kernels allow it.
         let mut layers = vec![&self.q_proj];
         if let Some(kv) = &self.kv {
             layers.push(&kv.k_proj);
             layers.extend(&kv.v_proj);
         }
-        let mut proj = Linear::forward_group(&layers, x)?.into_iter();
+        let mut proj = Linear::forward_group(&layers, x, splits)?.into_iter();
         let q = proj
             .next()
             .ok_or_else(|| EngineError::invalid("no q projection"))?;
+        let k = proj.next();
+        let v = proj.next();
+        let mut outs = Vec::with_capacity(segments.len());
+        for s in segments.iter_mut() {
+            let rows = |m: &Tensor| m.narrow(0, s.rows.start, s.rows.len());
+            let tables = s
+                .ropes
+                .get(rope)
+                .ok_or_else(|| EngineError::invalid("no rotary table for a layer"))?;
+            let kv = match (&k, &self.kv) {
+                (Some(k), Some(_)) => Some((rows(k)?, v.as_ref().map(rows).transpose()?)),
+                _ => None,
+            };
+            outs.push(self.attend_one(&rows(&q)?, kv, tables, s.cache, s.start)?);
+        }
+        let a = if outs.len() == 1 {
+            outs.pop()
+                .ok_or_else(|| EngineError::invalid("no attention output"))?
+        } else {
+            let _span = profile::span("layout copies");
+            Tensor::cat(&outs, 0)?
+        };
+        self.o_proj.forward_split(&a, splits)
+    }
+
+    /// One sequence's attention: `q` `[t, heads·d]` and, when this layer owns a cache, its
+    /// raw `k` and `v` projections (`v` absent when V is K) at positions `start..start + t`
+    /// → `[t, heads·d]`.
+    fn attend_one(
+        &self,
+        q: &Tensor,
+        kv_rows: Option<(Tensor, Option<Tensor>)>,
+        rope: &RopeTables,
+        cache: &mut KvCache,
+        start: usize,
+    ) -> Result<Tensor> {
+        let (t, _) = q.dims2()?;
+        let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
         let q = q.reshape((t, nh, d))?;
         let q = self.q_norm.forward(&q)?;
         let q = {
             let _span = profile::span("rope");
             rope.apply(&q)?
         };
-        if let Some(kv) = &self.kv {
+        if let (Some(kv), Some((kr, vr))) = (&self.kv, kv_rows) {
             let nkv = self.spec.n_kv_heads;
-            let kr = proj
-                .next()
-                .ok_or_else(|| EngineError::invalid("no k projection"))?;
             let kr = kr.reshape((t, nkv, d))?;
-            let vr = match proj.next() {
+            let vr = match vr {
                 Some(v) => v.reshape((t, nkv, d))?,
                 None => kr.clone(),
             };
@@ -122,10 +157,7 @@ impl Attention {
             let _span = profile::span("attention");
             cache.attend(self.spec.index, &q, start, self.spec.attn_scale)?
         };
-        let a = {
-            let _span = profile::span("layout copies");
-            a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?
-        };
-        self.o_proj.forward(&a)
+        let _span = profile::span("layout copies");
+        Ok(a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?)
     }
 }

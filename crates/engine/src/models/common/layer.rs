@@ -4,14 +4,13 @@
 use candle_core::{DType, Tensor};
 
 use super::attention::Attention;
-use super::linear::RmsNorm;
+use super::linear::{RmsNorm, Splits};
 use super::mlp::{Mlp, Moe};
 use super::ple::PleLayer;
-use super::rope::RopeTables;
+use super::Segment;
 use crate::checkpoint::config::{LayerSpec, ModelConfig};
 use crate::checkpoint::weights::WeightStore;
 use crate::error::Result;
-use crate::kv::KvCache;
 use crate::profile;
 
 /// A decoder layer's weights.
@@ -71,29 +70,30 @@ impl DecoderLayer {
         &self.spec
     }
 
-    /// `x` `[t, H]` → `[t, H]`; `ple_input` is this layer's `[t, p]` slice, if any.
-    pub fn forward(
+    /// `x` `[t, H]` (the rows of every segment, end to end) → `[t, H]`; each segment's
+    /// attention uses its `rope`-th table; `ple_input` is this layer's `[t, p]` slice, if any.
+    pub(crate) fn forward(
         &self,
         x: &Tensor,
-        rope: &RopeTables,
-        cache: &mut KvCache,
-        start: usize,
+        segments: &mut [Segment<'_>],
+        splits: &Splits,
+        rope: usize,
         ple_input: Option<&Tensor>,
     ) -> Result<Tensor> {
         let a = self
             .attn
-            .forward(&self.input_norm.forward(x)?, rope, cache, start)?;
+            .forward(&self.input_norm.forward(x)?, segments, splits, rope)?;
         let a = self.post_attn_norm.forward(&a)?;
         let x = residual_add(x, &a)?;
-        let mut m = self.mlp.forward(&self.pre_ff_norm.forward(&x)?)?;
+        let mut m = self.mlp.forward(&self.pre_ff_norm.forward(&x)?, splits)?;
         if let Some(moe) = &self.moe {
-            m = moe.forward(&x, &m)?;
+            m = moe.forward(&x, &m, splits)?;
         }
         let m = self.post_ff_norm.forward(&m)?;
         let mut x = residual_add(&x, &m)?;
         if let (Some(ple), Some(inp)) = (&self.ple, ple_input) {
             let _span = profile::span("per-layer embeddings");
-            x = ple.forward(&x, inp)?;
+            x = ple.forward(&x, inp, splits)?;
         }
         if let Some(s) = self.layer_scalar {
             let _span = profile::span("elementwise");

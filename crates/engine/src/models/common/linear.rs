@@ -35,10 +35,38 @@ impl Linear {
         self.forward_as(self.0.profile_label(), x)
     }
 
+    /// Whether each output row depends on its own input row alone, bit for bit whatever the
+    /// other rows: our kernels quantize and multiply each row by itself. candle's kernels
+    /// choose their blocking (and a dequantized GEMM past [`DEQUANT_MIN_ROWS`]) by the row
+    /// count, so a row's sum may round differently beside others.
+    fn rows_alone(&self) -> bool {
+        matches!(self.0, Matrix::Packed(_))
+    }
+
+    /// [`Linear::forward`] over `x` `[t, inp]` holding sequences of `splits` rows end to end
+    /// (a batched step): one pass when the kernels keep rows apart, else one per sequence,
+    /// so each sequence's rows come out as they would alone.
+    pub fn forward_split(&self, x: &Tensor, splits: &Splits) -> Result<Tensor> {
+        self.forward_split_as(self.0.profile_label(), x, splits)
+    }
+
+    /// [`Linear::forward_split`], profiled under `label`.
+    pub fn forward_split_as(
+        &self,
+        label: &'static str,
+        x: &Tensor,
+        splits: &Splits,
+    ) -> Result<Tensor> {
+        if self.rows_alone() || splits.0.len() < 2 {
+            return self.forward_as(label, x);
+        }
+        splits.each(x, |part| self.forward_as(label, part))
+    }
+
     /// `x·Wᵢᵀ` for several layers that read the same input (a layer's q/k/v, its gate and
     /// up projections): one pass of the CPU kernels when every matrix is held for them
     /// (see [`crate::qmatmul::forward_group`]), else one layer after another.
-    pub fn forward_group(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+    pub fn forward_group(layers: &[&Linear], x: &Tensor, splits: &Splits) -> Result<Vec<Tensor>> {
         let packed: Option<Vec<&crate::qmatmul::PackedMatrix>> = layers
             .iter()
             .map(|l| match &l.0 {
@@ -56,7 +84,7 @@ impl Linear {
                     .map(|y| Ok(y.to_dtype(x.dtype())?))
                     .collect()
             }
-            _ => layers.iter().map(|l| l.forward(x)).collect(),
+            _ => layers.iter().map(|l| l.forward_split(x, splits)).collect(),
         }
     }
 
@@ -101,6 +129,31 @@ impl Linear {
             }
             _ => Ok(q.forward(x)?),
         }
+    }
+}
+
+/// The row counts of the sequences laid end to end in a batched step's activations (one
+/// entry for a lone sequence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Splits(pub Vec<usize>);
+
+impl Splits {
+    /// One sequence of `rows` rows.
+    pub fn one(rows: usize) -> Self {
+        Self(vec![rows])
+    }
+
+    /// `f` over each sequence's rows of `x` `[t, ..]`, the results stacked back along rows.
+    pub fn each(&self, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let mut at = 0;
+        let mut outs = Vec::with_capacity(self.0.len());
+        for &n in &self.0 {
+            if n > 0 {
+                outs.push(f(&x.narrow(0, at, n)?)?);
+            }
+            at += n;
+        }
+        Ok(Tensor::cat(&outs, 0)?)
     }
 }
 

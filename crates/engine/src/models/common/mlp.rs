@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-use super::linear::{Linear, RmsNorm};
+use super::linear::{Linear, RmsNorm, Splits};
 use crate::checkpoint::config::{ModelConfig, MoeSpec};
 use crate::checkpoint::weights::WeightStore;
 use crate::error::Result;
@@ -28,16 +28,16 @@ impl Mlp {
         })
     }
 
-    /// `x` `[t, hidden]` → `[t, hidden]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [g, u]: [Tensor; 2] = Linear::forward_group(&[&self.gate, &self.up], x)?
+    /// `x` `[t, hidden]` (sequences of `splits` rows) → `[t, hidden]`.
+    pub fn forward(&self, x: &Tensor, splits: &Splits) -> Result<Tensor> {
+        let [g, u]: [Tensor; 2] = Linear::forward_group(&[&self.gate, &self.up], x, splits)?
             .try_into()
             .map_err(|_| crate::error::EngineError::invalid("gate/up projections"))?;
         let h = {
             let _span = profile::span("elementwise");
             super::fused::gelu_mul(&g, &u)?
         };
-        self.down.forward(&h)
+        self.down.forward_split(&h, splits)
     }
 }
 
@@ -113,11 +113,13 @@ impl Moe {
         })
     }
 
-    /// Top-k experts and their weights per token, from the router over `residual` `[t, H]`.
-    fn route(&self, residual: &Tensor) -> Result<Vec<Vec<(usize, f32)>>> {
+    /// Top-k experts and their weights per token, from the router over `residual` `[t, H]`
+    /// (sequences of `splits` rows, each routed as it would be alone).
+    fn route(&self, residual: &Tensor, splits: &Splits) -> Result<Vec<Vec<(usize, f32)>>> {
         let r = self.router_norm.forward(&residual.to_dtype(DType::F32)?)?;
         let r = r.broadcast_mul(&self.router_scale)?;
-        let logits = r.matmul(&self.router_proj.t()?)?;
+        let proj = self.router_proj.t()?;
+        let logits = splits.each(&r, |part| Ok(part.matmul(&proj)?))?;
         let probs = candle_nn::ops::softmax_last_dim(&logits)?
             .to_device(&Device::Cpu)?
             .to_vec2::<f32>()?;
@@ -138,11 +140,18 @@ impl Moe {
 
     /// `mlp_out` is the dense MLP's output, `residual` the stream after attention:
     /// returns `post_norm_1(mlp_out) + post_norm_2(experts(pre_norm_2(residual)))`.
-    pub fn forward(&self, residual: &Tensor, mlp_out: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, residual: &Tensor, mlp_out: &Tensor, splits: &Splits) -> Result<Tensor> {
         // Routing, gathers and scatters; the experts' matmuls and norms are their own rows.
         let _span = profile::span("moe routing");
         let (t, h) = residual.dims2()?;
-        let routes = self.route(residual)?;
+        let routes = self.route(residual, splits)?;
+        // Which sequence each token belongs to, to split an expert's rows the same way.
+        let owner: Vec<usize> = splits
+            .0
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| std::iter::repeat_n(s, n))
+            .collect();
         let xin = self.pre_norm.forward(residual)?;
         let mut per_expert: Vec<(Vec<u32>, Vec<f32>)> =
             vec![(Vec::new(), Vec::new()); self.experts.len()];
@@ -160,14 +169,18 @@ impl Moe {
                 continue;
             }
             let n = toks.len();
+            let mut rows = Splits(vec![0; splits.0.len()]);
+            for &tok in &toks {
+                rows.0[owner.get(tok as usize).copied().unwrap_or(0)] += 1;
+            }
             let ids = Tensor::from_vec(toks, n, dev)?;
             let x = xin.index_select(&ids, 0)?;
-            let gu = self.experts[e].gate_up.forward(&x)?;
+            let gu = self.experts[e].gate_up.forward_split(&x, &rows)?;
             let y = super::fused::gelu_mul(
                 &gu.narrow(D::Minus1, 0, iw)?.contiguous()?,
                 &gu.narrow(D::Minus1, iw, iw)?.contiguous()?,
             )?;
-            let y = self.experts[e].down.forward(&y)?;
+            let y = self.experts[e].down.forward_split(&y, &rows)?;
             let w = Tensor::from_vec(ws, (n, 1), dev)?.to_dtype(y.dtype())?;
             out = out.index_add(&ids, &y.broadcast_mul(&w)?, 0)?;
         }

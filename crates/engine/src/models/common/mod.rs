@@ -28,7 +28,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-pub use linear::{Linear, RmsNorm};
+pub use linear::{Linear, RmsNorm, Splits};
 
 use crate::checkpoint::config::{self, ModelConfig, RopeSpec};
 use crate::checkpoint::weights::{Table, WeightStore};
@@ -64,6 +64,28 @@ pub struct Model {
     dtype: DType,
     /// Bytes of the weights as held (see [`Model::weights_bytes`]).
     weights_bytes: usize,
+    /// The distinct (rope, head dim) pairs of the layers, and which one each layer uses.
+    rope_keys: Vec<(RopeSpec, usize)>,
+    rope_of: Vec<usize>,
+}
+
+/// One sequence of a batched step ([`Model::forward_batch`]): its next ids (a prefill chunk
+/// or one token), its cache, and which logits it wants.
+pub struct BatchItem<'i, 'c> {
+    pub ids: &'i [u32],
+    pub cache: &'c mut KvCache,
+    pub which: Logits,
+}
+
+/// A sequence inside a pass: its rows of the step's activations, its first position, its
+/// cache and its rotary tables (one per [`Model`]'s rope key).
+pub(crate) struct Segment<'a> {
+    ids: &'a [u32],
+    pub(crate) rows: std::ops::Range<usize>,
+    pub(crate) start: usize,
+    which: Logits,
+    pub(crate) cache: &'a mut KvCache,
+    pub(crate) ropes: Vec<RopeTables>,
 }
 
 impl Model {
@@ -113,7 +135,23 @@ impl Model {
             config.rms_norm_eps,
             config.norm_weight_offset,
         )?;
+        let mut rope_keys: Vec<(RopeSpec, usize)> = Vec::new();
+        let rope_of = layers
+            .iter()
+            .map(|l: &DecoderLayer| {
+                let key = (l.spec().rope, l.spec().head_dim);
+                match rope_keys.iter().position(|k| *k == key) {
+                    Some(p) => p,
+                    None => {
+                        rope_keys.push(key);
+                        rope_keys.len() - 1
+                    }
+                }
+            })
+            .collect();
         Ok(Self {
+            rope_keys,
+            rope_of,
             embed_scale: scale_in(ws.dtype(), (h as f64).sqrt()),
             embed,
             ple,
@@ -171,6 +209,89 @@ impl Model {
     /// `[vocab]` (Last) or `[t, vocab]` (All), after the final softcap. On error the cache
     /// is rolled back to its state before the call.
     pub fn forward(&self, ids: &[u32], cache: &mut KvCache, which: Logits) -> Result<Tensor> {
+        let mut one = [BatchItem { ids, cache, which }];
+        self.forward_batch(&mut one)
+            .pop()
+            .unwrap_or_else(|| Err(EngineError::invalid("a batch of one gave no logits")))
+    }
+
+    /// Runs several sequences in one forward pass: every linear layer over all their rows
+    /// at once (each weight read once for the step), attention per sequence against its own
+    /// cache in its own format. Returns each item's logits as [`Model::forward`] would
+    /// alone, in order: the kernels compute each row alone, so they are the same bits.
+    ///
+    /// An item that cannot run (empty, full context, bad id, another model's cache) gets its
+    /// error and the others run. Should the pass fail, every cache is rolled back and each
+    /// item runs alone, so one failing sequence leaves the batch and the others go on.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_, '_>]) -> Vec<Result<Tensor>> {
+        let mut out: Vec<Option<Result<Tensor>>> = items
+            .iter()
+            .map(|item| self.check(item.ids, item.cache).err().map(Err))
+            .collect();
+        let ready: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
+        if ready.len() > 1 {
+            let mut segments: Vec<Segment<'_>> = Vec::with_capacity(ready.len());
+            let mut rows = 0;
+            let mut picked = items
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| ready.contains(i))
+                .map(|(_, item)| item);
+            for item in picked.by_ref() {
+                let start = item.cache.seq_len();
+                segments.push(Segment {
+                    ids: item.ids,
+                    rows: rows..rows + item.ids.len(),
+                    start,
+                    which: item.which,
+                    cache: &mut *item.cache,
+                    ropes: Vec::new(),
+                });
+                rows += item.ids.len();
+            }
+            match self.run(&mut segments) {
+                Ok(logits) => {
+                    let committed: Vec<Result<Tensor>> = segments
+                        .iter_mut()
+                        .zip(logits)
+                        .map(|(s, l)| {
+                            s.cache.commit(s.ids.len())?;
+                            Ok(l)
+                        })
+                        .collect();
+                    for (i, r) in ready.iter().zip(committed) {
+                        out[*i] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("a batched step failed ({e}); its sequences run alone");
+                    let mut rolled = Ok(());
+                    for s in &mut segments {
+                        if let Err(e) = s.cache.rollback() {
+                            rolled = Err(e);
+                        }
+                    }
+                    drop(segments);
+                    for &i in &ready {
+                        out[i] = Some(match &rolled {
+                            Ok(()) => self.forward_alone(&mut items[i]),
+                            Err(e) => Err(EngineError::invalid(format!(
+                                "a batched step failed and could not roll back: {e}"
+                            ))),
+                        });
+                    }
+                }
+            }
+        } else if let Some(&i) = ready.first() {
+            out[i] = Some(self.forward_alone(&mut items[i]));
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(EngineError::invalid("a batch item was skipped"))))
+            .collect()
+    }
+
+    /// Why `ids` cannot run on `cache`, if they cannot.
+    fn check(&self, ids: &[u32], cache: &KvCache) -> Result<()> {
         if ids.is_empty() {
             return Err(EngineError::invalid("forward on an empty chunk"));
         }
@@ -191,22 +312,42 @@ impl Model {
                 self.config.vocab_size
             )));
         }
-        match self.run(ids, cache, which) {
-            Ok(l) => {
-                cache.commit(ids.len())?;
-                Ok(l)
+        Ok(())
+    }
+
+    /// One checked item run by itself, committed or rolled back.
+    fn forward_alone(&self, item: &mut BatchItem<'_, '_>) -> Result<Tensor> {
+        self.check(item.ids, item.cache)?;
+        let mut one = [Segment {
+            ids: item.ids,
+            rows: 0..item.ids.len(),
+            start: item.cache.seq_len(),
+            which: item.which,
+            cache: &mut *item.cache,
+            ropes: Vec::new(),
+        }];
+        match self.run(&mut one) {
+            Ok(mut l) => {
+                item.cache.commit(item.ids.len())?;
+                l.pop()
+                    .ok_or_else(|| EngineError::invalid("a run of one gave no logits"))
             }
             Err(e) => {
-                cache.rollback()?;
+                item.cache.rollback()?;
                 Err(e)
             }
         }
     }
 
-    fn run(&self, ids: &[u32], cache: &mut KvCache, which: Logits) -> Result<Tensor> {
+    /// The pass itself over `segments` (rows laid end to end), without commit or rollback.
+    fn run(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Tensor>> {
+        let ids: Vec<u32> = segments
+            .iter()
+            .flat_map(|s| s.ids.iter().copied())
+            .collect();
+        let splits = Splits(segments.iter().map(|s| s.ids.len()).collect());
         let t = ids.len();
-        let start = cache.seq_len();
-        let ids_t = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
+        let ids_t = Tensor::from_vec(ids, t, &self.device)?;
         let mut x = {
             let _span = profile::span("embedding");
             (self.embed.lookup(&ids_t, self.dtype)? * self.embed_scale)?
@@ -215,51 +356,79 @@ impl Model {
             let _span = profile::span("per-layer embeddings");
             self.ple
                 .as_ref()
-                .map(|p| p.compute(&ids_t, &x))
+                .map(|p| p.compute(&ids_t, &x, &splits))
                 .transpose()?
         };
-        let mut tables: Vec<(RopeSpec, usize, RopeTables)> = Vec::new();
+        // Each sequence's rotary tables, one per distinct (rope, head_dim) of the layers.
+        for s in segments.iter_mut() {
+            let _span = profile::span("rope");
+            for (rope, head_dim) in &self.rope_keys {
+                let tb = RopeTables::new(
+                    rope,
+                    *head_dim,
+                    s.start,
+                    s.ids.len(),
+                    self.dtype,
+                    &self.device,
+                )?;
+                s.ropes.push(tb);
+            }
+        }
         for (i, layer) in self.layers.iter().enumerate() {
-            let spec = layer.spec();
-            let pos = match tables
-                .iter()
-                .position(|(r, d, _)| *r == spec.rope && *d == spec.head_dim)
-            {
-                Some(p) => p,
-                None => {
-                    let _span = profile::span("rope");
-                    let tb = RopeTables::new(
-                        &spec.rope,
-                        spec.head_dim,
-                        start,
-                        t,
-                        self.dtype,
-                        &self.device,
-                    )?;
-                    tables.push((spec.rope, spec.head_dim, tb));
-                    tables.len() - 1
-                }
-            };
             let inp = ple
                 .as_ref()
                 .map(|p| p.narrow(1, i, 1)?.squeeze(1))
                 .transpose()?;
-            x = layer.forward(&x, &tables[pos].2, cache, start, inp.as_ref())?;
+            let rope = self.rope_of[i];
+            x = layer.forward(&x, segments, &splits, rope, inp.as_ref())?;
         }
-        if which == Logits::Last {
-            x = x.narrow(0, t - 1, 1)?;
-        }
-        let mut logits = self
-            .lm_head
-            .forward_as("vocab projection", &self.final_norm.forward(&x)?)?;
+        // The rows whose logits are wanted: each sequence's last, or all of its rows.
+        let wanted: Vec<Tensor> = segments
+            .iter()
+            .map(|s| match s.which {
+                Logits::Last => x.narrow(0, s.rows.end - 1, 1),
+                Logits::All => x.narrow(0, s.rows.start, s.rows.len()),
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let x = if wanted.len() == 1 {
+            wanted[0].clone()
+        } else {
+            Tensor::cat(&wanted, 0)?
+        };
+        let wanted_splits = Splits(
+            segments
+                .iter()
+                .map(|s| match s.which {
+                    Logits::Last => 1,
+                    Logits::All => s.ids.len(),
+                })
+                .collect(),
+        );
+        let mut logits = self.lm_head.forward_split_as(
+            "vocab projection",
+            &self.final_norm.forward(&x)?,
+            &wanted_splits,
+        )?;
         let _span = profile::span("logit softcap");
         logits = logits.to_dtype(DType::F32)?;
         if let Some(c) = self.config.final_logit_softcap {
             logits = fused::softcap(&logits, c)?;
         }
-        Ok(match which {
-            Logits::Last => logits.squeeze(0)?,
-            Logits::All => logits,
-        })
+        let mut at = 0;
+        segments
+            .iter()
+            .map(|s| {
+                Ok(match s.which {
+                    Logits::Last => {
+                        at += 1;
+                        logits.narrow(0, at - 1, 1)?.squeeze(0)?
+                    }
+                    Logits::All => {
+                        at += s.ids.len();
+                        logits.narrow(0, at - s.ids.len(), s.ids.len())?
+                    }
+                })
+            })
+            .collect()
     }
 }

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::linear::{Linear, RmsNorm};
+use super::linear::{Linear, RmsNorm, Splits};
 use crate::checkpoint::config::{ModelConfig, PleSpec};
 use crate::checkpoint::weights::{Table, WeightStore};
 use crate::error::Result;
@@ -71,11 +71,12 @@ impl PleInputs {
     }
 
     /// `[t, layers, p]` inputs from token `ids` and the scaled main embedding `[t, H]`.
-    pub fn compute(&self, ids: &Tensor, embeds: &Tensor) -> Result<Tensor> {
+    pub fn compute(&self, ids: &Tensor, embeds: &Tensor, splits: &Splits) -> Result<Tensor> {
         let t = ids.dim(0)?;
         let (l, p) = (self.layers, self.spec.dim);
         let tok = (self.table.lookup(ids, embeds.dtype())? * self.tok_scale)?.reshape((t, l, p))?;
-        let ctx = (self.projection.forward(embeds)? * self.proj_scale)?.reshape((t, l, p))?;
+        let ctx = (self.projection.forward_split(embeds, splits)? * self.proj_scale)?
+            .reshape((t, l, p))?;
         let ctx = self.norm.forward(&ctx)?;
         Ok(((ctx + tok)? * std::f64::consts::FRAC_1_SQRT_2)?)
     }
@@ -100,8 +101,11 @@ impl PleLayer {
     }
 
     /// `x + norm(proj(gelu(gate x) · input))` with `input` `[t, p]`.
-    pub fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
-        let g = super::fused::gelu_mul(&self.gate.forward(x)?, &input.contiguous()?)?;
-        Ok((x + self.norm.forward(&self.projection.forward(&g)?)?)?)
+    pub fn forward(&self, x: &Tensor, input: &Tensor, splits: &Splits) -> Result<Tensor> {
+        let g = self.gate.forward_split(x, splits)?;
+        let g = super::fused::gelu_mul(&g, &input.contiguous()?)?;
+        Ok((x + self
+            .norm
+            .forward(&self.projection.forward_split(&g, splits)?)?)?)
     }
 }
