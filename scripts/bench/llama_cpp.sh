@@ -10,7 +10,7 @@ SDIST_VERSION=0.3.36
 LLAMA_SRC="$LLAMA_DIR/llama_cpp_python-$SDIST_VERSION"
 LLAMA_BUILD="$LLAMA_DIR/build-noamx-$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-8)"
 LLAMA_BIN="$LLAMA_BUILD/bin"
-LLAMA_TARGETS=(llama-bench llama-quantize llama-perplexity)
+LLAMA_TARGETS=(llama-bench llama-quantize llama-perplexity llama-server)
 
 build_llama_cpp() {
   local t missing=0
@@ -30,7 +30,7 @@ build_llama_cpp() {
   [ "$(uname -m)" = x86_64 ] && flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S "$LLAMA_SRC/vendor/llama.cpp" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     >"$LLAMA_DIR/build.log"
   cmake --build "$LLAMA_BUILD" --target "${LLAMA_TARGETS[@]}" -j2 >>"$LLAMA_DIR/build.log"
 }

@@ -88,6 +88,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
             sessions::commands::restore_session_cache,
             sessions::commands::drop_session_cache,
             sessions::commands::set_kv_budget,
+            sessions::commands::set_parallel,
             downloads::hub_models,
             downloads::hub_quants,
             downloads::start_download,

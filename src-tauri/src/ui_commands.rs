@@ -34,6 +34,7 @@ pub const UI_COMMANDS: &[&str] = &[
     "server_status",
     "server_stop",
     "set_kv_budget",
+    "set_parallel",
     "start_download",
     "stop_compare",
     "stop_generation",

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvlab_engine::contract::AttentionKind;
-use kvlab_engine::worker::{EngineStatus, PoolCounters};
+use kvlab_engine::worker::{EngineStatus, PoolCounters, StepCounters};
 
 /// Counters since the server started.
 #[derive(Debug, Default)]
@@ -28,8 +28,42 @@ impl Counters {
 }
 
 /// The exposition text.
-pub fn render(c: &Counters, status: &EngineStatus, pool: &PoolCounters) -> String {
+pub fn render(
+    c: &Counters,
+    status: &EngineStatus,
+    pool: &PoolCounters,
+    steps: &StepCounters,
+) -> String {
     let mut out = String::new();
+    // Every running stream shares one forward pass per step: sequences and tokens per step
+    // are these totals' ratios to the steps'.
+    for (name, help, v) in [
+        (
+            "kvlab_steps_total",
+            "Forward passes the engine ran.",
+            steps.steps,
+        ),
+        (
+            "kvlab_step_sequences_total",
+            "Sequences the forward passes ran, summed (per step: over kvlab_steps_total).",
+            steps.sequences,
+        ),
+        (
+            "kvlab_step_tokens_total",
+            "Tokens the forward passes ran, summed (per step: over kvlab_steps_total).",
+            steps.tokens,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kvlab_step_sequences Sequences the last forward pass ran together."
+    );
+    let _ = writeln!(out, "# TYPE kvlab_step_sequences gauge");
+    let _ = writeln!(out, "kvlab_step_sequences {}", steps.last_sequences);
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let _ = writeln!(
         out,

@@ -134,6 +134,7 @@ pub async fn metrics(State(state): Shared) -> Response {
         &state.counters,
         &state.engine.status(),
         &state.engine.pool_counters(),
+        &state.engine.step_counters(),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -133,6 +133,17 @@ pub fn set_kv_budget(state: State<'_, AppState>, bytes: Option<u64>) {
     state.engine.handle().set_pool_settings(pool);
 }
 
+/// Sets how many requests run at once (chats, compare panes, Local API clients), each
+/// sequence one row of the engine's shared forward pass; clamped to 1 to the engine's most.
+/// Returns the count applied.
+#[tauri::command]
+pub fn set_parallel(state: State<'_, AppState>, requests: usize) -> usize {
+    let mut pool = state.engine.handle().pool_settings();
+    pool.parallel = requests.clamp(1, kvlab_engine::worker::MAX_PARALLEL);
+    state.engine.handle().set_pool_settings(pool.clone());
+    pool.parallel
+}
+
 /// Drops session `id`'s saved cache (the session itself stays, and so does a cache the
 /// engine holds in memory for it).
 #[tauri::command]

@@ -90,6 +90,8 @@ export const restoreSessionCache = (id: string) => invoke<CacheTransfer | null>(
 export const dropSessionCache = (id: string) => invoke<void>("drop_session_cache", { id });
 /** What all conversations' KV caches may hold in memory (null: what the machine has). */
 export const setKvBudget = (bytes: number | null) => invoke<void>("set_kv_budget", { bytes });
+/** How many requests run at once, each a row of one shared forward pass; returns the count applied. */
+export const setParallel = (requests: number) => invoke<number>("set_parallel", { requests });
 /** Asks where to save and writes `contents` (text or bytes) there; null when cancelled. */
 export const exportFile = (fileName: string, contents: string | Uint8Array) =>
   invoke<string | null>("export_file", {

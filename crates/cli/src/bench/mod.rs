@@ -10,6 +10,7 @@ mod load;
 mod matmul;
 mod memory;
 pub(crate) mod memory_plot;
+mod parallel;
 mod persist;
 mod stream;
 
@@ -78,6 +79,11 @@ enum BenchCommand {
     /// cache came from, its time to first token and the bytes held, against llama-server's
     /// f16 oldest-first policy in the same run.
     Conversations(crate::bench::conversations::BenchConversationsArgs),
+    /// Clients streaming at once (1, 2, 4, 8 by default), each in its own conversation and
+    /// all in one forward pass per step: the aggregate decode rate, each client's
+    /// inter-token latency and time to first token; the compare view's panes against a
+    /// lone chat; with `--prefill-load`, the streams while another client prefills.
+    Parallel(crate::bench::parallel::BenchParallelArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
     Matmul(crate::bench::matmul::BenchMatmulArgs),
     /// Memory bandwidth as STREAM's copy measures it, on the compute threads.
@@ -176,6 +182,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Stream(a) => crate::bench::stream::run(a),
         BenchCommand::Persist(a) => crate::bench::persist::run(a),
         BenchCommand::Conversations(a) => crate::bench::conversations::run(a),
+        BenchCommand::Parallel(a) => crate::bench::parallel::run(a),
         BenchCommand::Decode {
             model,
             ctx,

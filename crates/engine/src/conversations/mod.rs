@@ -333,6 +333,38 @@ impl Pool {
         }
     }
 
+    /// The sessions of `ids` while they run requests, in `ids`' order (`None` for one that
+    /// does not run), to step them together in one batch.
+    pub fn running_sessions_mut(&mut self, ids: &[&ConversationId]) -> Vec<Option<&mut Session>> {
+        let mut found: Vec<Option<&mut Session>> = ids.iter().map(|_| None).collect();
+        let mut wanted: Vec<(usize, &ConversationId)> = ids.iter().copied().enumerate().collect();
+        wanted.sort_by(|a, b| a.1.cmp(b.1));
+        // One walk over the map in key order beside the wanted ids in key order: the map
+        // lends each session once, so several can be borrowed together.
+        let mut next = wanted.iter().peekable();
+        for (id, c) in self.conversations.iter_mut() {
+            while next.peek().is_some_and(|(_, w)| *w < id) {
+                next.next();
+            }
+            let Some((slot, _)) = next.peek().filter(|(_, w)| *w == id).copied() else {
+                continue;
+            };
+            next.next();
+            if let Conversation {
+                place: Place::Memory { session, .. },
+                busy: true,
+                ..
+            } = c
+            {
+                found[*slot] = Some(session);
+            }
+            if next.peek().is_none() {
+                break;
+            }
+        }
+        found
+    }
+
     /// The policy `id` holds or will hold.
     pub fn policy(&self, id: &ConversationId) -> Option<&PrecisionPolicy> {
         self.conversations.get(id).map(|c| &c.policy)

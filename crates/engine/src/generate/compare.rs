@@ -8,6 +8,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
@@ -18,7 +19,7 @@ use crate::generate::sweep::{self, SweepPoint};
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSelection, CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
-use crate::models::common::{Logits, Model};
+use crate::models::common::{BatchItem, Logits, Model};
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).
@@ -133,6 +134,17 @@ pub enum CompareStep {
     Finished(Option<CompareFidelity>),
 }
 
+/// What a comparison runs next ([`CompareRun::next`]).
+#[derive(Debug)]
+pub enum CompareNext {
+    /// These ids, each in its pane's cache (pane index, ids).
+    Run(Vec<(usize, Vec<u32>)>),
+    /// The step did its own work (or none); more to come.
+    Working,
+    /// It ended, as [`CompareStep::Finished`].
+    Finished(Option<CompareFidelity>),
+}
+
 /// One pane: its index, its sequence and its cache (dropped once the pane is done).
 struct Pane {
     index: usize,
@@ -232,8 +244,9 @@ impl CompareRun {
         })
     }
 
-    /// Runs the next step: a pane's prefill chunk, a round of both panes, or a chunk of
-    /// the scoring. `kv_room` is the KV memory the scoring may hold (asked when it starts).
+    /// Runs the next step: a pane's prefill chunk, a round of both panes (in one forward
+    /// pass), or a chunk of the scoring. `kv_room` is the KV memory the scoring may hold
+    /// (asked when it starts).
     pub fn step(
         &mut self,
         model: &Model,
@@ -242,24 +255,61 @@ impl CompareRun {
         kv_room: &mut dyn FnMut() -> u64,
         emit: &mut dyn FnMut(CompareEvent),
     ) -> Result<CompareStep, GenerateError> {
-        if self.panes.iter().any(|p| p.seq.is_some()) {
-            return self.step_panes(model, tokenizer, cancelled, kv_room, emit);
+        match self.next(model, tokenizer, cancelled, None, kv_room, emit)? {
+            CompareNext::Run(runs) => {
+                let t = Instant::now();
+                let logits = {
+                    let mut items: Vec<BatchItem<'_, '_>> = self
+                        .caches_mut()
+                        .filter_map(|(pane, cache)| {
+                            let (_, ids) = runs.iter().find(|(p, _)| *p == pane)?;
+                            Some(BatchItem {
+                                ids,
+                                cache,
+                                which: Logits::Last,
+                            })
+                        })
+                        .collect();
+                    model.forward_batch(&mut items)
+                };
+                let secs = t.elapsed().as_secs_f64();
+                for ((pane, ids), l) in runs.iter().zip(logits) {
+                    self.ran(*pane, ids, l.map_err(GenerateError::from), secs)?;
+                }
+                Ok(CompareStep::Working)
+            }
+            CompareNext::Working => Ok(CompareStep::Working),
+            CompareNext::Finished(f) => Ok(CompareStep::Finished(f)),
         }
-        self.step_scoring(model, cancelled, emit)
     }
 
-    fn step_panes(
+    /// The first half of a step: the ids each pane runs next (one pane's prefill chunk of
+    /// at most `limit` tokens when set, or both panes' sampled tokens, their text already
+    /// emitted), in pane order; or a step that did its work itself (the panes' ending, a
+    /// chunk of the scoring), or the end. The caller runs the ids in
+    /// [`CompareRun::caches_mut`] (in one pass with other sequences' rows), then hands
+    /// each pane's logits to [`CompareRun::ran`].
+    pub fn next(
         &mut self,
         model: &Model,
         tokenizer: &GemmaTokenizer,
         cancelled: bool,
+        limit: Option<usize>,
         kv_room: &mut dyn FnMut() -> u64,
         emit: &mut dyn FnMut(CompareEvent),
-    ) -> Result<CompareStep, GenerateError> {
-        let chunk = self.req.prefill_chunk.max(1);
+    ) -> Result<CompareNext, GenerateError> {
+        if !self.panes.iter().any(|p| p.seq.is_some()) {
+            return Ok(match self.step_scoring(model, cancelled, emit)? {
+                CompareStep::Working => CompareNext::Working,
+                CompareStep::Finished(f) => CompareNext::Finished(f),
+            });
+        }
+        let chunk = limit.map_or(self.req.prefill_chunk.max(1), |l| {
+            l.clamp(1, self.req.prefill_chunk.max(1))
+        });
         // Prefill: one chunk of the first pane that has some left.
         for pane in &mut self.panes {
-            let (Some(seq), Some(cache)) = (pane.seq.as_mut(), pane.cache.as_mut()) else {
+            let Some(seq) = pane.seq.as_mut() else {
                 continue;
             };
             if let Some(part) = seq.next_prefill(chunk) {
@@ -267,32 +317,79 @@ impl CompareRun {
                     seq.cancel();
                     continue;
                 }
-                let (t, n) = (Instant::now(), part.len());
-                let part = part.to_vec();
-                let logits = model.forward(&part, cache, Logits::Last)?;
-                seq.prefilled(n, logits, t.elapsed().as_secs_f64());
-                return Ok(CompareStep::Working);
+                return Ok(CompareNext::Run(vec![(pane.index, part.to_vec())]));
             }
         }
         // Lockstep: each round advances both streams by one token, so both stream at once.
-        let mut running = false;
+        let mut runs = Vec::new();
         for pane in &mut self.panes {
-            let (Some(seq), Some(cache)) = (pane.seq.as_mut(), pane.cache.as_mut()) else {
+            let (Some(seq), Some(cache)) = (pane.seq.as_mut(), pane.cache.as_ref()) else {
                 continue;
             };
             let index = pane.index;
             let mut pane_emit = |event| emit(CompareEvent::Pane { pane: index, event });
             if let Some(id) = seq.sample(tokenizer, cancelled, cache.seq_len(), &mut pane_emit)? {
-                seq.fed(model.forward(&[id], cache, Logits::Last)?);
-                running = true;
-            } else if !seq.is_done() {
-                running = true;
+                runs.push((index, vec![id]));
             }
         }
-        if running {
-            return Ok(CompareStep::Working);
+        if !runs.is_empty() {
+            return Ok(CompareNext::Run(runs));
         }
-        // Both panes are done: their figures, then their caches go before scoring builds more.
+        self.end_panes(model, tokenizer, cancelled, kv_room, emit)
+    }
+
+    /// Whether its next step is a pane's prefill chunk (a batched step takes one at most).
+    pub fn prefilling(&self) -> bool {
+        self.panes
+            .iter()
+            .filter_map(|p| p.seq.as_ref())
+            .any(|s| s.next_prefill(1).is_some())
+    }
+
+    /// Each running pane's cache, with its index.
+    pub fn caches_mut(&mut self) -> impl Iterator<Item = (usize, &mut KvCache)> {
+        self.panes
+            .iter_mut()
+            .filter(|p| p.seq.is_some())
+            .filter_map(|p| Some((p.index, p.cache.as_mut()?)))
+    }
+
+    /// The second half of a step: pane `pane` ran `ids` from [`CompareRun::next`] in `secs`,
+    /// giving `logits` for their last position.
+    pub fn ran(
+        &mut self,
+        pane: usize,
+        ids: &[u32],
+        logits: Result<Tensor, GenerateError>,
+        secs: f64,
+    ) -> Result<(), GenerateError> {
+        let seq = self
+            .panes
+            .iter_mut()
+            .find(|p| p.index == pane)
+            .and_then(|p| p.seq.as_mut())
+            .ok_or_else(|| {
+                GenerateError::Engine(crate::error::EngineError::invalid("no such pane"))
+            })?;
+        let logits = logits?;
+        if seq.next_prefill(1).is_some() {
+            seq.prefilled(ids.len(), logits, secs);
+        } else {
+            seq.fed(logits);
+        }
+        Ok(())
+    }
+
+    /// Both panes are done: their figures go out, then their caches go before the scoring
+    /// builds more.
+    fn end_panes(
+        &mut self,
+        model: &Model,
+        tokenizer: &GemmaTokenizer,
+        cancelled: bool,
+        kv_room: &mut dyn FnMut() -> u64,
+        emit: &mut dyn FnMut(CompareEvent),
+    ) -> Result<CompareNext, GenerateError> {
         for pane in &mut self.panes {
             let (Some(seq), Some(cache)) = (pane.seq.take(), pane.cache.take()) else {
                 continue;
@@ -313,7 +410,7 @@ impl CompareRun {
             )?;
         }
         if cancelled || self.reference.len() < 2 {
-            return Ok(CompareStep::Finished(None));
+            return Ok(CompareNext::Finished(None));
         }
         // The tested pane's cache and every swept one are scored in lockstep against one
         // run of the reference per group of caches that fits in memory.
@@ -327,7 +424,7 @@ impl CompareRun {
             self.reference.len(),
             kv_room(),
         )?;
-        Ok(CompareStep::Working)
+        Ok(CompareNext::Working)
     }
 
     fn step_scoring(

@@ -234,10 +234,21 @@ impl Session {
         which: crate::models::common::Logits,
     ) -> Result<candle_core::Tensor> {
         let out = model.forward(ids, &mut self.cache, which)?;
+        self.ran(ids);
+        Ok(out)
+    }
+
+    /// The cache, for a batched step that runs `ids` in it ([`Model::forward_batch`]); the
+    /// caller records them with [`Session::ran`] once they ran.
+    pub(crate) fn cache_for_step(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+
+    /// Records that `ids` ran in the cache (a batched step's part of [`Session::forward`]).
+    pub(crate) fn ran(&mut self, ids: &[u32]) {
         self.history.extend_from_slice(ids);
         self.pending.clear();
         self.coded |= !self.policy.is_dense();
-        Ok(out)
     }
 
     /// What switching the cache to `policy` would do and weigh ([`KvCache::plan`]).

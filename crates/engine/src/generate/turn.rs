@@ -6,6 +6,8 @@
 
 use std::time::Instant;
 
+use candle_core::Tensor;
+
 use super::session::Session;
 use super::{GenerateError, GenerateRequest, Outcome, Sequence};
 use crate::contract::Event;
@@ -22,6 +24,19 @@ pub enum Step {
     Token,
     /// The turn ended: its stats and `done` were emitted.
     Finished(Outcome),
+}
+
+/// What a turn runs next ([`Turn::next`]).
+#[derive(Debug)]
+pub enum Next {
+    /// These ids in the session's cache: a prefill chunk or the token just sampled.
+    Run(Vec<u32>),
+    /// The turn ended: its stats and `done` were emitted.
+    Finished(Outcome),
+}
+
+fn ended() -> GenerateError {
+    GenerateError::Engine(crate::error::EngineError::invalid("the turn has ended"))
 }
 
 /// A chat turn in progress (see the module doc).
@@ -90,20 +105,48 @@ impl Turn {
         cancelled: bool,
         emit: &mut dyn FnMut(Event),
     ) -> Result<Step, GenerateError> {
+        match self.next(tokenizer, session, cancelled, None, emit)? {
+            Next::Run(ids) => {
+                let t = Instant::now();
+                let logits = session.forward(model, &ids, Logits::Last);
+                self.ran(
+                    &ids,
+                    logits.map_err(GenerateError::from),
+                    t.elapsed().as_secs_f64(),
+                )
+            }
+            Next::Finished(outcome) => Ok(Step::Finished(outcome)),
+        }
+    }
+
+    /// Whether the turn's next step is a prefill chunk (a batched step takes one at most).
+    pub fn prefilling(&self) -> bool {
+        self.seq
+            .as_ref()
+            .is_some_and(|s| s.next_prefill(1).is_some())
+    }
+
+    /// The first half of a step: what to run next in the session's cache — the next prefill
+    /// chunk (at most `limit` tokens when set) or the token just sampled (its text already
+    /// emitted) — or the turn's end, as [`Turn::step`] says. The caller runs the ids, then
+    /// hands their logits to [`Turn::ran`].
+    pub fn next(
+        &mut self,
+        tokenizer: &GemmaTokenizer,
+        session: &mut Session,
+        cancelled: bool,
+        limit: Option<usize>,
+        emit: &mut dyn FnMut(Event),
+    ) -> Result<Next, GenerateError> {
         let Some(seq) = self.seq.as_mut() else {
-            return Err(GenerateError::Engine(crate::error::EngineError::invalid(
-                "the turn has ended",
-            )));
+            return Err(ended());
         };
-        if let Some(chunk) = seq.next_prefill(self.chunk) {
+        let chunk = limit.map_or(self.chunk, |l| l.clamp(1, self.chunk));
+        if let Some(chunk) = seq.next_prefill(chunk) {
             if cancelled {
                 seq.cancel();
             } else {
-                let (t, n) = (Instant::now(), chunk.len());
-                let chunk = chunk.to_vec();
-                let logits = session.forward(model, &chunk, Logits::Last)?;
-                seq.prefilled(n, logits, t.elapsed().as_secs_f64());
-                return Ok(Step::Prefilled(n));
+                return Ok(Next::Run(chunk.to_vec()));
             }
         }
         let sampled = seq.sample(tokenizer, cancelled, session.len(), emit);
@@ -113,8 +156,7 @@ impl Turn {
             session.reset()?;
         }
         if let Some(id) = sampled? {
-            seq.fed(session.forward(model, &[id], Logits::Last)?);
-            return Ok(Step::Token);
+            return Ok(Next::Run(vec![id]));
         }
         // The last sampled token was not run: a saved cache keeps it for a continuation.
         let all = seq.all_ids();
@@ -122,17 +164,36 @@ impl Turn {
         let memory = session.memory();
         let policy = session.policy().clone();
         let Some(seq) = self.seq.take() else {
-            return Err(GenerateError::Engine(crate::error::EngineError::invalid(
-                "the turn has ended",
-            )));
+            return Err(ended());
         };
-        Ok(Step::Finished(seq.finish(
+        Ok(Next::Finished(seq.finish(
             tokenizer,
             session.len(),
             &memory,
             &policy,
             emit,
         )?))
+    }
+
+    /// The second half of a step: `ids` from [`Turn::next`] ran in `secs` (the session
+    /// recorded them when `logits` is `Ok`), giving `logits` for their last position.
+    pub fn ran(
+        &mut self,
+        ids: &[u32],
+        logits: Result<Tensor, GenerateError>,
+        secs: f64,
+    ) -> Result<Step, GenerateError> {
+        let Some(seq) = self.seq.as_mut() else {
+            return Err(ended());
+        };
+        let logits = logits?;
+        if seq.next_prefill(1).is_some() {
+            seq.prefilled(ids.len(), logits, secs);
+            Ok(Step::Prefilled(ids.len()))
+        } else {
+            seq.fed(logits);
+            Ok(Step::Token)
+        }
     }
 
     /// Tokens of context the turn may reach: its prompt and every token it may generate,

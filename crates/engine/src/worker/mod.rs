@@ -21,6 +21,7 @@
 mod error;
 mod places;
 mod run;
+mod step;
 mod submit;
 
 use std::path::PathBuf;
@@ -269,6 +270,23 @@ pub struct PoolCounters {
     pub drops: u64,
 }
 
+/// The engine's forward passes since it started: how many, and the sequences and tokens
+/// they ran together (their ratios are sequences and tokens per step), for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepCounters {
+    /// Forward passes (steps) that ran at least one row.
+    pub steps: u64,
+    /// Sequences summed over the steps.
+    pub sequences: u64,
+    /// Rows (tokens) summed over the steps.
+    pub tokens: u64,
+    /// Steps that ran a prefill chunk beside other sequences' decodes.
+    pub prefill_beside_decodes: u64,
+    /// The last step's sequences and rows.
+    pub last_sequences: u64,
+    pub last_tokens: u64,
+}
+
 /// Called with the engine's activity whenever it changes (on the engine thread: keep it
 /// quick).
 pub type ActivityListener = Box<dyn Fn(&Activity) + Send + Sync + 'static>;
@@ -296,6 +314,8 @@ pub(crate) struct Shared {
     markers: Mutex<(u64, std::collections::VecDeque<SwitchEvent>)>,
     /// What the pool did.
     counters: Mutex<PoolCounters>,
+    /// What the steps ran.
+    steps: Mutex<StepCounters>,
 }
 
 impl Shared {
@@ -346,6 +366,7 @@ impl Engine {
             places: Arc::new(Mutex::new(places::Places::default())),
             markers: Mutex::new((0, std::collections::VecDeque::new())),
             counters: Mutex::new(PoolCounters::default()),
+            steps: Mutex::new(StepCounters::default()),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -469,6 +490,11 @@ impl EngineHandle {
     /// What the pool did since the engine started.
     pub fn pool_counters(&self) -> PoolCounters {
         *lock(&self.shared.counters)
+    }
+
+    /// What the engine's steps ran since it started.
+    pub fn step_counters(&self) -> StepCounters {
+        *lock(&self.shared.steps)
     }
 
     /// Cancels the requests of `conversation` (all requests: `None`), running or queued;

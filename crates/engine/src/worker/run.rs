@@ -25,25 +25,25 @@ use crate::contract::ModelCard;
 use crate::contract::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
 use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, MarkerKind};
 use crate::conversations::{Need, Pool, PoolSettings, Shortfall, SpillDir};
-use crate::generate::compare::{CompareEvent, CompareRun, CompareStep};
+use crate::generate::compare::{CompareEvent, CompareRun};
 use crate::generate::session::Session;
-use crate::generate::{Step, Turn};
+use crate::generate::Turn;
 use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, format_bytes, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
-struct Loaded {
-    model: Model,
+pub(super) struct Loaded {
+    pub(super) model: Model,
     /// The weights' file or folder.
     weights: PathBuf,
-    tokenizer: Arc<GemmaTokenizer>,
+    pub(super) tokenizer: Arc<GemmaTokenizer>,
     card: ModelCard,
     config: Arc<crate::checkpoint::config::ModelConfig>,
 }
 
 /// A request in progress.
-enum Task {
+pub(super) enum Task {
     /// A chat turn in a conversation.
     Turn {
         id: ConversationId,
@@ -62,7 +62,51 @@ enum Task {
 }
 
 impl Task {
-    fn cancel(&self) -> &CancelToken {
+    /// Whether its next step is a prefill chunk.
+    pub(super) fn prefilling(&self) -> bool {
+        match self {
+            Task::Turn { turn, .. } => turn.prefilling(),
+            Task::Compare { run, .. } => run.prefilling(),
+        }
+    }
+
+    /// How it ends when the engine failed on it (`why`, a panic's message).
+    pub(super) fn failed(&self, why: &str) -> Ended {
+        let e = JobError::new(
+            ErrorCode::Internal,
+            format!("the engine failed on this request ({why}); the model is still loaded"),
+        );
+        match self {
+            Task::Turn { .. } => Ended::Turn(Some(e.to_event())),
+            Task::Compare { .. } => Ended::Compare(CompareEvent::Error {
+                code: e.code,
+                message: e.message,
+            }),
+        }
+    }
+
+    /// Sends its last event (after a panic, the sink itself may be what panicked).
+    pub(super) fn finish(self, ended: Ended, panicked: bool) {
+        match (self, ended) {
+            (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) => {
+                if panicked {
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+                } else {
+                    sink(ev);
+                }
+            }
+            (Task::Compare { mut sink, .. }, Ended::Compare(ev)) => {
+                if panicked {
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
+                } else {
+                    sink(ev);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn cancel(&self) -> &CancelToken {
         match self {
             Task::Turn { cancel, .. } | Task::Compare { cancel, .. } => cancel,
         }
@@ -79,14 +123,15 @@ impl Task {
 
 pub(super) struct Worker {
     rx: Receiver<Job>,
-    shared: Arc<Shared>,
-    loaded: Option<Loaded>,
-    pool: Pool,
+    pub(super) shared: Arc<Shared>,
+    pub(super) loaded: Option<Loaded>,
+    pub(super) pool: Pool,
     /// The cache new conversations get (and the next load's).
     policy: PrecisionPolicy,
-    /// Running requests, stepped in turn from `next`.
-    tasks: Vec<Task>,
-    next: usize,
+    /// Running requests, stepped together; a step's prefill chunk goes to the first
+    /// prefilling one from `next` on.
+    pub(super) tasks: Vec<Task>,
+    pub(super) next: usize,
     /// Requests waiting to start, in arrival order.
     waiting: VecDeque<Job>,
     /// Resident-set readings for switch markers.
@@ -120,7 +165,7 @@ fn loading(phase: LoadPhase) -> Event {
 }
 
 /// What a panic said (its `&str` or `String` payload).
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     let text = panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -157,7 +202,7 @@ impl Worker {
     }
 
     /// The loop, until a shutdown or every handle is gone. A panic in a step ends that
-    /// request alone ([`Worker::step_next`]); one anywhere else ends the requests in flight
+    /// request alone ([`Worker::step_batch`]); one anywhere else ends the requests in flight
     /// with `internal` and the loop goes on, the model still loaded.
     pub(super) fn run(mut self) {
         loop {
@@ -199,7 +244,7 @@ impl Worker {
         }
         self.start_waiting();
         if !self.tasks.is_empty() {
-            self.step_next();
+            self.step_batch();
         }
         self.expire_idle();
         self.publish_step();
@@ -386,7 +431,7 @@ impl Worker {
     }
 
     /// The pool's settings and spill directory now.
-    fn settings(&self) -> (PoolSettings, Option<SpillDir>) {
+    pub(super) fn settings(&self) -> (PoolSettings, Option<SpillDir>) {
         let settings = lock(&self.shared.pool).clone();
         let spill = settings.spill_dir.clone().map(SpillDir::new);
         (settings, spill)
@@ -399,7 +444,7 @@ impl Worker {
     /// KV bytes all conversations may hold now: the pool's budget, and never more than what
     /// they hold plus what the machine has available beyond the margin; less what running
     /// comparisons hold.
-    fn kv_limit(&self) -> u64 {
+    pub(super) fn kv_limit(&self) -> u64 {
         let budget = *lock(&self.shared.budget);
         let held = self.pool.held_bytes();
         let system = held.saturating_add(budget.available().saturating_sub(budget.margin()));
@@ -838,127 +883,6 @@ impl Worker {
     }
 
     /// Runs one step of the next running request, and finishes it when it ends.
-    fn step_next(&mut self) {
-        if self.next >= self.tasks.len() {
-            self.next = 0;
-        }
-        let i = self.next;
-        self.next += 1;
-        // A comparison's scoring may use its own reservation and what no one else holds.
-        let free = self.kv_limit().saturating_sub(self.pool.committed_bytes());
-        let Some(loaded) = self.loaded.as_ref() else {
-            return;
-        };
-        let stepped = catch_unwind(AssertUnwindSafe(|| match &mut self.tasks[i] {
-            Task::Turn {
-                id,
-                turn,
-                sink,
-                cancel,
-            } => {
-                let Some(session) = self.pool.running_session_mut(id) else {
-                    // Never: a busy conversation is never spilled or dropped.
-                    return Some(Ended::Turn(Some(
-                        JobError::new(ErrorCode::Internal, "the conversation left memory")
-                            .to_event(),
-                    )));
-                };
-                let mut done = None;
-                let mut emit = |ev: Event| match ev {
-                    Event::Done { .. } => done = Some(ev),
-                    other => sink(other),
-                };
-                match turn.step(
-                    &loaded.model,
-                    &loaded.tokenizer,
-                    session,
-                    cancel.is_cancelled(),
-                    &mut emit,
-                ) {
-                    Ok(Step::Prefilled(_) | Step::Token) => None,
-                    Ok(Step::Finished(_)) => Some(Ended::Turn(done)),
-                    Err(e) => Some(Ended::Turn(Some(JobError::from(e).to_event()))),
-                }
-            }
-            Task::Compare {
-                run,
-                sink,
-                cancel,
-                reserved,
-            } => {
-                let room = free.saturating_add(*reserved);
-                let mut room = || room;
-                match run.step(
-                    &loaded.model,
-                    &loaded.tokenizer,
-                    cancel.is_cancelled(),
-                    &mut room,
-                    &mut |ev| sink(ev),
-                ) {
-                    Ok(CompareStep::Working) => None,
-                    Ok(CompareStep::Finished(fidelity)) => {
-                        Some(Ended::Compare(CompareEvent::Finished { fidelity }))
-                    }
-                    Err(e) => {
-                        let e = JobError::from(e);
-                        Some(Ended::Compare(CompareEvent::Error {
-                            code: e.code,
-                            message: e.message,
-                        }))
-                    }
-                }
-            }
-        }));
-        // A panic in a step ends its request with `internal`; a turn's cache may be half
-        // written, so it is emptied (the conversation's next turn reads its history again).
-        let (ended, panicked) = match stepped {
-            Ok(ended) => (ended, false),
-            Err(panic) => {
-                let why = panic_message(&*panic);
-                tracing::error!("a request's step panicked: {why}");
-                let e = JobError::new(
-                    ErrorCode::Internal,
-                    format!("the engine failed on this request ({why}); the model is still loaded"),
-                );
-                let ended = match &self.tasks[i] {
-                    Task::Turn { .. } => Ended::Turn(Some(e.to_event())),
-                    Task::Compare { .. } => Ended::Compare(CompareEvent::Error {
-                        code: e.code,
-                        message: e.message,
-                    }),
-                };
-                (Some(ended), true)
-            }
-        };
-        let Some(ended) = ended else {
-            return;
-        };
-        let task = self.tasks.remove(i);
-        if let Task::Turn { id, .. } = &task {
-            self.pool.set_busy(id, false);
-            if panicked {
-                let _ = self.pool.reset(id);
-            }
-        }
-        // Past the pool's bound, idle conversations are forgotten before the status goes out.
-        let (_, spill) = self.settings();
-        self.pool.trim(spill.as_ref());
-        // Status first: a caller acting on the last event sees it current.
-        self.publish();
-        match (task, ended) {
-            (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) if panicked => {
-                // The sink itself may be what panicked.
-                let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
-            }
-            (Task::Turn { mut sink, .. }, Ended::Turn(Some(ev))) => sink(ev),
-            (Task::Compare { mut sink, .. }, Ended::Compare(ev)) if panicked => {
-                let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
-            }
-            (Task::Compare { mut sink, .. }, Ended::Compare(ev)) => sink(ev),
-            _ => {}
-        }
-    }
-
     fn control(&mut self, control: Control) {
         match control {
             Control::Cancel(conversation) => {
@@ -1332,7 +1256,7 @@ impl Worker {
     /// conversation list is rebuilt when the pool changed, at the end of a request, and at
     /// most every [`INFOS_PERIOD`] while requests step: a step costs the running
     /// conversations' bytes, never a walk over every conversation held.
-    fn publish(&mut self) {
+    pub(super) fn publish(&mut self) {
         self.publish_with(true);
     }
 
@@ -1480,7 +1404,7 @@ enum Purpose {
 }
 
 /// How a request ended: the last event to send once the status is current.
-enum Ended {
+pub(super) enum Ended {
     Turn(Option<Event>),
     Compare(CompareEvent),
 }

@@ -6,6 +6,7 @@
 mod common;
 
 mod batched_step;
+mod batched_worker;
 mod cache_equivalence;
 mod config_parsing;
 mod conversations;
