@@ -103,6 +103,8 @@ EXPECTED=(
   "rust|empty conversation name|invalid_request"
   "rust|owner's cache demoted by another client|undone"
   "rust|one client with 20 long streams|queue_full"
+  "rust|64 clients streaming at once|served in shared steps or 429, bounded memory"
+  "rust|one client's 7 streams beside another's|a token each per step"
   "rust|a cache file the server did not write, disk budget spent|kept"
   "rust|conversation idle past --idle-ttl|spilled"
   "rust|8 bodies of 8 MB sent a byte every 0.5 s|request_timeout"

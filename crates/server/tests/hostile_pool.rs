@@ -651,3 +651,119 @@ fn hostile_a_client_that_stops_reading_loses_its_connection() {
     hostile("a client that stops reading its answers -> closed");
     server.still_answers();
 }
+
+/// The process's resident bytes (`VmRSS`) or peak (`VmHWM`).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+#[test]
+fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
+    let _one = serial();
+    let server = start(ServerConfig::local(0));
+    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_PARALLEL);
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    let base = status_bytes("VmRSS");
+    for round in 0..3 {
+        let before = server.engine.step_counters();
+        let clients: Vec<_> = (0..64)
+            .map(|i| {
+                let addr = server.addr;
+                std::thread::spawn(move || {
+                    post_as(
+                        addr,
+                        CHAT,
+                        chat(json!({"max_tokens": 24, "stream": true})),
+                        &format!("swarm-{i}"),
+                    )
+                })
+            })
+            .collect();
+        let mut most = 0;
+        while clients.iter().any(|c| !c.is_finished()) {
+            most = most.max(server.engine.status().running);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let replies: Vec<_> = clients
+            .into_iter()
+            .map(|c| c.join().expect("client"))
+            .collect();
+        let served = replies.iter().filter(|r| r.status == 200).count();
+        let busy = replies.iter().filter(|r| r.status == 429).count();
+        let after = server.engine.step_counters();
+        let per_step = (after.sequences - before.sequences) as f64
+            / (after.steps - before.steps).max(1) as f64;
+        eprintln!(
+            "round {round}: 64 streaming clients: {served} served, {busy} × 429, at most {most} running, {per_step:.1} sequences per step"
+        );
+        assert_eq!(served + busy, 64, "a reply was neither an answer nor a 429");
+        assert!(served >= 16, "{served} served");
+        assert!(most <= kvlab_engine::worker::MAX_PARALLEL);
+        // They ran together: many sequences in each forward pass, not one.
+        assert!(per_step >= 4.0, "{per_step:.1} sequences per step");
+        assert_eq!(server.engine.status().running, 0);
+        assert_eq!(server.engine.status().queued, 0);
+    }
+    let rise = status_bytes("VmHWM").saturating_sub(base) as f64 / (1 << 20) as f64;
+    eprintln!("64 streaming clients × 3: peak RSS +{rise:.1} MiB");
+    assert!(rise < 256.0, "+{rise:.1} MiB");
+    hostile("64 clients streaming at once -> served in shared steps or 429, bounded memory");
+    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    server.still_answers();
+}
+
+#[test]
+fn hostile_a_client_with_many_streams_cannot_slow_anothers_tokens() {
+    let _one = serial();
+    let server = start(ServerConfig::local(0));
+    pool(&server, |p| p.parallel = 8);
+    // One client's seven long streams take seven of the eight running places.
+    let greedy: Vec<_> = (0..7)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                post_as(addr, CHAT, chat(json!({"max_tokens": 220})), "greedy")
+            })
+        })
+        .collect();
+    // All seven decoding: a step runs one token of each (their prompts came in one chunk a
+    // step).
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let c = server.engine.step_counters();
+            (c.last_sequences, c.last_tokens) == (7, 7)
+        }),
+        "{:?}",
+        server.engine.step_counters()
+    );
+    // Another client's answer gets a token every step, as each of theirs does: it ends
+    // long before theirs, and every step it ran in ran all eight.
+    let before = server.engine.step_counters();
+    let r = post_as(server.addr, CHAT, chat(json!({"max_tokens": 12})), "polite");
+    let after = server.engine.step_counters();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let still = server.engine.status().running;
+    assert_eq!(
+        still, 7,
+        "the greedy client's streams ended first ({still} left)"
+    );
+    let per_step =
+        (after.sequences - before.sequences) as f64 / (after.steps - before.steps).max(1) as f64;
+    eprintln!(
+        "beside 7 streams of another client: {per_step:.2} sequences per step over {} steps",
+        after.steps - before.steps
+    );
+    assert!(per_step > 7.0, "{per_step:.2} sequences per step");
+    for g in greedy {
+        assert_eq!(g.join().expect("client").status, 200);
+    }
+    hostile("one client's 7 streams beside another's -> a token each per step");
+    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    server.still_answers();
+}
