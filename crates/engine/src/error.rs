@@ -89,6 +89,10 @@ pub enum EngineError {
     /// message has the figures).
     #[error("{0}")]
     OutOfMemory(String),
+    /// A state the engine's own bookkeeping should never reach (a running conversation gone
+    /// from memory): a bug, reported rather than panicked on.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl EngineError {
@@ -110,7 +114,9 @@ impl EngineError {
             EngineError::CacheCorrupt(_) => C::CacheCorrupt,
             EngineError::CacheMismatch(_) => C::CacheMismatch,
             EngineError::OutOfMemory(_) => C::OutOfMemory,
-            EngineError::Codec(_) | EngineError::Candle(_) => C::Internal,
+            EngineError::Codec(_) | EngineError::Candle(_) | EngineError::Internal(_) => {
+                C::Internal
+            }
         }
     }
 

@@ -8,6 +8,9 @@
 //! here runs on the engine thread.
 
 mod files;
+mod open;
+
+pub(crate) use open::{Host, Purpose, TurnAsk};
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

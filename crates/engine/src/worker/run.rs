@@ -18,18 +18,18 @@ use super::{
     lock, CacheFileInfo, CancelToken, CompareSink, Control, EventSink, Job, LoadRequest, Shared,
     MARKERS_KEPT,
 };
-use crate::budget::{switch_fit, MemoryBudget, Plan};
+use crate::budget::Plan;
 use crate::card::inspect;
 use crate::checkpoint::source::ModelSource;
 use crate::contract::ModelCard;
 use crate::contract::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
 use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, MarkerKind};
-use crate::conversations::{Need, Pool, PoolSettings, Shortfall, SpillDir};
+use crate::conversations::{Host, Need, Pool, PoolSettings, Purpose, SpillDir, TurnAsk};
 use crate::generate::compare::{CompareEvent, CompareRun};
 use crate::generate::session::Session;
 use crate::generate::Turn;
 use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
-use crate::memory::{estimate_kv_bytes, format_bytes, RssProbe, SwitchEvent};
+use crate::memory::{estimate_kv_bytes, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
@@ -497,85 +497,41 @@ impl Worker {
 
     /// The model's identity in cache files, computed once (a digest of samples of its
     /// weights).
-    fn identity(&mut self) -> Result<String, JobError> {
-        if let Some(id) = self.pool.identity() {
-            return Ok(id.to_owned());
-        }
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let id = crate::kv::persist::weights_identity(&loaded.weights)?;
-        self.pool.set_identity(id.clone());
-        Ok(id)
-    }
-
-    /// The one admission: makes room for `need` under the KV limit (demoting, spilling or
-    /// dropping idle conversations as the plan says), or refuses it with `out_of_memory`,
-    /// naming what it needs, what is held, and (for `purpose`) what would fit.
-    fn admit(&mut self, need: Need, purpose: Purpose) -> Result<(), JobError> {
+    /// Runs `f` on the pool with what it borrows from the loop ([`Host`]); the markers it
+    /// made are kept, whatever its outcome.
+    fn with_pool<T>(
+        &mut self,
+        f: impl FnOnce(&mut Pool, &mut Host<'_>, &Loaded) -> Result<T, JobError>,
+    ) -> Result<T, JobError> {
         let (settings, spill) = self.settings();
-        if settings.spill_dir.is_some() {
-            // Spills write cache files, which name the model.
-            let _ = self.identity();
-        }
         let limit = self.kv_limit();
-        if self.loaded.is_none() {
-            return Err(JobError::no_model());
-        }
-        let actions = match self.pool.plan(&need, limit, &settings)? {
-            Ok(actions) => actions,
-            Err(short) => return Err(self.refusal(&need, purpose, short)),
+        let rewind_margin = self.rewind_margin();
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let mut host = Host {
+            model: &loaded.model,
+            weights: &loaded.weights,
+            limit,
+            settings: &settings,
+            spill: spill.as_ref(),
+            rewind_margin,
+            probe: &mut self.probe,
+            markers: Vec::new(),
         };
-        if actions.is_empty() {
-            return Ok(());
-        }
-        let for_client = need.owner.as_ref().map_or("", client_of_id);
-        let markers = self.pool.apply(
-            &actions,
-            &settings,
-            spill.as_ref(),
-            &mut self.probe,
-            for_client,
-        );
+        let out = f(&mut self.pool, &mut host, loaded);
+        let markers = host.markers;
         self.mark(markers);
-        Ok(())
+        out
     }
 
-    /// The `out_of_memory` of a need the pool cannot meet: the figures, and for a growing
-    /// conversation the TurboQuant cache or the shorter context that would fit, for a switch
-    /// its peak.
-    fn refusal(&self, need: &Need, purpose: Purpose, short: Shortfall) -> JobError {
-        let room = MemoryBudget::fixed(short.room, 0);
-        let owner_bytes = need.owner.as_ref().map_or(0, |id| self.pool.bytes_of(id));
-        let fit = match (&purpose, &self.loaded) {
-            (Purpose::Grow { policy, context }, Some(loaded)) => Plan {
-                allocated: true,
-                config: &loaded.config,
-                weights_bytes: 0,
-                held_kv_bytes: owner_bytes,
-                context: *context,
-                policy,
-                rewind_margin: self.rewind_margin(),
-            }
-            .fit(&room)
-            .ok(),
-            (Purpose::Switch(plan), _) => Some(switch_fit(plan, &room)),
-            _ => None,
-        };
-        let mut message = match fit {
-            Some(fit) => fit.message(&need.what),
-            None => format!(
-                "not enough memory to {}: it needs {} more KV cache and at most {} can be made",
-                need.what,
-                format_bytes(need.extra),
-                format_bytes(short.room),
-            ),
-        };
-        message.push_str(&format!(
-            " ({} conversation(s) hold {} of a KV limit of {}; none left to demote or spill)",
-            short.conversations,
-            format_bytes(short.held),
-            format_bytes(short.limit),
-        ));
-        JobError::new(ErrorCode::OutOfMemory, message)
+    /// [`Pool::admit`], its markers kept.
+    fn admit(&mut self, need: Need, purpose: Purpose) -> Result<(), JobError> {
+        self.with_pool(|pool, host, _| Ok(pool.admit(host, need, purpose)?))
+    }
+
+    /// The model's identity in cache files ([`Pool::identity_of`]).
+    fn identity(&mut self) -> Result<String, JobError> {
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        Ok(self.pool.identity_of(&loaded.weights)?)
     }
 
     /// Keeps the pool's markers for front ends, and counts them.
@@ -638,7 +594,6 @@ impl Worker {
         } = job;
         match self.prepare_turn(&request, prompt, &tokenizer, arrived) {
             Ok((id, turn)) => {
-                self.pool.set_busy(&id, true);
                 self.tasks.push(Task::Turn {
                     id,
                     turn: Box::new(turn),
@@ -650,9 +605,9 @@ impl Worker {
         }
     }
 
-    /// Everything before a turn's first step: its conversation, in memory with room to grow
-    /// (the pool making room), in the cache the request names, lined up with the prompt. A
-    /// refused turn leaves no conversation behind that it registered.
+    /// Everything before a turn's first step: its conversation (the pool opens the turn:
+    /// in memory with room to grow, in the cache the request names), lined up with the
+    /// prompt. A refused turn leaves no conversation behind that it registered.
     fn prepare_turn(
         &mut self,
         request: &crate::generate::GenerateRequest,
@@ -667,134 +622,33 @@ impl Worker {
         };
         let effective = wanted.clone().unwrap_or_else(|| self.policy.clone());
         let id = self.conversation(&request.conversation, &prompt, &effective)?;
-        let registered = !self.pool.contains(&id);
-        let prepared = self.prepare_turn_in(&id, request, prompt, wanted, arrived);
-        if prepared.is_ok()
-            && registered
-            && matches!(
-                request.conversation,
-                Some(ConversationChoice::Continuing { .. })
-            )
-        {
-            self.pool.mark_unnamed(&id);
-        }
-        if prepared.is_err() && registered && !self.pool.is_busy(&id) {
-            self.pool.discard(&id);
-        }
-        prepared.map(|turn| (id, turn))
-    }
-
-    fn prepare_turn_in(
-        &mut self,
-        id: &ConversationId,
-        request: &crate::generate::GenerateRequest,
-        prompt: Vec<u32>,
-        wanted: Option<PrecisionPolicy>,
-        arrived: Instant,
-    ) -> Result<Turn, JobError> {
-        let config = Arc::clone(&self.loaded.as_ref().ok_or_else(JobError::no_model)?.config);
-        let max_context = request.context_limit(config.max_position_embeddings);
-        let (_, spill) = self.settings();
-        let policy = wanted.clone().unwrap_or_else(|| self.policy.clone());
-        self.pool.ensure(id, &policy, spill.as_ref());
-        if !self.pool.contains(id) {
-            return Err(JobError::new(
-                ErrorCode::Internal,
-                "the conversation is gone",
-            ));
-        }
-        let grown = Turn::grown_context(&prompt, request, max_context);
-        // A conversation the pool demoted to make room for others goes back to its owner's
-        // cache when that fits (its history read again there: rows decoded from codes would
-        // keep the demotion's loss).
-        let mut undemoted = false;
-        if let (None, Some(chosen)) = (&wanted, self.pool.demoted(id).cloned()) {
-            let need = self.allocated_estimate(&config, &chosen, grown)?;
-            let room = self.admit(
-                Need {
-                    owner: Some(id.clone()),
-                    extra: need.saturating_sub(self.pool.bytes_of(id)),
-                    what: "restore the conversation's own cache".into(),
-                },
-                Purpose::Other,
-            );
-            if room.is_ok() {
-                let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-                self.pool
-                    .undemote(id, &loaded.model, self.rewind_margin())?;
-                undemoted = true;
-            }
-        }
-        // Room for the whole turn, before anything is read back or allocated.
-        let held_policy = self
-            .pool
-            .policy(id)
-            .cloned()
-            .unwrap_or_else(|| policy.clone());
-        let run_policy = wanted.clone().unwrap_or(held_policy);
-        let need = self.allocated_estimate(&config, &run_policy, grown)?;
-        self.admit(
-            Need {
-                owner: Some(id.clone()),
-                extra: need.saturating_sub(self.pool.bytes_of(id)),
-                what: "grow the conversation's context".into(),
-            },
-            Purpose::Grow {
-                policy: run_policy,
-                context: grown,
-            },
-        )?;
-        // Its room is kept for it while it runs: others are admitted against it.
-        self.pool.reserve(id, need);
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let (origin, restored) =
-            self.pool
-                .acquire(id, &loaded.model, spill.as_ref(), self.rewind_margin())?;
-        let origin = if undemoted {
-            CacheOrigin::Reread
-        } else {
-            origin
-        };
-        if let Some(m) = restored {
-            self.mark(vec![m]);
-        }
-        if let Some(policy) = &wanted {
-            if self.pool.policy(id) != Some(policy) {
-                self.switch_in_pool(id, policy)?;
-            }
-        }
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let session = self
-            .pool
-            .session_mut(id)
-            .ok_or_else(|| JobError::new(ErrorCode::Internal, "the conversation left memory"))?;
-        let turn = Turn::start(
-            &loaded.model,
-            &loaded.tokenizer,
-            session,
-            request,
-            prompt,
-            arrived,
-            (id.clone(), origin),
-        )?;
+        let default = self.policy.clone();
+        let turn = self.with_pool(|pool, host, loaded| {
+            let max_context = request.context_limit(loaded.config.max_position_embeddings);
+            let ask = TurnAsk {
+                wanted: wanted.as_ref(),
+                default: &default,
+                grown: Turn::grown_context(&prompt, request, max_context),
+                unnamed: matches!(
+                    request.conversation,
+                    Some(ConversationChoice::Continuing { .. })
+                ),
+            };
+            pool.open_turn(host, &id, ask, |session, origin| {
+                Turn::start(
+                    &loaded.model,
+                    &loaded.tokenizer,
+                    session,
+                    request,
+                    prompt,
+                    arrived,
+                    (id.clone(), origin),
+                )
+                .map_err(JobError::from)
+            })
+        })?;
         self.count(turn.origin());
-        Ok(turn)
-    }
-
-    /// The KV bytes a conversation of `tokens` tokens in `policy` allocates (the budget
-    /// bounds what is allocated).
-    fn allocated_estimate(
-        &self,
-        config: &crate::checkpoint::config::ModelConfig,
-        policy: &PrecisionPolicy,
-        tokens: usize,
-    ) -> Result<u64, JobError> {
-        Ok(crate::memory::estimate_kv_allocated(
-            config,
-            policy,
-            tokens,
-            self.rewind_margin(),
-        )?)
+        Ok((id, turn))
     }
 
     /// The prompt's ids for the loaded model: as the caller rendered them, unless the model
@@ -1047,33 +901,13 @@ impl Worker {
         )
     }
 
-    /// Switches `conversation`, in memory, to `policy`: its conversion's peak admitted first.
+    /// Switches `conversation`, in memory, to `policy` ([`Pool::switch_held`]).
     fn switch_in_pool(
         &mut self,
         conversation: &ConversationId,
         policy: &PrecisionPolicy,
     ) -> Result<SwitchEvent, JobError> {
-        let session = self
-            .pool
-            .session(conversation)
-            .ok_or_else(|| JobError::new(ErrorCode::Internal, "no cache to switch"))?;
-        let plan = session.plan_switch(policy)?;
-        let spec = plan.policy.spec_string();
-        self.admit(
-            Need {
-                owner: Some(conversation.clone()),
-                extra: plan.peak_extra_allocated(),
-                what: format!("switch the KV cache to {spec}"),
-            },
-            Purpose::Switch(plan.clone()),
-        )?;
-        let session = self
-            .pool
-            .session_mut(conversation)
-            .ok_or_else(|| JobError::new(ErrorCode::Internal, "no cache to switch"))?;
-        let marker = session.switch(&plan, &mut self.probe)?;
-        self.pool.switched(conversation, policy);
-        Ok(marker.of(MarkerKind::Switch, conversation))
+        self.with_pool(|pool, host, _| Ok(pool.switch_held(host, conversation, policy)?))
     }
 
     fn cache_path(
@@ -1388,19 +1222,6 @@ impl Worker {
         }
         Err(LoadError::OutOfMemory(message))
     }
-}
-
-/// What an admission's memory is for (what a refusal offers instead).
-enum Purpose {
-    /// A conversation growing to `context` tokens in `policy`.
-    Grow {
-        policy: PrecisionPolicy,
-        context: usize,
-    },
-    /// A switch.
-    Switch(crate::kv::ConvertPlan),
-    /// Anything else.
-    Other,
 }
 
 /// How a request ended: the last event to send once the status is current.
