@@ -132,6 +132,8 @@ pub(super) struct Worker {
     /// prefilling one from `next` on.
     pub(super) tasks: Vec<Task>,
     pub(super) next: usize,
+    /// How long steps take, to size a prefill chunk beside decodes.
+    pub(super) pace: super::step::Pace,
     /// Requests waiting to start, in arrival order.
     waiting: VecDeque<Job>,
     /// Resident-set readings for switch markers.
@@ -193,6 +195,7 @@ impl Worker {
             policy,
             tasks: Vec::new(),
             next: 0,
+            pace: Default::default(),
             waiting: VecDeque::new(),
             probe: RssProbe::new(),
             failure: None,

@@ -15,11 +15,44 @@ use crate::generate::compare::{CompareEvent, CompareNext};
 use crate::generate::{GenerateError, Next, Step};
 use crate::models::common::{BatchItem, Logits};
 
-/// Prompt tokens a step runs beside other sequences' decodes: what keeps their next token
-/// from waiting on a long prefill (a chunk this size costs about as much as a decode step
-/// of the 270M and E2B on two cores, so their inter-token latency at most doubles). A
-/// prefill with no decode beside it runs its request's whole chunk.
+/// Prompt tokens a step runs beside other sequences' decodes until [`Pace`] has measured
+/// the steps. A prefill with no decode beside it runs its request's whole chunk.
 pub(crate) const PREFILL_BESIDE_DECODES: usize = 32;
+
+/// The least and most prompt tokens [`Pace`] lets a step run beside decodes.
+const PACED_CHUNK: (usize, usize) = (8, 256);
+
+/// How long steps take, to size the prefill chunk that runs beside decodes: about one decode
+/// step's worth of work, so the streams' next token waits about twice as long while a long
+/// prompt is read, never longer (a fixed chunk grows slower as the prompt's context does:
+/// measured on the 270M, 32 tokens at 4k deep cost four decode steps of three streams).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pace {
+    /// Seconds of a step of decodes only (a moving average).
+    decode_step: Option<f64>,
+    /// Seconds per prompt token a chunk adds to a step of decodes (a moving average).
+    prefill_token: Option<f64>,
+}
+
+impl Pace {
+    /// Prompt tokens the next step may run beside decodes.
+    pub(crate) fn chunk(&self) -> usize {
+        match (self.decode_step, self.prefill_token) {
+            (Some(d), Some(p)) if p > 0.0 => ((d / p) as usize).clamp(PACED_CHUNK.0, PACED_CHUNK.1),
+            _ => PREFILL_BESIDE_DECODES,
+        }
+    }
+
+    /// A step of `rows` rows, `prefill` of them one prompt chunk, took `secs`.
+    pub(crate) fn record(&mut self, secs: f64, rows: usize, prefill: usize) {
+        let average = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| 0.8 * o + 0.2 * new));
+        if prefill == 0 {
+            self.decode_step = average(self.decode_step, secs);
+        } else if let (Some(d), true) = (self.decode_step, rows > prefill) {
+            self.prefill_token = average(self.prefill_token, (secs - d).max(0.0) / prefill as f64);
+        }
+    }
+}
 
 /// What a request asked of this step.
 enum Planned {
@@ -49,7 +82,7 @@ impl Worker {
             .map(|k| (self.next + k) % n)
             .find(|&i| prefilling[i] && !self.tasks[i].cancel().is_cancelled());
         let decodes = prefilling.iter().any(|p| !p);
-        let limit = decodes.then_some(PREFILL_BESIDE_DECODES);
+        let limit = decodes.then(|| self.pace.chunk());
         if pick.is_some() {
             self.next = pick.map_or(0, |p| p + 1);
         }
@@ -129,6 +162,7 @@ impl Worker {
         // 2. One forward pass over every row asked for.
         let started = Instant::now();
         let mut owners: Vec<(usize, usize)> = Vec::new();
+        let rows: (usize, usize);
         let results = {
             let turn_ids: Vec<_> = self
                 .tasks
@@ -173,8 +207,12 @@ impl Worker {
                     }
                 }
             }
+            rows = (
+                items.iter().map(|it| it.ids.len()).sum(),
+                items.iter().map(|it| it.ids.len()).filter(|&n| n > 1).sum(),
+            );
             if !items.is_empty() {
-                let tokens = items.iter().map(|it| it.ids.len() as u64).sum();
+                let tokens = rows.0 as u64;
                 let mut c = lock(&self.shared.steps);
                 c.steps += 1;
                 c.sequences += items.len() as u64;
@@ -187,6 +225,9 @@ impl Worker {
             catch_unwind(AssertUnwindSafe(|| loaded.model.forward_batch(&mut items)))
         };
         let secs = started.elapsed().as_secs_f64();
+        if rows.0 > 0 {
+            self.pace.record(secs, rows.0, rows.1);
+        }
 
         // 3. Each sequence takes its logits back.
         match results {

@@ -258,8 +258,8 @@ fn a_prefill_chunk_shares_a_step_with_the_decodes() {
     );
     let (_, _, tokens, beside) = delta(before, s.engine.step_counters());
     assert_eq!(got, vec![alone_a, alone_long]);
-    // 100 prompt tokens beside "a"'s decodes, in chunks of at most 32: 4 steps.
-    assert_eq!(beside, 4, "{tokens} tokens");
+    // 100 prompt tokens beside "a"'s decodes, in chunks the steps' pace allows (at most 256).
+    assert!(beside >= 1, "{tokens} tokens");
 }
 
 #[test]
