@@ -713,7 +713,7 @@ fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
     let rise = status_bytes("VmHWM").saturating_sub(base) as f64 / (1 << 20) as f64;
     eprintln!("64 streaming clients × 3: peak RSS +{rise:.1} MiB");
     assert!(rise < 256.0, "+{rise:.1} MiB");
-    hostile("64 clients streaming at once -> served in shared steps or 429, bounded memory");
+    hostile("64 clients streaming at once, bounded memory -> shared_steps_or_queue_full");
     pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
     server.still_answers();
 }
@@ -763,7 +763,7 @@ fn hostile_a_client_with_many_streams_cannot_slow_anothers_tokens() {
     for g in greedy {
         assert_eq!(g.join().expect("client").status, 200);
     }
-    hostile("one client's 7 streams beside another's -> a token each per step");
+    hostile("one client's 7 streams beside another's -> one_token_each_per_step");
     pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
     server.still_answers();
 }
