@@ -18,9 +18,12 @@
 //! so token counts, context and document costs, status and memory samples are answered on
 //! the caller's thread. The engine's [`Activity`] goes to a listener on every change.
 
+mod control;
 mod error;
+mod load;
 mod places;
 mod run;
+mod start;
 mod step;
 mod submit;
 

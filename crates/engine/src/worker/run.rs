@@ -1,45 +1,40 @@
 //! The engine thread's loop: takes jobs as they come, starts queued requests while fewer than
-//! the pool's `parallel` run (one per conversation), steps the running ones in turn, answers
-//! control jobs between steps, and keeps the shared status snapshot current.
+//! the pool's `parallel` run (one per conversation), steps the running ones together
+//! ([`super::step`]), answers control jobs between steps, and keeps the shared status snapshot
+//! current. Starting a request ([`super::start`]), control jobs ([`super::control`]) and
+//! loading a model ([`super::load`]) live beside it, one file each.
 
 use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::error::{JobError, LoadError};
+use super::error::JobError;
+use super::load::source_label;
 use super::places::{client_of_id, may_start};
-use super::submit::{CompareJob, GenerateJob, Queued};
-use super::{
-    lock, CacheFileInfo, CancelToken, CompareSink, Control, EventSink, Job, LoadRequest, Shared,
-    MARKERS_KEPT,
-};
-use crate::budget::Plan;
-use crate::card::inspect;
-use crate::checkpoint::source::ModelSource;
+use super::{lock, CancelToken, CompareSink, Control, EventSink, Job, Shared, MARKERS_KEPT};
 use crate::contract::ModelCard;
-use crate::contract::{Activity, DoneReason, ErrorCode, Event, LoadPhase};
-use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, MarkerKind};
-use crate::conversations::{Host, Need, Pool, PoolSettings, Purpose, SpillDir, TurnAsk};
+use crate::contract::{Activity, DoneReason, ErrorCode, Event};
+use crate::contract::{ConversationChoice, ConversationId, MarkerKind};
+use crate::conversations::{Host, Need, Pool, PoolSettings, Purpose, SpillDir};
 use crate::generate::compare::{CompareEvent, CompareRun};
-use crate::generate::session::Session;
 use crate::generate::Turn;
-use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
-use crate::memory::{estimate_kv_bytes, RssProbe, SwitchEvent};
+use crate::kv::PrecisionPolicy;
+use crate::memory::{RssProbe, SwitchEvent};
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
 pub(super) struct Loaded {
     pub(super) model: Model,
     /// The weights' file or folder.
-    weights: PathBuf,
+    pub(super) weights: PathBuf,
     pub(super) tokenizer: Arc<GemmaTokenizer>,
-    card: ModelCard,
-    config: Arc<crate::checkpoint::config::ModelConfig>,
+    pub(super) card: ModelCard,
+    pub(super) config: Arc<crate::checkpoint::config::ModelConfig>,
 }
 
 /// A request in progress.
@@ -113,7 +108,7 @@ impl Task {
     }
 
     /// The client it runs for ([`super::places`]): comparisons are the local user's.
-    fn client(&self) -> &str {
+    pub(super) fn client(&self) -> &str {
         match self {
             Task::Turn { id, .. } => client_of_id(id),
             Task::Compare { .. } => "",
@@ -122,12 +117,12 @@ impl Task {
 }
 
 pub(super) struct Worker {
-    rx: Receiver<Job>,
+    pub(super) rx: Receiver<Job>,
     pub(super) shared: Arc<Shared>,
     pub(super) loaded: Option<Loaded>,
     pub(super) pool: Pool,
     /// The cache new conversations get (and the next load's).
-    policy: PrecisionPolicy,
+    pub(super) policy: PrecisionPolicy,
     /// Running requests, stepped together; a step's prefill chunk goes to the first
     /// prefilling one from `next` on.
     pub(super) tasks: Vec<Task>,
@@ -135,15 +130,15 @@ pub(super) struct Worker {
     /// How long steps take, to size a prefill chunk beside decodes.
     pub(super) pace: super::step::Pace,
     /// Requests waiting to start, in arrival order.
-    waiting: VecDeque<Job>,
+    pub(super) waiting: VecDeque<Job>,
     /// Resident-set readings for switch markers.
-    probe: RssProbe,
+    pub(super) probe: RssProbe,
     /// Why the last load failed, while nothing is loaded.
-    failure: Option<String>,
+    pub(super) failure: Option<String>,
     /// The pool's revision and the time of the conversation list last published.
-    published: (u64, Instant),
+    pub(super) published: (u64, Instant),
     /// When idle conversations were last looked at for expiry.
-    expired_at: Instant,
+    pub(super) expired_at: Instant,
 }
 
 /// How often, at most, the status's conversation list is rebuilt while requests step.
@@ -158,14 +153,6 @@ fn expiry_period(ttl: std::time::Duration) -> std::time::Duration {
     (ttl / 10).clamp(std::time::Duration::from_millis(10), EXPIRY_PERIOD)
 }
 
-fn loading(phase: LoadPhase) -> Event {
-    Event::Loading {
-        phase,
-        done: None,
-        total: None,
-    }
-}
-
 /// What a panic said (its `&str` or `String` payload).
 pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     let text = panic
@@ -177,7 +164,7 @@ pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
 }
 
 /// The `done` of a request that never ran.
-fn never_ran() -> Event {
+pub(super) fn never_ran() -> Event {
     Event::Done {
         reason: DoneReason::Cancelled,
         token_ids: Vec::new(),
@@ -219,7 +206,7 @@ impl Worker {
 
     /// Takes the jobs that arrived (waiting for one when idle), starts what can start and
     /// steps one request; false means stop the thread.
-    fn iteration(&mut self) -> bool {
+    pub(super) fn iteration(&mut self) -> bool {
         if self.tasks.is_empty() && self.waiting.is_empty() {
             // Idle: wait for a job, waking now and then to expire idle conversations.
             let ttl = lock(&self.shared.pool).idle_ttl;
@@ -257,7 +244,7 @@ impl Worker {
     /// After a panic outside a step (a job, a start, a control): every request in flight
     /// ends with `internal`, its conversation's cache emptied (it may be half written);
     /// the model and the other conversations stay.
-    fn recover(&mut self, why: &str) {
+    pub(super) fn recover(&mut self, why: &str) {
         tracing::error!("the engine thread recovered from a panic: {why}");
         let error = JobError::new(
             ErrorCode::Internal,
@@ -284,7 +271,7 @@ impl Worker {
     }
 
     /// Takes one job as it arrives; false means stop the thread.
-    fn take(&mut self, job: Job) -> bool {
+    pub(super) fn take(&mut self, job: Job) -> bool {
         match job {
             Job::Load {
                 request,
@@ -326,7 +313,7 @@ impl Worker {
     }
 
     /// Ends every request (running or waiting) as cancelled, saying so to each.
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         for task in std::mem::take(&mut self.tasks) {
             match task {
                 Task::Turn { id, mut sink, .. } => {
@@ -361,7 +348,7 @@ impl Worker {
     /// are answered and dropped; of the others, the one whose client runs fewest requests
     /// starts first (then the oldest). A request whose conversation is busy waits for it,
     /// and later ones may pass it.
-    fn start_waiting(&mut self) {
+    pub(super) fn start_waiting(&mut self) {
         self.drop_cancelled_waiting();
         let (reserve, parallel) = {
             let p = lock(&self.shared.pool);
@@ -408,7 +395,7 @@ impl Worker {
     }
 
     /// Answers and drops the waiting requests whose clients cancelled them (or left).
-    fn drop_cancelled_waiting(&mut self) {
+    pub(super) fn drop_cancelled_waiting(&mut self) {
         let mut kept = VecDeque::new();
         while let Some(job) = self.waiting.pop_front() {
             match job {
@@ -440,7 +427,7 @@ impl Worker {
         (settings, spill)
     }
 
-    fn rewind_margin(&self) -> usize {
+    pub(super) fn rewind_margin(&self) -> usize {
         self.shared.rewind_margin.load(Ordering::Relaxed)
     }
 
@@ -457,14 +444,14 @@ impl Worker {
     }
 
     /// The KV budget as set, or the default one ([`crate::budget::default_kv_budget`]).
-    fn kv_setting(&self) -> u64 {
+    pub(super) fn kv_setting(&self) -> u64 {
         let set = lock(&self.shared.pool).kv_budget;
         set.unwrap_or_else(|| crate::budget::default_kv_budget(&lock(&self.shared.budget)))
     }
 
     /// Spills (or drops) the conversations idle for longer than the pool's `idle_ttl`,
     /// looked for at most every [`EXPIRY_PERIOD`]: they come back from their files.
-    fn expire_idle(&mut self) {
+    pub(super) fn expire_idle(&mut self) {
         let Some(ttl) = lock(&self.shared.pool).idle_ttl else {
             return;
         };
@@ -488,7 +475,7 @@ impl Worker {
     }
 
     /// KV bytes the running comparisons were admitted for.
-    fn compares_reserved(&self) -> u64 {
+    pub(super) fn compares_reserved(&self) -> u64 {
         self.tasks
             .iter()
             .map(|t| match t {
@@ -502,7 +489,7 @@ impl Worker {
     /// weights).
     /// Runs `f` on the pool with what it borrows from the loop ([`Host`]); the markers it
     /// made are kept, whatever its outcome.
-    fn with_pool<T>(
+    pub(super) fn with_pool<T>(
         &mut self,
         f: impl FnOnce(&mut Pool, &mut Host<'_>, &Loaded) -> Result<T, JobError>,
     ) -> Result<T, JobError> {
@@ -527,18 +514,18 @@ impl Worker {
     }
 
     /// [`Pool::admit`], its markers kept.
-    fn admit(&mut self, need: Need, purpose: Purpose) -> Result<(), JobError> {
+    pub(super) fn admit(&mut self, need: Need, purpose: Purpose) -> Result<(), JobError> {
         self.with_pool(|pool, host, _| Ok(pool.admit(host, need, purpose)?))
     }
 
     /// The model's identity in cache files ([`Pool::identity_of`]).
-    fn identity(&mut self) -> Result<String, JobError> {
+    pub(super) fn identity(&mut self) -> Result<String, JobError> {
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         Ok(self.pool.identity_of(&loaded.weights)?)
     }
 
     /// Keeps the pool's markers for front ends, and counts them.
-    fn mark(&self, markers: Vec<SwitchEvent>) {
+    pub(super) fn mark(&self, markers: Vec<SwitchEvent>) {
         if markers.is_empty() {
             return;
         }
@@ -562,502 +549,7 @@ impl Worker {
         }
     }
 
-    /// The conversation a request runs in (`policy`: the cache it runs with, which an
-    /// unnamed request's match must hold).
-    fn conversation(
-        &mut self,
-        choice: &Option<ConversationChoice>,
-        prompt: &[u32],
-        policy: &PrecisionPolicy,
-    ) -> Result<ConversationId, JobError> {
-        Ok(match choice {
-            None => ConversationId::default_id(),
-            Some(ConversationChoice::Id { id }) => id.clone(),
-            Some(ConversationChoice::Continuing { prefix }) => {
-                match self.pool.continuing(prefix, prompt, policy) {
-                    Some(id) => id,
-                    None => self.pool.unnamed(prefix)?,
-                }
-            }
-        })
-    }
-
-    fn start_turn(&mut self, q: Queued<GenerateJob>) {
-        let Queued {
-            job,
-            cancel,
-            arrived,
-            ..
-        } = q;
-        let GenerateJob {
-            request,
-            prompt,
-            tokenizer,
-            mut sink,
-        } = job;
-        match self.prepare_turn(&request, prompt, &tokenizer, arrived) {
-            Ok((id, turn)) => {
-                self.tasks.push(Task::Turn {
-                    id,
-                    turn: Box::new(turn),
-                    sink,
-                    cancel,
-                });
-            }
-            Err(e) => sink(e.to_event()),
-        }
-    }
-
-    /// Everything before a turn's first step: its conversation (the pool opens the turn:
-    /// in memory with room to grow, in the cache the request names), lined up with the
-    /// prompt. A refused turn leaves no conversation behind that it registered.
-    fn prepare_turn(
-        &mut self,
-        request: &crate::generate::GenerateRequest,
-        prompt: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
-        arrived: Instant,
-    ) -> Result<(ConversationId, Turn), JobError> {
-        let prompt = self.rendered(&request.prompt, request.context, prompt, tokenizer)?;
-        let wanted = match &request.cache {
-            Some(cache) => Some(cache.policy()?),
-            None => None,
-        };
-        let effective = wanted.clone().unwrap_or_else(|| self.policy.clone());
-        let id = self.conversation(&request.conversation, &prompt, &effective)?;
-        let default = self.policy.clone();
-        let turn = self.with_pool(|pool, host, loaded| {
-            let max_context = request.context_limit(loaded.config.max_position_embeddings);
-            let ask = TurnAsk {
-                wanted: wanted.as_ref(),
-                default: &default,
-                grown: Turn::grown_context(&prompt, request, max_context),
-                unnamed: matches!(
-                    request.conversation,
-                    Some(ConversationChoice::Continuing { .. })
-                ),
-            };
-            pool.open_turn(host, &id, ask, |session, origin| {
-                Turn::start(
-                    &loaded.model,
-                    &loaded.tokenizer,
-                    session,
-                    request,
-                    prompt,
-                    arrived,
-                    (id.clone(), origin),
-                )
-                .map_err(JobError::from)
-            })
-        })?;
-        self.count(turn.origin());
-        Ok((id, turn))
-    }
-
-    /// The prompt's ids for the loaded model: as the caller rendered them, unless the model
-    /// changed since (then rendered again here).
-    fn rendered(
-        &self,
-        prompt: &crate::generate::Prompt,
-        context: Option<usize>,
-        ids: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
-    ) -> Result<Vec<u32>, JobError> {
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
-            return Ok(ids);
-        }
-        let p = prompt.clone().for_model(loaded.card.has_chat_template);
-        let model = loaded.config.max_position_embeddings;
-        Ok(crate::generate::render_within_context(
-            &loaded.tokenizer,
-            &p,
-            context.map_or(model, |c| c.min(model)),
-        )?)
-    }
-
-    /// Counts a turn by where its cache came from.
-    fn count(&self, origin: CacheOrigin) {
-        let mut c = lock(&self.shared.counters);
-        match origin {
-            CacheOrigin::New => c.new += 1,
-            CacheOrigin::Held => c.held += 1,
-            CacheOrigin::Demoted => c.demoted_hits += 1,
-            CacheOrigin::Restored => c.restored += 1,
-            CacheOrigin::Dropped | CacheOrigin::Reread => c.prefilled += 1,
-        }
-    }
-
-    fn start_compare(&mut self, q: Queued<CompareJob>) {
-        let Queued {
-            job,
-            cancel,
-            arrived,
-            ..
-        } = q;
-        let CompareJob {
-            request,
-            prompt,
-            tokenizer,
-            mut sink,
-        } = job;
-        match self.prepare_compare(request, prompt, &tokenizer, arrived) {
-            Ok((run, reserved)) => self.tasks.push(Task::Compare {
-                run: Box::new(run),
-                sink,
-                cancel,
-                reserved,
-            }),
-            Err(e) => sink(CompareEvent::Error {
-                code: e.code,
-                message: e.message,
-            }),
-        }
-    }
-
-    fn prepare_compare(
-        &mut self,
-        request: crate::generate::compare::CompareRequest,
-        prompt: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
-        arrived: Instant,
-    ) -> Result<(CompareRun, u64), JobError> {
-        let prompt = self.rendered(&request.prompt, None, prompt, tokenizer)?;
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
-        let tokens = prompt.len() + request.max_tokens;
-        self.admit(
-            Need {
-                owner: None,
-                extra: needed,
-                what: format!("compare two caches of {tokens} tokens"),
-            },
-            Purpose::Other,
-        )?;
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let run = CompareRun::start(&loaded.model, &loaded.tokenizer, request, prompt, arrived)?;
-        Ok((run, needed))
-    }
-
-    /// Runs one step of the next running request, and finishes it when it ends.
-    fn control(&mut self, control: Control) {
-        match control {
-            Control::Cancel(conversation) => {
-                for task in &self.tasks {
-                    let theirs = match (task, &conversation) {
-                        (_, None) => true,
-                        (Task::Turn { id, .. }, Some(c)) => id == c,
-                        (Task::Compare { .. }, Some(_)) => false,
-                    };
-                    if theirs {
-                        task.cancel().cancel();
-                    }
-                }
-                for job in &self.waiting {
-                    if let Job::Generate(q) = job {
-                        let theirs = conversation.is_none()
-                            || named(&q.job.request.conversation) == conversation;
-                        if theirs {
-                            q.cancel.cancel();
-                        }
-                    } else if let (Job::Compare(q), None) = (job, &conversation) {
-                        q.cancel.cancel();
-                    }
-                }
-            }
-            Control::CancelCompares => {
-                for task in &self.tasks {
-                    if let Task::Compare { cancel, .. } = task {
-                        cancel.cancel();
-                    }
-                }
-                for job in &self.waiting {
-                    if let Job::Compare(q) = job {
-                        q.cancel.cancel();
-                    }
-                }
-            }
-            Control::Forget {
-                conversation,
-                file,
-                reply,
-            } => {
-                let r = if self.pool.is_busy(&conversation) {
-                    Err(JobError::busy("forget a conversation"))
-                } else {
-                    let (_, spill) = self.settings();
-                    if file {
-                        self.pool.forget(&conversation, spill.as_ref());
-                        Ok(())
-                    } else {
-                        self.pool.reset(&conversation).map_err(JobError::from)
-                    }
-                };
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Control::SwitchCache {
-                conversation,
-                policy,
-                reply,
-            } => {
-                let r = self.switch(&conversation, &policy);
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Control::SetDefaultPolicy { policy, reply } => {
-                let empty = empty_report();
-                let marker =
-                    SwitchEvent::between((&self.policy, &empty), (&policy, &empty), 0, (0, 0), 0.0);
-                self.policy = policy;
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(Ok(marker));
-            }
-            Control::SaveCache {
-                conversation,
-                path,
-                reply,
-            } => {
-                let r = self.save_cache(&conversation, path);
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Control::RestoreCache {
-                conversation,
-                path,
-                reply,
-            } => {
-                let r = self.restore_cache(&conversation, path);
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Control::SaveAll { reply } => {
-                let saved = self.save_all(false);
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(saved);
-            }
-            Control::Unload { reply } => {
-                let r = if !self.tasks.is_empty() {
-                    Err(JobError::busy("unload the model"))
-                } else {
-                    self.save_all(true);
-                    self.pool.clear();
-                    self.loaded = None;
-                    Ok(())
-                };
-                // Status first: a caller acting on the reply sees it current.
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Control::Shutdown => {}
-        }
-    }
-
-    /// Writes every conversation in memory to its spill file (each its own); with `free`,
-    /// their memory goes too.
-    fn save_all(&mut self, free: bool) -> Vec<super::SavedCache> {
-        let (settings, spill) = self.settings();
-        let Some(spill) = spill else {
-            return Vec::new();
-        };
-        if self.loaded.is_none() || self.identity().is_err() {
-            return Vec::new();
-        }
-        self.pool
-            .save_all(&spill, free, settings.disk_budget)
-            .into_iter()
-            .map(|(id, r)| (id, r.map_err(JobError::from)))
-            .collect()
-    }
-
-    /// A switch by its owner: `conversation` re-encoded in `policy` when in memory (room made
-    /// first), else the policy of its next turn; without a model, the next load's.
-    fn switch(
-        &mut self,
-        conversation: &ConversationId,
-        policy: &PrecisionPolicy,
-    ) -> Result<SwitchEvent, JobError> {
-        if self.loaded.is_none() {
-            let empty = empty_report();
-            let marker =
-                SwitchEvent::between((&self.policy, &empty), (policy, &empty), 0, (0, 0), 0.0);
-            self.policy = policy.clone();
-            return Ok(marker);
-        }
-        if self.pool.session(conversation).is_some() {
-            return self.switch_in_pool(conversation, policy);
-        }
-        let (_, spill) = self.settings();
-        self.pool.ensure(conversation, policy, spill.as_ref());
-        let from = self.pool.policy(conversation).cloned().unwrap_or_default();
-        self.pool.set_policy(conversation, policy);
-        let empty = empty_report();
-        Ok(
-            SwitchEvent::between((&from, &empty), (policy, &empty), 0, (0, 0), 0.0)
-                .of(MarkerKind::Switch, conversation),
-        )
-    }
-
-    /// Switches `conversation`, in memory, to `policy` ([`Pool::switch_held`]).
-    fn switch_in_pool(
-        &mut self,
-        conversation: &ConversationId,
-        policy: &PrecisionPolicy,
-    ) -> Result<SwitchEvent, JobError> {
-        self.with_pool(|pool, host, _| Ok(pool.switch_held(host, conversation, policy)?))
-    }
-
-    fn cache_path(
-        &self,
-        conversation: &ConversationId,
-        path: Option<PathBuf>,
-    ) -> Result<PathBuf, JobError> {
-        match path {
-            Some(p) => Ok(p),
-            None => {
-                let (_, spill) = self.settings();
-                spill.map(|d| d.path(conversation)).ok_or_else(|| {
-                    JobError::new(
-                        ErrorCode::InvalidRequest,
-                        "no folder for cache files is set",
-                    )
-                })
-            }
-        }
-    }
-
-    fn save_cache(
-        &mut self,
-        conversation: &ConversationId,
-        path: Option<PathBuf>,
-    ) -> Result<CacheFileInfo, JobError> {
-        let started = Instant::now();
-        let own_file = path.is_none();
-        let path = self.cache_path(conversation, path)?;
-        let identity = self.identity()?;
-        let session = self.pool.session(conversation).ok_or_else(|| {
-            JobError::new(
-                ErrorCode::InvalidRequest,
-                format!("conversation {conversation} holds no cache in memory"),
-            )
-        })?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                JobError::from(crate::error::EngineError::CacheIo {
-                    path: dir.to_path_buf(),
-                    source: e,
-                })
-            })?;
-        }
-        let bytes = if own_file {
-            let (_, spill) = self.settings();
-            match spill {
-                Some(spill) => spill.save(conversation, session, &identity)?,
-                None => session.save_cache(&path, &identity)?,
-            }
-        } else {
-            session.save_cache(&path, &identity)?
-        };
-        let info = CacheFileInfo {
-            path: path.clone(),
-            bytes,
-            tokens: session.len(),
-            token_ids: session.history().to_vec(),
-            pending: session.pending().to_vec(),
-            spec: session.policy().spec_string(),
-            secs: started.elapsed().as_secs_f64(),
-        };
-        if own_file {
-            self.pool.saved(conversation, bytes, info.tokens);
-            let (settings, spill) = self.settings();
-            if let Some(spill) = spill {
-                self.pool.enforce_disk_budget(&settings, &spill);
-            }
-        }
-        Ok(info)
-    }
-
-    fn restore_cache(
-        &mut self,
-        conversation: &ConversationId,
-        path: Option<PathBuf>,
-    ) -> Result<CacheFileInfo, JobError> {
-        if self.pool.is_busy(conversation) {
-            return Err(JobError::busy("restore a cache into a conversation"));
-        }
-        let started = Instant::now();
-        let path = self.cache_path(conversation, path)?;
-        let identity = self.identity()?;
-        let header = crate::kv::persist::peek(&path)?;
-        let policy = CacheSpec::parse(&header.spec)
-            .map(|s| s.to_policy())
-            .map_err(|e| JobError::new(ErrorCode::CacheCorrupt, e.to_string()))?;
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let needed = estimate_kv_bytes(
-            &loaded.config,
-            &policy,
-            header.seq_len,
-            self.rewind_margin(),
-        )?;
-        self.admit(
-            Need {
-                owner: Some(conversation.clone()),
-                extra: needed.saturating_sub(self.pool.bytes_of(conversation)),
-                what: format!("restore {} tokens of {conversation}", header.seq_len),
-            },
-            Purpose::Other,
-        )?;
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let mut session = Session::new(&loaded.model, &policy)?;
-        session.set_rewind_margin(self.rewind_margin());
-        match session.restore_cache_as_saved(&loaded.model, &path, &identity) {
-            Ok(header) => {
-                let secs = started.elapsed().as_secs_f64();
-                let report = session.memory();
-                let marker = SwitchEvent::between(
-                    (&policy, &empty_report()),
-                    (session.policy(), &report),
-                    header.seq_len,
-                    (0, 0),
-                    secs * 1e3,
-                );
-                let marker = SwitchEvent {
-                    from: "disk".into(),
-                    ..marker.of(MarkerKind::Restore, conversation)
-                };
-                self.pool.put(conversation, session);
-                self.mark(vec![marker]);
-                Ok(CacheFileInfo {
-                    bytes: std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
-                    path,
-                    tokens: header.seq_len,
-                    token_ids: header.tokens,
-                    pending: header.pending,
-                    spec: header.spec,
-                    secs,
-                })
-            }
-            Err(e) => {
-                let mut err = JobError::from(e);
-                if err.code == ErrorCode::CacheCorrupt {
-                    // Set aside, never deleted: the user may want to look at it.
-                    if let Some(aside) = set_aside(&path) {
-                        err.message
-                            .push_str(&format!(" (set aside as {})", aside.display()));
-                    }
-                }
-                Err(err)
-            }
-        }
-    }
-
-    fn tell_activity(&self, activity: Activity) {
+    pub(super) fn tell_activity(&self, activity: Activity) {
         let mut s = lock(&self.shared.status);
         let changed = s.activity != activity;
         s.activity = activity.clone();
@@ -1068,7 +560,7 @@ impl Worker {
         }
     }
 
-    fn activity(&self) -> Activity {
+    pub(super) fn activity(&self) -> Activity {
         match (&self.loaded, &self.failure) {
             (Some(l), _) if !self.tasks.is_empty() => Activity::Generating {
                 model: l.card.name.clone(),
@@ -1083,7 +575,7 @@ impl Worker {
         }
     }
 
-    fn tell(&self, activity: &Activity) {
+    pub(super) fn tell(&self, activity: &Activity) {
         if let Some(listener) = lock(&self.shared.listener).as_ref() {
             listener(activity);
         }
@@ -1098,11 +590,11 @@ impl Worker {
     }
 
     /// [`Worker::publish`] between two steps: the list only when due.
-    fn publish_step(&mut self) {
+    pub(super) fn publish_step(&mut self) {
         self.publish_with(false);
     }
 
-    fn publish_with(&mut self, whole: bool) {
+    pub(super) fn publish_with(&mut self, whole: bool) {
         let activity = self.activity();
         let rebuild = whole
             || self.published.0 != self.pool.revision()
@@ -1143,88 +635,6 @@ impl Worker {
             self.tell(&activity);
         }
     }
-
-    fn load(
-        &mut self,
-        request: LoadRequest,
-        sink: &mut EventSink,
-        cancel: &CancelToken,
-    ) -> Result<ModelCard, LoadError> {
-        sink(loading(LoadPhase::Resolving));
-        let resolved = request.source.resolve(
-            request.tokenizer.as_deref(),
-            &mut |e| sink(e),
-            cancel.flag(),
-        )?;
-        sink(loading(LoadPhase::Weights));
-        let inspection = inspect(&resolved.weights, &request.options).map_err(LoadError::Model)?;
-        self.admit_load(&inspection, &request, &resolved.name)?;
-        let model = Model::from_checkpoint(&inspection.checkpoint).map_err(LoadError::Model)?;
-        let mut card = inspection.card;
-        card.name = resolved.name.clone();
-        card.weights_bytes = model.weights_bytes() as u64;
-        card.weights_measured = true;
-        sink(loading(LoadPhase::Tokenizer));
-        let (tokenizer, warnings) = GemmaTokenizer::for_checkpoint(
-            &resolved.tokenizer,
-            &inspection.checkpoint,
-            &resolved.name,
-        )?;
-        // The checkpoint's headers go now; the model holds its weights.
-        drop(inspection.checkpoint);
-        // What loaded decides: a template that cannot be used leaves a base model.
-        card.has_chat_template = Some(tokenizer.template().is_some());
-        card.supports_thinking = tokenizer.supports_thinking();
-        card.warnings.extend(warnings);
-        // Only now does the previous model go: a failed load loses nothing. Its
-        // conversations' caches go to their files first, each its own.
-        self.save_all(true);
-        self.pool.clear();
-        self.policy = request.policy.clone();
-        self.loaded = Some(Loaded {
-            weights: resolved.weights.clone(),
-            config: Arc::new(model.config().clone()),
-            model,
-            tokenizer: Arc::new(tokenizer),
-            card: card.clone(),
-        });
-        Ok(card)
-    }
-
-    /// Refuses a load whose weights and KV cache (at the request's context) would not fit the
-    /// memory available, before a weight is read.
-    fn admit_load(
-        &self,
-        inspection: &crate::card::Inspection,
-        request: &LoadRequest,
-        name: &str,
-    ) -> Result<(), LoadError> {
-        let max = inspection.card.max_context;
-        let context = if max > 0 {
-            request.context.min(max)
-        } else {
-            request.context
-        };
-        let fit = Plan {
-            allocated: false,
-            config: inspection.checkpoint.config(),
-            weights_bytes: inspection.card.weights_bytes,
-            held_kv_bytes: 0,
-            context,
-            policy: &request.policy,
-            rewind_margin: self.rewind_margin(),
-        }
-        .fit(&lock(&self.shared.budget))
-        .map_err(LoadError::Model)?;
-        if fit.fits {
-            return Ok(());
-        }
-        let mut message = fit.message(&format!("load {name}"));
-        if self.loaded.is_some() {
-            message.push_str(" (the model loaded now stays loaded)");
-        }
-        Err(LoadError::OutOfMemory(message))
-    }
 }
 
 /// How a request ended: the last event to send once the status is current.
@@ -1234,39 +644,10 @@ pub(super) enum Ended {
 }
 
 /// The conversation a request names, if it names one.
-fn named(choice: &Option<ConversationChoice>) -> Option<ConversationId> {
+pub(super) fn named(choice: &Option<ConversationChoice>) -> Option<ConversationId> {
     match choice {
         None => Some(ConversationId::default_id()),
         Some(ConversationChoice::Id { id }) => Some(id.clone()),
         Some(ConversationChoice::Continuing { .. }) => None,
-    }
-}
-
-/// Moves a corrupt file to `<name>.corrupt` beside it; returns where.
-fn set_aside(path: &Path) -> Option<PathBuf> {
-    let mut aside = path.as_os_str().to_os_string();
-    aside.push(".corrupt");
-    let aside = PathBuf::from(aside);
-    std::fs::rename(path, &aside).ok().map(|_| aside)
-}
-
-/// What a status bar shows for a model being loaded.
-fn source_label(source: &ModelSource) -> String {
-    if let ModelSource::Local { path } = source {
-        return path.display().to_string();
-    }
-    if let ModelSource::Hub { repo, .. } = source {
-        return repo.clone();
-    }
-    format!("{source:?}")
-}
-
-fn empty_report() -> KvMemoryReport {
-    KvMemoryReport {
-        layers: Vec::new(),
-        sliding: (0, 0),
-        full: (0, 0),
-        total: (0, 0),
-        calibrating: false,
     }
 }

@@ -1,0 +1,119 @@
+//! Loading a model on the engine thread: resolved, admitted against memory, its weights
+//! and tokenizer read, with progress events; the previous model kept on failure.
+
+use std::sync::Arc;
+
+use super::error::LoadError;
+use super::{lock, CancelToken, EventSink, LoadRequest};
+use crate::budget::Plan;
+use crate::card::inspect;
+use crate::checkpoint::source::ModelSource;
+use crate::contract::ModelCard;
+use crate::contract::{Event, LoadPhase};
+use crate::models::common::Model;
+use crate::tokenizer::GemmaTokenizer;
+
+use super::run::{Loaded, Worker};
+
+impl Worker {
+    pub(super) fn load(
+        &mut self,
+        request: LoadRequest,
+        sink: &mut EventSink,
+        cancel: &CancelToken,
+    ) -> Result<ModelCard, LoadError> {
+        sink(loading(LoadPhase::Resolving));
+        let resolved = request.source.resolve(
+            request.tokenizer.as_deref(),
+            &mut |e| sink(e),
+            cancel.flag(),
+        )?;
+        sink(loading(LoadPhase::Weights));
+        let inspection = inspect(&resolved.weights, &request.options).map_err(LoadError::Model)?;
+        self.admit_load(&inspection, &request, &resolved.name)?;
+        let model = Model::from_checkpoint(&inspection.checkpoint).map_err(LoadError::Model)?;
+        let mut card = inspection.card;
+        card.name = resolved.name.clone();
+        card.weights_bytes = model.weights_bytes() as u64;
+        card.weights_measured = true;
+        sink(loading(LoadPhase::Tokenizer));
+        let (tokenizer, warnings) = GemmaTokenizer::for_checkpoint(
+            &resolved.tokenizer,
+            &inspection.checkpoint,
+            &resolved.name,
+        )?;
+        // The checkpoint's headers go now; the model holds its weights.
+        drop(inspection.checkpoint);
+        // What loaded decides: a template that cannot be used leaves a base model.
+        card.has_chat_template = Some(tokenizer.template().is_some());
+        card.supports_thinking = tokenizer.supports_thinking();
+        card.warnings.extend(warnings);
+        // Only now does the previous model go: a failed load loses nothing. Its
+        // conversations' caches go to their files first, each its own.
+        self.save_all(true);
+        self.pool.clear();
+        self.policy = request.policy.clone();
+        self.loaded = Some(Loaded {
+            weights: resolved.weights.clone(),
+            config: Arc::new(model.config().clone()),
+            model,
+            tokenizer: Arc::new(tokenizer),
+            card: card.clone(),
+        });
+        Ok(card)
+    }
+
+    /// Refuses a load whose weights and KV cache (at the request's context) would not fit the
+    /// memory available, before a weight is read.
+    pub(super) fn admit_load(
+        &self,
+        inspection: &crate::card::Inspection,
+        request: &LoadRequest,
+        name: &str,
+    ) -> Result<(), LoadError> {
+        let max = inspection.card.max_context;
+        let context = if max > 0 {
+            request.context.min(max)
+        } else {
+            request.context
+        };
+        let fit = Plan {
+            allocated: false,
+            config: inspection.checkpoint.config(),
+            weights_bytes: inspection.card.weights_bytes,
+            held_kv_bytes: 0,
+            context,
+            policy: &request.policy,
+            rewind_margin: self.rewind_margin(),
+        }
+        .fit(&lock(&self.shared.budget))
+        .map_err(LoadError::Model)?;
+        if fit.fits {
+            return Ok(());
+        }
+        let mut message = fit.message(&format!("load {name}"));
+        if self.loaded.is_some() {
+            message.push_str(" (the model loaded now stays loaded)");
+        }
+        Err(LoadError::OutOfMemory(message))
+    }
+}
+
+fn loading(phase: LoadPhase) -> Event {
+    Event::Loading {
+        phase,
+        done: None,
+        total: None,
+    }
+}
+
+/// What a status bar shows for a model being loaded.
+pub(super) fn source_label(source: &ModelSource) -> String {
+    if let ModelSource::Local { path } = source {
+        return path.display().to_string();
+    }
+    if let ModelSource::Hub { repo, .. } = source {
+        return repo.clone();
+    }
+    format!("{source:?}")
+}
