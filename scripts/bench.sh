@@ -41,7 +41,9 @@
 # skips it), and the time to first token through `kvlab serve` by conversation length (1 KB, 32 KB,
 # 112 KB; scripts/bench/ttft.py, BENCH_TTFT=0 skips it). Last,
 # scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache types
-# beside ours on the 270M (BENCH_KLD=0 skips it).
+# beside ours on the 270M (BENCH_KLD=0 skips it). Before it, scripts/bench/parallel.sh runs
+# 1, 2, 4 and 8 clients at once through `kvlab serve --parallel 8` and llama-server -np 8
+# (BENCH_PARALLEL=0 skips it).
 # Above BENCH_FULL_DEPTH (default 4096) only the f16 decode rows and no profile are measured:
 # the targets ask no more there, and on the E2B each extra 16k-token prefill costs ~8 minutes.
 set -euo pipefail
@@ -320,6 +322,15 @@ if [ "${BENCH_TTFT:-1}" != 0 ]; then
     --sizes 1,32,112 --rounds "$ROUNDS" || true
   kill "$serve_pid" 2>/dev/null || true
   wait "$serve_pid" 2>/dev/null || true
+fi
+
+# Concurrent clients: `kvlab serve --parallel N` against llama-server -np N on the same GGUFs,
+# threads and clients, then the compare view's panes and a long prefill beside the streams
+# (scripts/bench/parallel.sh; BENCH_PARALLEL=0 skips it).
+if [ "${BENCH_PARALLEL:-1}" != 0 ]; then
+  say "concurrent clients against llama-server"
+  KVLAB_BIN="$KVLAB" BENCH_THREADS="$THREADS" PARALLEL_ROUNDS="$ROUNDS" \
+    "$ROOT/scripts/bench/parallel.sh" || true
 fi
 
 # llama.cpp's KL divergence beside ours, on the same GGUF and texts (BENCH_KLD=0 skips it).
