@@ -3,7 +3,9 @@
 //! at once), then the test policy's fidelity against the reference, and any swept caches',
 //! teacher-forced on the reference's tokens in lockstep ([`crate::generate::fidelity::Lockstep`]). All
 //! caches are fresh: no conversation is touched. A [`CompareRun`] advances one step at a time
-//! (a prefill chunk, a round of both panes, a scoring chunk) under the engine thread.
+//! under the engine thread: [`CompareRun::next`] names a pane's prefill chunk or both panes'
+//! next tokens, which run as rows of the engine's one forward pass beside other requests',
+//! and [`CompareRun::ran`] takes their logits; a scoring chunk runs by itself.
 
 use std::ops::Range;
 use std::time::Instant;
@@ -19,7 +21,7 @@ use crate::generate::sweep::{self, SweepPoint};
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSelection, CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
-use crate::models::common::{BatchItem, Logits, Model};
+use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
 /// Tokens per teacher-forced fidelity step (bounds the `[chunk, vocab]` logits held).
@@ -242,45 +244,6 @@ impl CompareRun {
             scoring: None,
             tested: None,
         })
-    }
-
-    /// Runs the next step: a pane's prefill chunk, a round of both panes (in one forward
-    /// pass), or a chunk of the scoring. `kv_room` is the KV memory the scoring may hold
-    /// (asked when it starts).
-    pub fn step(
-        &mut self,
-        model: &Model,
-        tokenizer: &GemmaTokenizer,
-        cancelled: bool,
-        kv_room: &mut dyn FnMut() -> u64,
-        emit: &mut dyn FnMut(CompareEvent),
-    ) -> Result<CompareStep, GenerateError> {
-        match self.next(model, tokenizer, cancelled, None, kv_room, emit)? {
-            CompareNext::Run(runs) => {
-                let t = Instant::now();
-                let logits = {
-                    let mut items: Vec<BatchItem<'_, '_>> = self
-                        .caches_mut()
-                        .filter_map(|(pane, cache)| {
-                            let (_, ids) = runs.iter().find(|(p, _)| *p == pane)?;
-                            Some(BatchItem {
-                                ids,
-                                cache,
-                                which: Logits::Last,
-                            })
-                        })
-                        .collect();
-                    model.forward_batch(&mut items)
-                };
-                let secs = t.elapsed().as_secs_f64();
-                for ((pane, ids), l) in runs.iter().zip(logits) {
-                    self.ran(*pane, ids, l.map_err(GenerateError::from), secs)?;
-                }
-                Ok(CompareStep::Working)
-            }
-            CompareNext::Working => Ok(CompareStep::Working),
-            CompareNext::Finished(f) => Ok(CompareStep::Finished(f)),
-        }
     }
 
     /// The first half of a step: the ids each pane runs next (one pane's prefill chunk of

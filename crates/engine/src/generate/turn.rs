@@ -1,8 +1,10 @@
 //! One chat turn over a conversation's session, a step at a time: [`Turn::start`] lines the
-//! cache up with the prompt (its cached prefix reused), then each [`Turn::step`] runs one
-//! prefill chunk or samples and runs one token, until the turn ends and its stats and `done`
-//! go out. Whoever schedules turns (the engine thread, between other conversations' steps)
-//! owns the session; a turn holds no reference to it between steps.
+//! cache up with the prompt (its cached prefix reused), then each step is two halves:
+//! [`Turn::next`] says what to run (the next prefill chunk, or the token just sampled) or
+//! ends the turn (its stats and `done` go out), and once the engine has run those ids in one
+//! pass with other sequences' rows, [`Turn::ran`] takes their logits. Whoever schedules
+//! turns (the engine thread) owns the session; a turn holds no reference to it between
+//! steps.
 
 use std::time::Instant;
 
@@ -12,7 +14,7 @@ use super::session::Session;
 use super::{GenerateError, GenerateRequest, Outcome, Sequence};
 use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
-use crate::models::common::{Logits, Model};
+use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
 /// What one step did.
@@ -94,31 +96,6 @@ impl Turn {
         self.origin
     }
 
-    /// Runs the next prefill chunk, or samples the next token and runs it, or ends the turn
-    /// (then `emit` gets its last text, its stats and `done`). `cancelled` ends it before the
-    /// next token. On an error the session is consistent (its history matches its cache).
-    pub fn step(
-        &mut self,
-        model: &Model,
-        tokenizer: &GemmaTokenizer,
-        session: &mut Session,
-        cancelled: bool,
-        emit: &mut dyn FnMut(Event),
-    ) -> Result<Step, GenerateError> {
-        match self.next(tokenizer, session, cancelled, None, emit)? {
-            Next::Run(ids) => {
-                let t = Instant::now();
-                let logits = session.forward(model, &ids, Logits::Last);
-                self.ran(
-                    &ids,
-                    logits.map_err(GenerateError::from),
-                    t.elapsed().as_secs_f64(),
-                )
-            }
-            Next::Finished(outcome) => Ok(Step::Finished(outcome)),
-        }
-    }
-
     /// Whether the turn's next step is a prefill chunk (a batched step takes one at most).
     pub fn prefilling(&self) -> bool {
         self.seq
@@ -128,7 +105,8 @@ impl Turn {
 
     /// The first half of a step: what to run next in the session's cache — the next prefill
     /// chunk (at most `limit` tokens when set) or the token just sampled (its text already
-    /// emitted) — or the turn's end, as [`Turn::step`] says. The caller runs the ids, then
+    /// emitted) — or the turn's end (then `emit` got its last text, its stats and `done`);
+    /// `cancelled` ends it before the next token. The caller runs the ids, then
     /// hands their logits to [`Turn::ran`].
     pub fn next(
         &mut self,
