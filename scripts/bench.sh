@@ -82,15 +82,8 @@ else
 fi
 KVLAB="$CARGO_TARGET_DIR/release/kvlab"
 MODELS=(${BENCH_MODELS:-${BENCH_MODEL:-gemma3-270m e2b-q4_k_m e2b-q8_0}})
-# A model name or path -> the GGUF file.
-model_path() {
-  case "$1" in
-    gemma3-270m) "$KVLAB" assets path gemma3-270m ;;
-    e2b-q4_k_m) "$ROOT/scripts/bench/e2b_gguf.sh" q4_k_m ;;
-    e2b-q8_0) "$ROOT/scripts/bench/e2b_gguf.sh" q8_0 ;;
-    *) echo "$1" ;;
-  esac
-}
+KVLAB_BIN="$KVLAB"
+source "$ROOT/scripts/bench/models.sh"
 declare -A PATHS
 for m in "${MODELS[@]}"; do PATHS[$m]="$(model_path "$m")"; done
 say "models ${MODELS[*]}, $THREADS threads, depths ${DEPTHS[*]}, best of $ROUNDS rounds"

@@ -36,6 +36,7 @@ set -euo pipefail
 source "$(dirname "$0")/../common.sh"
 cd "$ROOT"
 source "$ROOT/scripts/bench/llama_cpp.sh"
+source "$ROOT/scripts/bench/models.sh"
 
 THREADS="${KLD_THREADS:-${BENCH_THREADS:-2}}"
 CTX="${KLD_CTX:-2048}"
@@ -45,11 +46,7 @@ TEXTS=(${KLD_TEXTS:-alice paradise-lost})
 SINKS=(${KLD_SINKS:-q4_0+sink q4_0/q4_1+sink q4_0/iq4_nl+sink q4_0/f16+sink q8_0/q4_0+sink})
 
 build_llama_cpp
-if [ -z "${KVLAB_BIN:-}" ]; then
-  say "building kvlab (release)"
-  cargo build --release --quiet -p kvlab-cli
-  KVLAB_BIN="$CARGO_TARGET_DIR/release/kvlab"
-fi
+kvlab_release
 MODEL="${KLD_MODEL:-$("$KVLAB_BIN" assets path gemma3-270m)}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT

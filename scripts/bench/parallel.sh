@@ -17,6 +17,7 @@ set -euo pipefail
 source "$(dirname "$0")/../common.sh"
 cd "$ROOT"
 source "$ROOT/scripts/bench/llama_cpp.sh"
+source "$ROOT/scripts/bench/models.sh"
 
 THREADS="${BENCH_THREADS:-2}"
 CLIENTS="${PARALLEL_CLIENTS:-1,2,4,8}"
@@ -25,20 +26,8 @@ ROUNDS="${PARALLEL_ROUNDS:-2}"
 MODELS=(${PARALLEL_MODELS:-gemma3-270m e2b-q4_k_m})
 MOST="$(tr ',' '\n' <<<"$CLIENTS" | sort -n | tail -1)"
 build_llama_cpp
-if [ -z "${KVLAB_BIN:-}" ]; then
-  say "building kvlab (release)"
-  cargo build --release --quiet -p kvlab-cli
-  KVLAB_BIN="$CARGO_TARGET_DIR/release/kvlab"
-fi
+kvlab_release
 TEXT="$("$KVLAB_BIN" assets path paradise-lost)"
-model_path() {
-  case "$1" in
-    gemma3-270m) "$KVLAB_BIN" assets path gemma3-270m ;;
-    e2b-q4_k_m) "$ROOT/scripts/bench/e2b_gguf.sh" q4_k_m ;;
-    e2b-q8_0) "$ROOT/scripts/bench/e2b_gguf.sh" q8_0 ;;
-    *) echo "$1" ;;
-  esac
-}
 OUT="$(mktemp -d)"
 PIDS=()
 cleanup() {

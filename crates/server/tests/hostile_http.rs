@@ -11,53 +11,17 @@ use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::{
-    chat, connect, eventually, get, head, hostile, parse, post, post_as, read_reply, serial, start,
-    Hold, Reply,
+    chat, connect, eventually, get, head, hostile, parse, peak_rise_mib, post, read_reply,
+    reset_peak, send_as_in_thread, serial, start, Hold, Reply,
 };
 use kvlab_engine::worker::MAX_QUEUED;
 use kvlab_server::{Limits, ServerConfig};
 use serde_json::{json, Value};
 
-/// A field of `/proc/self/status`, in bytes.
-fn status_bytes(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
-}
-
-/// The process's peak resident memory from now on: resets the kernel's high-water mark
-/// (`/proc/self/clear_refs`, value 5), and returns the resident bytes now.
-fn reset_peak() -> u64 {
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
-    status_bytes("VmRSS")
-}
-
-/// How far the peak rose above `base` since [`reset_peak`], in MiB.
-fn peak_rise_mib(base: u64) -> f64 {
-    status_bytes("VmHWM").saturating_sub(base) as f64 / (1 << 20) as f64
-}
-
 fn config(f: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
     let mut c = ServerConfig::local(0);
     f(&mut c);
     c
-}
-
-/// Sends `body` as the client `token` is, on a new connection in a thread.
-fn send_as_in_thread(
-    addr: std::net::SocketAddr,
-    body: Value,
-    token: String,
-) -> std::thread::JoinHandle<(Reply, Duration)> {
-    std::thread::spawn(move || {
-        let t = Instant::now();
-        let r = post_as(addr, "/v1/chat/completions", body, &token);
-        (r, t.elapsed())
-    })
 }
 
 /// Sends `body` on a new connection in a thread; the reply comes on the handle.
@@ -155,7 +119,7 @@ fn hostile_requests_past_a_full_queue_are_refused_the_moment_they_arrive() {
             send_as_in_thread(
                 server.addr,
                 chat(json!({"max_tokens": 2})),
-                format!("client-{i}"),
+                &format!("client-{i}"),
             )
         })
         .collect();
@@ -294,7 +258,7 @@ fn hostile_connections_over_the_limit_are_refused_and_their_places_come_back() {
             send_as_in_thread(
                 server.addr,
                 chat(json!({"max_tokens": 2})),
-                format!("busy-{i}"),
+                &format!("busy-{i}"),
             )
         })
         .collect();

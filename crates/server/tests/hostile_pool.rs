@@ -12,8 +12,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{
-    chat, connect, eventually, get, get_as, head, hostile, post, post_as, read_reply, serial,
-    start, Hold, Server,
+    chat, connect, eventually, get, get_as, head, hostile, peak_rise_mib, post, post_as,
+    read_reply, reset_peak, send_as_in_thread, serial, start, Hold, Server,
 };
 use kvlab_engine::worker::{PoolSettings, PER_CLIENT_QUEUED};
 use kvlab_server::{Limits, ServerConfig};
@@ -266,12 +266,7 @@ fn hostile_one_client_with_many_streams_leaves_places_to_others() {
     let hold = Hold::new(&server, &[1]);
     hold.held();
     let greedy: Vec<_> = (0..20)
-        .map(|_| {
-            let addr = server.addr;
-            std::thread::spawn(move || {
-                post_as(addr, CHAT, chat(json!({"max_tokens": 48})), "greedy")
-            })
-        })
+        .map(|_| send_as_in_thread(server.addr, chat(json!({"max_tokens": 48})), "greedy"))
         .collect();
     assert!(eventually(Duration::from_secs(20), || {
         let s = server.engine.status();
@@ -279,20 +274,17 @@ fn hostile_one_client_with_many_streams_leaves_places_to_others() {
     }));
     // Another client still finds a place, and starts before the greedy one's waiting ones.
     let t = Instant::now();
-    let polite = std::thread::spawn({
-        let addr = server.addr;
-        move || post_as(addr, CHAT, chat(json!({"max_tokens": 2})), "polite")
-    });
+    let polite = send_as_in_thread(server.addr, chat(json!({"max_tokens": 2})), "polite");
     assert!(eventually(Duration::from_secs(20), || {
         server.engine.status().queued == PER_CLIENT_QUEUED + 1
     }));
     hold.release();
     drop(hold);
-    let r = polite.join().expect("client");
+    let (r, _) = polite.join().expect("client");
     assert_eq!(r.status, 200, "{}", r.body);
     let replies: Vec<_> = greedy
         .into_iter()
-        .map(|g| g.join().expect("client"))
+        .map(|g| g.join().expect("client").0)
         .collect();
     let refused = replies.iter().filter(|r| r.code() == "queue_full").count();
     let served = replies.iter().filter(|r| r.status == 200).count();
@@ -538,15 +530,11 @@ fn the_parallel_setting_bounds_the_requests_that_run_at_once() {
         pool(&server, |p| p.parallel = parallel);
         let clients: Vec<_> = (0..4)
             .map(|i| {
-                let addr = server.addr;
-                std::thread::spawn(move || {
-                    post_as(
-                        addr,
-                        CHAT,
-                        chat(json!({"max_tokens": 64})),
-                        &format!("p{i}"),
-                    )
-                })
+                send_as_in_thread(
+                    server.addr,
+                    chat(json!({"max_tokens": 64})),
+                    &format!("p{i}"),
+                )
             })
             .collect();
         let mut most = 0;
@@ -555,7 +543,7 @@ fn the_parallel_setting_bounds_the_requests_that_run_at_once() {
             std::thread::sleep(Duration::from_millis(1));
         }
         for c in clients {
-            let r = c.join().expect("client");
+            let (r, _) = c.join().expect("client");
             assert_eq!(r.status, 200, "{}", r.body);
         }
         assert!(
@@ -652,37 +640,21 @@ fn hostile_a_client_that_stops_reading_loses_its_connection() {
     server.still_answers();
 }
 
-/// The process's resident bytes (`VmRSS`) or peak (`VmHWM`).
-fn status_bytes(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
-}
-
 #[test]
 fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
     let _one = serial();
     let server = start(ServerConfig::local(0));
     pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_PARALLEL);
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
-    let base = status_bytes("VmRSS");
+    let base = reset_peak();
     for round in 0..3 {
         let before = server.engine.step_counters();
         let clients: Vec<_> = (0..64)
             .map(|i| {
-                let addr = server.addr;
-                std::thread::spawn(move || {
-                    post_as(
-                        addr,
-                        CHAT,
-                        chat(json!({"max_tokens": 24, "stream": true})),
-                        &format!("swarm-{i}"),
-                    )
-                })
+                send_as_in_thread(
+                    server.addr,
+                    chat(json!({"max_tokens": 24, "stream": true})),
+                    &format!("swarm-{i}"),
+                )
             })
             .collect();
         let mut most = 0;
@@ -692,7 +664,7 @@ fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
         }
         let replies: Vec<_> = clients
             .into_iter()
-            .map(|c| c.join().expect("client"))
+            .map(|c| c.join().expect("client").0)
             .collect();
         let served = replies.iter().filter(|r| r.status == 200).count();
         let busy = replies.iter().filter(|r| r.status == 429).count();
@@ -710,7 +682,7 @@ fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
         assert_eq!(server.engine.status().running, 0);
         assert_eq!(server.engine.status().queued, 0);
     }
-    let rise = status_bytes("VmHWM").saturating_sub(base) as f64 / (1 << 20) as f64;
+    let rise = peak_rise_mib(base);
     eprintln!("64 streaming clients × 3: peak RSS +{rise:.1} MiB");
     assert!(rise < 256.0, "+{rise:.1} MiB");
     hostile("64 clients streaming at once, bounded memory -> shared_steps_or_queue_full");
@@ -725,12 +697,7 @@ fn hostile_a_client_with_many_streams_cannot_slow_anothers_tokens() {
     pool(&server, |p| p.parallel = 8);
     // One client's seven long streams take seven of the eight running places.
     let greedy: Vec<_> = (0..7)
-        .map(|_| {
-            let addr = server.addr;
-            std::thread::spawn(move || {
-                post_as(addr, CHAT, chat(json!({"max_tokens": 220})), "greedy")
-            })
-        })
+        .map(|_| send_as_in_thread(server.addr, chat(json!({"max_tokens": 220})), "greedy"))
         .collect();
     // All seven decoding: a step runs one token of each (their prompts came in one chunk a
     // step).
@@ -761,7 +728,7 @@ fn hostile_a_client_with_many_streams_cannot_slow_anothers_tokens() {
     );
     assert!(per_step > 7.0, "{per_step:.2} sequences per step");
     for g in greedy {
-        assert_eq!(g.join().expect("client").status, 200);
+        assert_eq!(g.join().expect("client").0.status, 200);
     }
     hostile("one client's 7 streams beside another's -> one_token_each_per_step");
     pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);

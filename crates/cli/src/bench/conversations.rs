@@ -183,15 +183,7 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
 
 /// The opening text of each conversation: consecutive passages of Alice, then Paradise Lost.
 fn opening_texts(n: usize, bytes: usize) -> anyhow::Result<Vec<String>> {
-    let mut all = String::new();
-    for asset in ["alice", "paradise-lost"] {
-        let path = crate::asset_names::file(asset)?;
-        all.push_str(
-            &std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?,
-        );
-    }
-    let chars: Vec<char> = all.chars().collect();
+    let chars: Vec<char> = super::corpus()?.chars().collect();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let start = (i * bytes) % chars.len().max(1);

@@ -33,6 +33,20 @@ use kvlab_engine::WeightsChoice;
 use kvlab_engine::{LoadOptions, Model};
 use serde::Serialize;
 
+/// Alice then Paradise Lost, one text: what the benchmarks' prompts and conversations are cut
+/// from.
+fn corpus() -> anyhow::Result<String> {
+    let mut all = String::new();
+    for asset in ["alice", "paradise-lost"] {
+        let path = crate::asset_names::file(asset)?;
+        all.push_str(
+            &std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        );
+    }
+    Ok(all)
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(subcommand)]

@@ -113,7 +113,7 @@ pub fn run(args: BenchParallelArgs) -> anyhow::Result<()> {
         bail!("at most {} clients", kvlab_engine::worker::MAX_PARALLEL - 1);
     }
     CacheSpec::parse(&args.kv)?;
-    let text = texts()?;
+    let text: Vec<char> = super::corpus()?.chars().collect();
     let engine = Engine::spawn()?;
     let context = (args.prefill_load / 3 + args.tokens + 512).max(2048);
     let card = args
@@ -173,19 +173,6 @@ pub fn run(args: BenchParallelArgs) -> anyhow::Result<()> {
         print_report(&report);
     }
     Ok(())
-}
-
-/// Alice then Paradise Lost, the passages the clients' prompts are cut from.
-fn texts() -> anyhow::Result<Vec<char>> {
-    let mut all = String::new();
-    for asset in ["alice", "paradise-lost"] {
-        let path = crate::asset_names::file(asset)?;
-        all.push_str(
-            &std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?,
-        );
-    }
-    Ok(all.chars().collect())
 }
 
 fn passage(text: &[char], i: usize, bytes: usize) -> String {

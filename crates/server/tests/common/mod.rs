@@ -311,3 +311,40 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// A field of `/proc/self/status`, in bytes.
+pub fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+/// The process's peak resident memory from now on: resets the kernel's high-water mark
+/// (`/proc/self/clear_refs`, value 5), and returns the resident bytes now.
+pub fn reset_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    status_bytes("VmRSS")
+}
+
+/// How far the peak rose above `base` since [`reset_peak`], in MiB.
+pub fn peak_rise_mib(base: u64) -> f64 {
+    status_bytes("VmHWM").saturating_sub(base) as f64 / (1 << 20) as f64
+}
+
+/// Sends `body` as the client `token` is, on a new connection in a thread.
+pub fn send_as_in_thread(
+    addr: std::net::SocketAddr,
+    body: Value,
+    token: &str,
+) -> std::thread::JoinHandle<(Reply, Duration)> {
+    let token = token.to_owned();
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let r = post_as(addr, "/v1/chat/completions", body, &token);
+        (r, t.elapsed())
+    })
+}
