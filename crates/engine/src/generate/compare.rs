@@ -126,16 +126,6 @@ pub enum CompareEvent {
     },
 }
 
-/// What one step of a comparison did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CompareStep {
-    /// More steps to come.
-    Working,
-    /// It ended (not yet reported: the caller sends `finished` once its state is current);
-    /// fidelity is absent when cancelled or nothing was generated.
-    Finished(Option<CompareFidelity>),
-}
-
 /// What a comparison runs next ([`CompareRun::next`]).
 #[derive(Debug)]
 pub enum CompareNext {
@@ -143,7 +133,8 @@ pub enum CompareNext {
     Run(Vec<(usize, Vec<u32>)>),
     /// The step did its own work (or none); more to come.
     Working,
-    /// It ended, as [`CompareStep::Finished`].
+    /// It ended (not yet reported: the caller sends `finished` once its state is current);
+    /// fidelity is absent when cancelled or nothing was generated.
     Finished(Option<CompareFidelity>),
 }
 
@@ -262,10 +253,7 @@ impl CompareRun {
         emit: &mut dyn FnMut(CompareEvent),
     ) -> Result<CompareNext, GenerateError> {
         if !self.panes.iter().any(|p| p.seq.is_some()) {
-            return Ok(match self.step_scoring(model, cancelled, emit)? {
-                CompareStep::Working => CompareNext::Working,
-                CompareStep::Finished(f) => CompareNext::Finished(f),
-            });
+            return self.step_scoring(model, cancelled, emit);
         }
         let chunk = limit.map_or(self.req.prefill_chunk.max(1), |l| {
             l.clamp(1, self.req.prefill_chunk.max(1))
@@ -395,12 +383,12 @@ impl CompareRun {
         model: &Model,
         cancelled: bool,
         emit: &mut dyn FnMut(CompareEvent),
-    ) -> Result<CompareStep, GenerateError> {
+    ) -> Result<CompareNext, GenerateError> {
         if cancelled {
-            return Ok(CompareStep::Finished(None));
+            return Ok(CompareNext::Finished(None));
         }
         let Some(range) = self.batches.get(self.batch).cloned() else {
-            return Ok(CompareStep::Finished(self.fidelity()));
+            return Ok(CompareNext::Finished(self.fidelity()));
         };
         let run = match self.scoring.as_mut() {
             Some(run) => run,
@@ -423,7 +411,7 @@ impl CompareRun {
             total: self.batches.len() * len,
         });
         if !run.done() {
-            return Ok(CompareStep::Working);
+            return Ok(CompareNext::Working);
         }
         let reports = self
             .scoring
@@ -441,9 +429,9 @@ impl CompareRun {
         }
         self.batch += 1;
         if self.batch < self.batches.len() {
-            return Ok(CompareStep::Working);
+            return Ok(CompareNext::Working);
         }
-        Ok(CompareStep::Finished(self.fidelity()))
+        Ok(CompareNext::Finished(self.fidelity()))
     }
 
     fn fidelity(&self) -> Option<CompareFidelity> {

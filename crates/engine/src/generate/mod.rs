@@ -24,7 +24,7 @@ use ts_rs::TS;
 
 pub use error::GenerateError;
 pub use sequence::{Outcome, Sequence};
-pub use turn::{Next, Step, Turn};
+pub use turn::{Next, Turn};
 
 use crate::chat::{ChatOptions, Message};
 use crate::contract::ConversationChoice;

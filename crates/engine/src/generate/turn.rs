@@ -17,17 +17,6 @@ use crate::contract::{CacheOrigin, ConversationId};
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
-/// What one step did.
-#[derive(Debug)]
-pub enum Step {
-    /// Ran this many prompt tokens.
-    Prefilled(usize),
-    /// Sampled a token and ran it.
-    Token,
-    /// The turn ended: its stats and `done` were emitted.
-    Finished(Outcome),
-}
-
 /// What a turn runs next ([`Turn::next`]).
 #[derive(Debug)]
 pub enum Next {
@@ -160,18 +149,17 @@ impl Turn {
         ids: &[u32],
         logits: Result<Tensor, GenerateError>,
         secs: f64,
-    ) -> Result<Step, GenerateError> {
+    ) -> Result<(), GenerateError> {
         let Some(seq) = self.seq.as_mut() else {
             return Err(ended());
         };
         let logits = logits?;
         if seq.next_prefill(1).is_some() {
             seq.prefilled(ids.len(), logits, secs);
-            Ok(Step::Prefilled(ids.len()))
         } else {
             seq.fed(logits);
-            Ok(Step::Token)
         }
+        Ok(())
     }
 
     /// Tokens of context the turn may reach: its prompt and every token it may generate,

@@ -12,7 +12,7 @@ use super::lock;
 use super::run::{panic_message, Ended, Task, Worker};
 use crate::contract::{ErrorCode, Event};
 use crate::generate::compare::{CompareEvent, CompareNext};
-use crate::generate::{GenerateError, Next, Step};
+use crate::generate::{GenerateError, Next};
 use crate::models::common::{BatchItem, Logits};
 
 /// Prompt tokens a step runs beside other sequences' decodes until [`Pace`] has measured
@@ -339,12 +339,10 @@ fn take_logits(
                     session.ran(ids);
                 }
             }
-            match turn.ran(ids, logits.map_err(GenerateError::from), secs) {
-                Ok(Step::Prefilled(_) | Step::Token) => None,
-                // `ran` never ends a turn: its end comes from `next`.
-                Ok(Step::Finished(_)) => None,
-                Err(e) => Some(turn_error(e)),
-            }
+            // A turn ends in `next`; here only by an error.
+            turn.ran(ids, logits.map_err(GenerateError::from), secs)
+                .err()
+                .map(turn_error)
         }
         Task::Compare { run, .. } => {
             for (pane, logits) in mine {
