@@ -7,8 +7,9 @@ use std::path::Path;
 
 use kvlab_engine::budget::{FitOption, MemoryFit};
 use kvlab_engine::card::MemoryEstimate;
-use kvlab_engine::chat::{Message, Role, TemplateSource};
+use kvlab_engine::chat::{Message, Role, TemplateSource, Tool, ToolCall};
 use kvlab_engine::checkpoint::source::gguf_quants::GgufQuant;
+use kvlab_engine::constrain::Constraint;
 use kvlab_engine::contract::TokenCost;
 use kvlab_engine::contract::{
     Activity, CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason,
@@ -69,6 +70,9 @@ pub fn typescript() -> String {
         decl::<CompareEvent>(&cfg),
         decl::<CompareFidelity>(&cfg),
         decl::<CompareRequest>(&cfg),
+        decl::<Constraint>(&cfg),
+        decl::<Tool>(&cfg),
+        decl::<ToolCall>(&cfg),
         decl::<SweepPoint>(&cfg),
         decl::<ContextCost>(&cfg),
         decl::<DefaultModel>(&cfg),

@@ -1,7 +1,10 @@
 """`kvlab serve` driven by the real `openai` Python client, as editors, agents and notebooks
 drive it: the offline Gemma 3 270M, greedy answers equal to `kvlab chat`'s, streaming,
 stop strings, a KV cache per request with its bytes back, coded errors, a full queue, eight
-concurrent clients, a client that leaves mid-stream, and the server's guards.
+concurrent clients, a client that leaves mid-stream, and the server's guards; structured
+output (`response_format`, 20 schemas, each answer validated by `jsonschema`); and tools on
+the tiny Gemma 4 with its tool vocabulary and published template (a forced call, streamed
+and whole, a round trip through a `tool` message, `tool_choice` none and named).
 
 Run by scripts/test.sh (step server-test) in the venv scripts/setup.sh makes:
     KVLAB_BIN=target/debug/kvlab KVLAB_SERVE_MODEL=path/to/model.gguf python test_openai.py
@@ -15,7 +18,12 @@ import sys
 import time
 import unittest
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import httpx
+import jsonschema
 import openai
 
 KVLAB = os.environ["KVLAB_BIN"]
@@ -24,12 +32,17 @@ THREADS = os.environ.get("KVLAB_SERVE_THREADS", "2")
 PROMPT = "Name three colours of the sea."
 
 
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "crates/engine/tests/fixtures"
+
+
 class Server:
     """`kvlab serve` on a free port, stopped at the end."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, model=None):
         self.proc = subprocess.Popen(
-            [KVLAB, "--threads", THREADS, "serve", "--model", MODEL_PATH, "--port", "0", *args],
+            [KVLAB, "--threads", THREADS, "serve", "--model", model or MODEL_PATH, "--port", "0",
+             *args],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -205,6 +218,212 @@ class OpenAIClient(unittest.TestCase):
         text = httpx.get(self.server.url.replace("/v1", "/metrics")).text
         self.assertIn('kvlab_requests_total{endpoint="chat"}', text)
         self.assertIn("kvlab_kv_bytes_total", text)
+
+
+# Schemas of the kinds agent clients send in strict mode (none tuned to this model: every
+# object closed by additionalProperties false, as OpenAI's strict mode requires): every
+# answer must parse and validate. Strings and lists are bounded where a client would bound
+# them (a base model left free writes keys and words without end, and so would any model
+# at max_tokens).
+SCHEMAS = [
+    {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}}, "required": ["colour"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"], "additionalProperties": False},
+    {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}}, "required": ["sentiment"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5},
+    {"type": "object", "properties": {"colours": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}}}, "required": ["colours"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "location": {"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}, "lon": {"type": "number", "minimum": -180, "maximum": 180}}, "required": ["lat", "lon"], "additionalProperties": False}}, "required": ["city", "location"], "additionalProperties": False},
+    {"type": "object", "properties": {"priority": {"type": "integer", "enum": [1, 2, 3]}, "done": {"type": "boolean"}}, "required": ["priority", "done"], "additionalProperties": False},
+    {"type": "object", "properties": {"title": {"type": "string", "maxLength": 30}, "tags": {"type": "array", "maxItems": 4, "items": {"enum": ["sea", "sky", "sand", "sun"]}}}, "required": ["title", "tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"note": {"type": ["string", "null"], "maxLength": 20}}, "required": ["note"], "additionalProperties": False},
+    {"type": "object", "properties": {"kind": {"const": "colour"}, "value": {"type": "string", "maxLength": 10}}, "required": ["kind", "value"], "additionalProperties": False},
+    {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["score"], "additionalProperties": False},
+    {"type": "object", "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "qty": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["name", "qty"], "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+    {"type": "object", "properties": {"email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"}}, "required": ["email"], "additionalProperties": False},
+    {"type": "object", "properties": {"when": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}}, "required": ["when"], "additionalProperties": False},
+    {"anyOf": [{"type": "object", "properties": {"yes": {"type": "boolean"}}, "required": ["yes"], "additionalProperties": False}, {"type": "object", "properties": {"no": {"type": "integer"}}, "required": ["no"], "additionalProperties": False}]},
+    {"$defs": {"colour": {"enum": ["blue", "green", "grey"]}}, "type": "object", "properties": {"sea": {"$ref": "#/$defs/colour"}, "sky": {"$ref": "#/$defs/colour"}}, "required": ["sea", "sky"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "required": ["a"], "additionalProperties": False},
+    {"type": "string", "maxLength": 16},
+    {"type": "object", "properties": {"matrix": {"type": "array", "maxItems": 2, "items": {"type": "array", "maxItems": 2, "items": {"type": "integer", "minimum": 0, "maximum": 9}}}}, "required": ["matrix"], "additionalProperties": False},
+]
+
+
+class StructuredOutput(unittest.TestCase):
+    """`response_format` on the 270M: every answer parses and validates."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server()
+        cls.api = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def answer(self, fmt, prompt="Describe the sea as JSON.", tokens=400, **kw):
+        r = self.api.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": prompt}],
+            temperature=0, max_tokens=tokens, response_format=fmt, **kw)
+        self.assertEqual(r.choices[0].finish_reason, "stop", r.choices[0].message.content)
+        return json.loads(r.choices[0].message.content)
+
+    def test_every_answer_under_a_schema_validates(self):
+        for i, schema in enumerate(SCHEMAS):
+            with self.subTest(schema=i):
+                fmt = {"type": "json_schema",
+                       "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+                jsonschema.validate(self.answer(fmt), schema)
+
+    def test_json_object_streams_and_holds_under_every_cache(self):
+        # Any object: this base model may go on adding keys to max_tokens; what it wrote is
+        # then an object still open, and a whole one when it stops.
+        r = self.api.chat.completions.create(
+            model=self.server.model, temperature=0, max_tokens=80,
+            messages=[{"role": "user", "content": "The sea, as JSON:"}],
+            response_format={"type": "json_object"})
+        text = r.choices[0].message.content
+        if r.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(text), dict)
+        else:
+            self.assertTrue(text.startswith("{"), text)
+        schema = SCHEMAS[1]
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+        for cache in ("q8_0", "q4_0+sink", "tq3.5@all", "k4v3+qw@all"):
+            with self.subTest(cache=cache):
+                got = self.answer(fmt, extra_body={"kv_cache": cache})
+                jsonschema.validate(got, schema)
+        chunks = list(self.api.chat.completions.create(
+            model=self.server.model, messages=[{"role": "user", "content": "A person."}],
+            temperature=0, max_tokens=200, response_format=fmt, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        jsonschema.validate(json.loads(text), schema)
+
+    def test_bad_schemas_and_tools_without_a_template_are_clear_400s(self):
+        deep = {"type": "integer"}
+        for _ in range(600):
+            deep = {"type": "array", "items": deep}
+        unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+        for fmt in ({"type": "json_schema", "json_schema": {"name": "x", "schema": deep}},
+                    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"pattern": "(("}}},
+                    # A keyword the grammar cannot hold is refused by name, not ignored.
+                    {"type": "json_schema", "json_schema": {"name": "x", "schema": unique}},
+                    {"type": "yaml"}):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.answer(fmt)
+            self.assertEqual(e.exception.code, "invalid_request")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.api.chat.completions.create(
+                model=self.server.model, messages=[{"role": "user", "content": "hi"}],
+                tools=[WEATHER], tool_choice="required")
+        self.assertEqual(e.exception.code, "invalid_request")
+        self.assertIn("Gemma 3 models have no tool-call syntax", e.exception.message)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "unit"]}}}
+PING = {"type": "function", "function": {"name": "ping", "description": "Check the line.",
+                                         "parameters": {"type": "object", "properties": {}}}}
+
+
+def tiny_gemma4(folder):
+    """The tiny random-weight Gemma 4 E-model with the published Jul 14 template and a
+    vocabulary that has Gemma 4's tool tokens (the engine's tools tests use the same)."""
+    src = FIXTURES / "tiny_e"
+    shutil.copy(src / "model.safetensors", folder / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    # A tool's declaration is some hundreds of tokens in this tiny vocabulary.
+    config["max_position_embeddings"] = 2048
+    (folder / "config.json").write_text(json.dumps(config))
+    shutil.copy(FIXTURES / "templates/g4_e2b_jul14.jinja", folder / "chat_template.jinja")
+    return folder / "model.safetensors", src / "tokenizer_tools.json"
+
+
+class Tools(unittest.TestCase):
+    """Tools through the openai client on the tiny Gemma 4: random weights, so only a forced
+    call is meaningful, and the grammar makes it well formed."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.folder = tempfile.TemporaryDirectory()
+        model, tokenizer = tiny_gemma4(Path(cls.folder.name))
+        cls.server = Server("--tokenizer", str(tokenizer), model=str(model))
+        cls.api = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.folder.cleanup()
+
+    def ask(self, messages, max_tokens=120, **kw):
+        return self.api.chat.completions.create(
+            model=self.server.model, messages=messages, temperature=0, max_tokens=max_tokens,
+            **kw)
+
+    def check_call(self, call, allowed=("get_weather", "ping")):
+        self.assertIn(call.function.name, allowed)
+        args = json.loads(call.function.arguments)
+        tool = WEATHER if call.function.name == "get_weather" else PING
+        jsonschema.validate(args, tool["function"]["parameters"])
+        self.assertTrue(call.id.startswith("call_"), call.id)
+        return args
+
+    def test_a_required_call_is_whole_and_streamed_alike(self):
+        question = [{"role": "user", "content": "Weather in Paris?"}]
+        r = self.ask(question, tools=[WEATHER, PING], tool_choice="required",
+                     parallel_tool_calls=False)
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertEqual(len(choice.message.tool_calls), 1)
+        args = self.check_call(choice.message.tool_calls[0])
+        # Streamed: the id and name first, then the arguments; reassembled, the same call.
+        chunks = list(self.api.chat.completions.create(
+            model=self.server.model, messages=question, temperature=0, max_tokens=120,
+            tools=[WEATHER, PING], tool_choice="required", parallel_tool_calls=False,
+            stream=True))
+        calls = {}
+        for c in chunks:
+            for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+                got = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                got["id"] = d.id or got["id"]
+                if d.function and d.function.name:
+                    got["name"] = d.function.name
+                if d.function and d.function.arguments:
+                    got["arguments"] += d.function.arguments
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "tool_calls")
+        self.assertEqual(list(calls), [0])
+        self.assertEqual(calls[0]["name"], choice.message.tool_calls[0].function.name)
+        self.assertEqual(json.loads(calls[0]["arguments"]), args)
+
+    def test_a_named_function_and_a_round_trip(self):
+        question = [{"role": "user", "content": "Weather in Paris?"}]
+        r = self.ask(question, tools=[WEATHER, PING],
+                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        call = r.choices[0].message.tool_calls[0]
+        self.check_call(call, allowed=("get_weather",))
+        # The tool answers; the model goes on in text (random weights: any text).
+        follow = question + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+        ]
+        final = self.ask(follow, tools=[WEATHER, PING], max_tokens=8)
+        self.assertIn(final.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+
+    def test_tool_choice_none_answers_in_text(self):
+        r = self.ask([{"role": "user", "content": "Hi"}], tools=[WEATHER], tool_choice="none",
+                     max_tokens=16)
+        self.assertIsNone(r.choices[0].message.tool_calls)
+        self.assertIsInstance(r.choices[0].message.content, str)
+        with self.assertRaises(openai.BadRequestError):
+            self.ask([{"role": "user", "content": "Hi"}], tools=[WEATHER],
+                     tool_choice={"type": "function", "function": {"name": "nope"}})
 
 
 class ApiKey(unittest.TestCase):

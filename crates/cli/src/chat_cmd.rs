@@ -7,6 +7,7 @@ use crate::model_args::{kv_policy, ModelArgs};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use kvlab_engine::chat::Message;
+use kvlab_engine::constrain::Constraint;
 use kvlab_engine::contract::{DoneReason, Event, GenStats};
 use kvlab_engine::generate::sampling::SamplingParams;
 use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
@@ -64,6 +65,10 @@ pub struct ChatArgs {
     /// The cache SPEC to switch to at --switch-at (e.g. tq4).
     #[arg(long, requires = "switch_at")]
     switch_to: Option<String>,
+    /// Hold the answer to this JSON schema (a file) by constrained decoding: it always
+    /// parses and validates (`{}` in the file: any JSON object).
+    #[arg(long)]
+    json_schema: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,6 +184,20 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             system: args.system.clone(),
             messages: vec![Message::user(args.prompt.clone())],
             thinking: args.think,
+            tools: Vec::new(),
+        }
+    };
+    let constraint = match &args.json_schema {
+        None => None,
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            Some(match schema.as_object() {
+                Some(o) if o.is_empty() => Constraint::JsonObject,
+                _ => Constraint::JsonSchema { schema },
+            })
         }
     };
     let request = GenerateRequest {
@@ -190,6 +209,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         stop: Vec::new(),
         conversation: None,
         context: None,
+        constraint,
     };
     let ticket = engine.submit(request)?;
     let tty = std::io::stdout().is_terminal();

@@ -57,6 +57,8 @@ pub fn openai_messages(v: &serde_json::Value) -> anyhow::Result<Vec<Message>> {
                 role,
                 content,
                 thinking: m["reasoning_content"].as_str().map(str::to_owned),
+                tool_calls: Vec::new(),
+                tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
             })
         })
         .collect()
@@ -78,6 +80,7 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let prompt = Prompt::Conversation {
         messages,
         thinking: args.think,
+        tools: Vec::new(),
     }
     .for_model(Some(tokenizer.template().is_some()));
     let preview =

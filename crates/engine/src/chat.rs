@@ -20,6 +20,10 @@ use ts_rs::TS;
 
 use crate::contract::Family;
 
+pub mod tools;
+
+pub use tools::{Tool, ToolCall};
+
 /// Template instructions one render may run: far beyond any real template (Gemma 4's uses
 /// about 10k for a 100-turn conversation), reached within a fraction of a second.
 pub const FUEL: u64 = 5_000_000;
@@ -48,6 +52,9 @@ pub enum ChatError {
     /// The model has no thinking channel.
     #[error("{0} has no thinking mode")]
     ThinkingUnsupported(Family),
+    /// Tools were offered to a model that cannot take them (why, in words).
+    #[error("tools are not supported: {0}")]
+    ToolsUnsupported(String),
 }
 
 /// Who speaks.
@@ -58,17 +65,28 @@ pub enum Role {
     User,
     /// The model (OpenAI's `assistant`).
     Model,
+    /// A tool's answer to one of the model's calls.
+    Tool,
 }
 
 /// One chat message. `thinking` holds a model turn's thought channel; the template decides
-/// whether it is rendered back (as `reasoning_content`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+/// whether it is rendered back (as `reasoning_content`). A model turn may carry the tool
+/// calls it made; a tool turn names the call it answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: Role,
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<String>,
+    /// The calls a model turn made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[ts(optional, as = "Option<Vec<ToolCall>>")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool turn answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub tool_call_id: Option<String>,
 }
 
 impl Role {
@@ -78,6 +96,7 @@ impl Role {
             "system" | "developer" => Role::System,
             "user" => Role::User,
             "assistant" | "model" => Role::Model,
+            "tool" => Role::Tool,
             _ => return None,
         })
     }
@@ -98,6 +117,16 @@ impl Message {
             role,
             content: content.into(),
             thinking: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A tool's answer to the call `id`.
+    pub fn tool(id: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            tool_call_id: Some(id.into()),
+            ..Self::new(Role::Tool, content)
         }
     }
 }
@@ -261,16 +290,17 @@ impl ChatTemplate {
     }
 
     /// The conversation as the string the model reads, with `bos` and `eos` as the
-    /// vocabulary writes them. Control strings inside user and system messages come out
-    /// escaped (see [`escape`]): split the result with the vocabulary's control tokens, then
-    /// [`unescape`] the text between them.
+    /// vocabulary writes them, offering `tools` (none: the template is not told of tools).
+    /// Control strings inside user, system and tool messages come out escaped (see
+    /// [`escape`]): split the result with the vocabulary's control tokens, then [`unescape`]
+    /// the text between them.
     pub fn render(
         &self,
         messages: &[Message],
         opts: ChatOptions,
+        tools: &[Tool],
         controls: &ControlStrings,
-        bos: &str,
-        eos: &str,
+        (bos, eos): (&str, &str),
     ) -> Result<String, ChatError> {
         let msgs: Vec<serde_json::Value> = messages
             .iter()
@@ -278,17 +308,26 @@ impl ChatTemplate {
                 let (role, content) = match m.role {
                     Role::System => ("system", escape(&m.content, controls)),
                     Role::User => ("user", escape(&m.content, controls)),
+                    Role::Tool => ("tool", escape(&m.content, controls)),
                     Role::Model => ("assistant", m.content.clone()),
                 };
                 let mut v = serde_json::json!({ "role": role, "content": content });
                 if let Some(t) = &m.thinking {
                     v["reasoning_content"] = t.clone().into();
                 }
+                if !m.tool_calls.is_empty() {
+                    v["tool_calls"] = m.tool_calls.iter().map(ToolCall::template_value).collect();
+                }
+                if let Some(id) = &m.tool_call_id {
+                    v["tool_call_id"] = id.clone().into();
+                }
                 v
             })
             .collect();
+        let tools: Vec<serde_json::Value> = tools.iter().map(Tool::template_value).collect();
         let ctx = minijinja::context! {
             messages => minijinja::Value::from(minijinja::value::Serde(&msgs)),
+            tools => (!tools.is_empty()).then(|| minijinja::Value::from(minijinja::value::Serde(&tools))),
             bos_token => bos,
             eos_token => eos,
             add_generation_prompt => opts.add_generation_prompt,
@@ -306,6 +345,27 @@ impl ChatTemplate {
             line: None,
             reason: "it wrote text that is not UTF-8".into(),
         })
+    }
+}
+
+impl ChatTemplate {
+    /// Whether the template tells the model of the tools it is given: it renders a probe
+    /// tool's name (Gemma 3's template ignores `tools`; Gemma 4's declares each).
+    pub fn renders_tools(&self) -> bool {
+        const PROBE: &str = "kvlab_probe_tool_4f1c";
+        let tool = Tool {
+            name: PROBE.into(),
+            description: Some("probe".into()),
+            parameters: Some(serde_json::json!({"type": "object", "properties": {}})),
+        };
+        self.render(
+            &[Message::user("hi")],
+            ChatOptions::default(),
+            std::slice::from_ref(&tool),
+            &ControlStrings::none(),
+            ("", ""),
+        )
+        .is_ok_and(|text| text.contains(PROBE))
     }
 }
 

@@ -30,6 +30,7 @@ pub mod budget;
 pub mod card;
 pub mod chat;
 pub mod checkpoint;
+pub mod constrain;
 pub mod contract;
 mod conversations;
 pub mod device;

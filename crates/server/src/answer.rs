@@ -1,7 +1,7 @@
 //! One request's answer as the server reads it from the engine: the engine streams the
 //! request's events into a channel (its stop strings already applied there); this side turns
-//! them into pieces of content and thinking, and ends with the finish reason and the
-//! figures. Dropping an [`Answer`] (the client went away) drops its ticket, which cancels the
+//! them into pieces of content, thinking and tool calls, and ends with the finish reason
+//! and the figures. Dropping an [`Answer`] (the client went away) drops its ticket, which cancels the
 //! request, queued or running, and frees its place at once.
 
 use kvlab_engine::contract::{DoneReason, Event, GenStats};
@@ -20,6 +20,8 @@ pub enum Piece {
     Content(String),
     /// Thinking-channel text.
     Reasoning(String),
+    /// A whole tool call.
+    ToolCall(Call),
     /// The end: OpenAI's finish reason and the engine's figures.
     End {
         finish_reason: &'static str,
@@ -27,11 +29,33 @@ pub enum Piece {
     },
 }
 
+/// A tool call as OpenAI sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub index: usize,
+    pub id: String,
+    pub name: String,
+    /// JSON text.
+    pub arguments: String,
+}
+
+impl Call {
+    /// OpenAI's `tool_calls[]` entry.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id, "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        })
+    }
+}
+
 /// A running request.
 pub struct Answer {
     events: UnboundedReceiver<Event>,
     stats: Option<GenStats>,
     ended: bool,
+    /// Whether the model called a tool (the finish reason is then `tool_calls`).
+    called: bool,
     /// Dropped with the answer: that cancels the request.
     _ticket: Ticket<GenerateRequest>,
 }
@@ -47,6 +71,7 @@ impl Answer {
             events,
             stats: None,
             ended: false,
+            called: false,
             _ticket: ticket,
         })
     }
@@ -65,6 +90,20 @@ impl Answer {
             match event {
                 Event::Token { text } if !text.is_empty() => return Some(Ok(Piece::Content(text))),
                 Event::Thinking { text } => return Some(Ok(Piece::Reasoning(text))),
+                Event::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    self.called = true;
+                    return Some(Ok(Piece::ToolCall(Call {
+                        index,
+                        id,
+                        name,
+                        arguments,
+                    })));
+                }
                 Event::Stats(s) => self.stats = Some(s),
                 Event::Done { reason, .. } => {
                     self.ended = true;
@@ -85,6 +124,7 @@ impl Answer {
         // The engine ends on a stop string as on a stop token: OpenAI's "stop".
         let finish_reason = match reason {
             DoneReason::Length => "length",
+            DoneReason::Stop if self.called => "tool_calls",
             DoneReason::Stop | DoneReason::Cancelled => "stop",
         };
         Piece::End {
@@ -100,6 +140,7 @@ impl Answer {
             match piece? {
                 Piece::Content(t) => out.content.push_str(&t),
                 Piece::Reasoning(t) => out.reasoning.push_str(&t),
+                Piece::ToolCall(c) => out.tool_calls.push(c),
                 Piece::End {
                     finish_reason,
                     stats,
@@ -118,6 +159,7 @@ impl Answer {
 pub struct Collected {
     pub content: String,
     pub reasoning: String,
+    pub tool_calls: Vec<Call>,
     pub finish_reason: &'static str,
     pub stats: Option<GenStats>,
 }

@@ -17,6 +17,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::client::Client;
 use crate::error::ApiError;
+use crate::tools::{Calls, ResponseFormatIn, ToolCallIn, ToolIn, Tools};
+use kvlab_engine::constrain::Constraint;
 
 /// A bound on a list in a request: a list is read item by item and refused at its
 /// `MAX + 1`th, before more is read (a body of many tiny items would otherwise take many
@@ -150,6 +152,12 @@ pub struct ChatMessageIn {
     /// A previous answer's thinking, as llama-server and vLLM send it back.
     #[serde(default)]
     pub reasoning_content: Option<String>,
+    /// A previous answer's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Bounded<ToolCallIn, Calls>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// `stream_options`.
@@ -215,6 +223,20 @@ pub struct RequestBody {
     pub reasoning_effort: Option<String>,
     #[serde(default)]
     pub chat_template_kwargs: Option<TemplateKwargs>,
+    /// Functions the model may call.
+    #[serde(default)]
+    pub tools: Option<Bounded<ToolIn, Tools>>,
+    /// `auto`, `none`, `required`, or one function.
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// `text`, `json_object`, or `json_schema`.
+    #[serde(default)]
+    pub response_format: Option<ResponseFormatIn>,
+    /// The constraint `tool_choice` asked for, found as the chat's messages are read.
+    #[serde(skip)]
+    forced_call: Option<Constraint>,
 }
 
 /// What the server allows every request (`kvlab serve --max-tokens`, `--ctx`).
@@ -314,6 +336,13 @@ impl RequestBody {
                 Some(selection)
             }
         };
+        let format = crate::tools::response_format(self.response_format.take())?;
+        let constraint = match (self.forced_call.take(), format) {
+            (Some(_), Some(_)) => return Err(ApiError::invalid(
+                "a forced tool call and a response_format cannot both hold the answer: choose one",
+            )),
+            (call, format) => call.or(format),
+        };
         let conversation = client.conversation(self.conversation.as_deref().or(header))?;
         Ok(Planned {
             request: GenerateRequest {
@@ -325,6 +354,7 @@ impl RequestBody {
                 stop: stops.clone(),
                 conversation: Some(conversation),
                 context: limits.context,
+                constraint,
             },
             stops,
             stream: self.stream,
@@ -346,10 +376,16 @@ impl RequestBody {
         for (i, m) in listed.into_iter().enumerate() {
             let role = Role::from_openai(&m.role).ok_or_else(|| {
                 ApiError::invalid(format!(
-                    "messages[{i}].role {:?} is not one of system, developer, user, assistant",
+                    "messages[{i}].role {:?} is not one of system, developer, user, assistant, tool",
                     m.role
                 ))
             })?;
+            if role == Role::Tool && m.tool_call_id.is_none() {
+                return Err(ApiError::invalid(format!(
+                    "messages[{i}]: a tool message names the call it answers (tool_call_id)"
+                )));
+            }
+            let tool_calls = crate::tools::calls(i, m.tool_calls)?;
             let content = match m.content {
                 None => String::new(),
                 Some(TextOr::Text(t)) => t,
@@ -372,11 +408,18 @@ impl RequestBody {
                 role,
                 content,
                 thinking: m.reasoning_content,
+                tool_calls,
+                tool_call_id: m.tool_call_id,
             });
         }
+        let tools = crate::tools::tools(self.tools.take())?;
+        let (forced, offered) =
+            crate::tools::choice(self.tool_choice.as_ref(), self.parallel_tool_calls, &tools)?;
+        self.forced_call = forced;
         Ok(Prompt::Conversation {
             messages,
             thinking: self.thinking(),
+            tools: if offered { tools } else { Vec::new() },
         })
     }
 
@@ -507,7 +550,10 @@ mod tests {
             "kv_cache": "tq4", "user": "ignored", "unknown": {"deep": [1, 2, {"x": null}]}
         }))
         .unwrap();
-        let Prompt::Conversation { messages, thinking } = &planned.request.prompt else {
+        let Prompt::Conversation {
+            messages, thinking, ..
+        } = &planned.request.prompt
+        else {
             panic!("{:?}", planned.request.prompt)
         };
         assert_eq!(

@@ -17,6 +17,7 @@ pub mod guard;
 mod listen;
 pub mod metrics;
 mod routes;
+pub mod tools;
 
 use std::collections::VecDeque;
 use std::future::Future;

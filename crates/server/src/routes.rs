@@ -261,6 +261,12 @@ impl Head {
                 if !a.reasoning.is_empty() {
                     message["reasoning_content"] = json!(a.reasoning);
                 }
+                if !a.tool_calls.is_empty() {
+                    message["tool_calls"] = a.tool_calls.iter().map(|c| c.to_json()).collect();
+                    if a.content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
                 json!({ "index": 0, "message": message, "finish_reason": a.finish_reason, "logprobs": null })
             }
             Endpoint::Completions => {
@@ -311,6 +317,20 @@ impl Head {
                 vec![self.chunk(json!({ "reasoning_content": t }), None)]
             }
             Ok(Piece::Reasoning(_)) => Vec::new(),
+            // As OpenAI streams a call: its id and name first, then its arguments.
+            Ok(Piece::ToolCall(c)) if self.endpoint == Endpoint::Chat => vec![
+                self.chunk(
+                    json!({ "tool_calls": [{ "index": c.index, "id": c.id, "type": "function",
+                        "function": { "name": c.name, "arguments": "" } }] }),
+                    None,
+                ),
+                self.chunk(
+                    json!({ "tool_calls": [{ "index": c.index,
+                        "function": { "arguments": c.arguments } }] }),
+                    None,
+                ),
+            ],
+            Ok(Piece::ToolCall(_)) => Vec::new(),
             Ok(Piece::End {
                 finish_reason,
                 stats,
@@ -401,7 +421,10 @@ async fn respond(
                     .counters
                     .tokens(s.prompt_tokens, s.generated_tokens);
             }
-            let last = !matches!(piece, Ok(Piece::Content(_)) | Ok(Piece::Reasoning(_)));
+            let last = !matches!(
+                piece,
+                Ok(Piece::Content(_)) | Ok(Piece::Reasoning(_)) | Ok(Piece::ToolCall(_))
+            );
             Some((piece, (!last).then_some((answer, None))))
         }
     });

@@ -510,3 +510,83 @@ fn hostile_reads_of_the_timeline_write_nothing() {
     hostile("61 reads of GET /v1/kv -> no_side_effects");
     server.still_answers();
 }
+
+#[test]
+fn hostile_schemas_and_tools_are_refused_with_short_errors_or_bounded() {
+    let _one = serial();
+    let server = start(ServerConfig::local(0));
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..600 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let schema = |s: Value| json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}});
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+    let refused = [
+        ("response_format schema nested 600 deep", schema(deep)),
+        (
+            "tool_choice required on a model without tools",
+            json!({"tools": [weather], "tool_choice": "required"}),
+        ),
+        ("129 tools", json!({"tools": vec![weather.clone(); 129]})),
+        (
+            "tool call arguments that are not JSON",
+            json!({"messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{city: Paris"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        ),
+    ];
+    for round in 0..20 {
+        for (what, extra) in &refused {
+            let r = post(server.addr, "/v1/chat/completions", chat(extra.clone()));
+            assert_eq!(
+                (r.status, r.code().as_str()),
+                (400, "invalid_request"),
+                "{what}: {}",
+                r.body
+            );
+            assert!(r.body.len() < 1024, "{what}: {} bytes", r.body.len());
+            if round == 0 {
+                hostile(&format!("{what} -> invalid_request"));
+            }
+        }
+    }
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        chat(json!({"tools": [weather], "tool_choice": "required"})),
+    );
+    assert!(
+        r.body.contains("Gemma 3 models have no tool-call syntax"),
+        "{}",
+        r.body
+    );
+    // A schema that compiles but is large (an enum of 10k members): each step's mask is
+    // bounded, and the answer is one of the members.
+    let members: Vec<String> = (0..10_000).map(|i| format!("member-{i}")).collect();
+    let t = Instant::now();
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        chat(
+            json!({"max_tokens": 40, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"enum": members}}}}),
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let content = r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+    if r.json()["choices"][0]["finish_reason"] == "stop" {
+        let v: String = serde_json::from_str(&content).expect("a JSON string");
+        assert!(members.contains(&v), "{v}");
+    } else {
+        assert!(content.starts_with("\"member-"), "{content}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    hostile("response_format enum of 10k members -> bounded");
+    server.still_answers();
+}

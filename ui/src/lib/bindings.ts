@@ -230,7 +230,17 @@ caches: [CacheSelection, CacheSelection],
  * Caches to sweep after the comparison: each scored against the reference on the
  * reference's tokens, as `sweep_point` events (the compare view's KLD-against-bits chart).
  */
-sweep: Array<CacheSelection>, };
+sweep: Array<CacheSelection>, 
+/**
+ * What both answers are held to (a JSON schema: does this cache break my JSON?).
+ */
+constraint?: Constraint, };
+
+export type Constraint = { "type": "json_object" } | { "type": "json_schema", 
+/**
+ * The schema (draft 2020-12, as llguidance reads it).
+ */
+schema: unknown, } | { "type": "tool_call", name?: string, parallel: boolean, };
 
 export type ContextCost = { 
 /**
@@ -382,7 +392,23 @@ text: string, } | { "type": "thinking",
 /**
  * Text to append.
  */
-text: string, } | { "type": "stats" } & GenStats | { "type": "done", 
+text: string, } | { "type": "tool_call", 
+/**
+ * Its place among this answer's calls, from 0.
+ */
+index: number, 
+/**
+ * The id a tool's answer names.
+ */
+id: string, 
+/**
+ * The function called.
+ */
+name: string, 
+/**
+ * Its arguments, a JSON object as text.
+ */
+arguments: string, } | { "type": "stats" } & GenStats | { "type": "done", 
 /**
  * Why it ended.
  */
@@ -526,7 +552,11 @@ conversation?: ConversationChoice,
  * model's (a server's `--ctx`): a longer prompt is refused before any work, and the
  * answer ends (`length`) where the context does. `None`: the model's whole context.
  */
-context?: number, };
+context?: number, 
+/**
+ * What the answer is held to (JSON, a schema, a tool call), by constrained decoding.
+ */
+constraint?: Constraint, };
 
 export type GgufQuant = { 
 /**
@@ -800,7 +830,15 @@ calibrating: boolean,
  */
 conversations: Array<ConversationInfo>, };
 
-export type Message = { role: Role, content: string, thinking?: string | null, };
+export type Message = { role: Role, content: string, thinking?: string | null, 
+/**
+ * The calls a model turn made.
+ */
+tool_calls?: Array<ToolCall>, 
+/**
+ * The call a tool turn answers.
+ */
+tool_call_id?: string, };
 
 export type ModelCard = { 
 /**
@@ -921,7 +959,12 @@ messages: Array<Message>,
 /**
  * Let the model think first (Gemma 4 only).
  */
-thinking: boolean, } | { "type": "conversation", 
+thinking: boolean, 
+/**
+ * Functions the model may call, rendered by the template (a model whose template
+ * has no tools refuses them).
+ */
+tools?: Array<Tool>, } | { "type": "conversation", 
 /**
  * The turns so far (a system turn may lead).
  */
@@ -929,7 +972,11 @@ messages: Array<Message>,
 /**
  * Let the model think first (Gemma 4 only; ignored for plain text).
  */
-thinking: boolean, } | { "type": "text", 
+thinking: boolean, 
+/**
+ * Functions the model may call (see [`Prompt::Chat`]; refused for plain text).
+ */
+tools?: Array<Tool>, } | { "type": "text", 
 /**
  * The text.
  */
@@ -957,7 +1004,7 @@ stops: Array<StopToken>,
  */
 template: TemplateSource | null, };
 
-export type Role = "system" | "user" | "model";
+export type Role = "system" | "user" | "model" | "tool";
 
 export type SamplingParams = { temperature: number, 
 /**
@@ -1156,6 +1203,35 @@ full_bytes_per_token: number,
  */
 sliding_bytes_per_token: number, };
 
+export type Tool = { 
+/**
+ * Its name (`get_weather`): letters, digits, `_`, `-` and `.`, at most [`MAX_NAME`]
+ * bytes.
+ */
+name: string, 
+/**
+ * What it does, for the model.
+ */
+description?: string, 
+/**
+ * Its arguments as a JSON schema (an object schema).
+ */
+parameters?: unknown, };
+
+export type ToolCall = { 
+/**
+ * The id the tool's answer names (`tool_call_id`).
+ */
+id: string, 
+/**
+ * The function called.
+ */
+name: string, 
+/**
+ * Its arguments: a JSON object.
+ */
+arguments: unknown, };
+
 export type UnreadableSession = { 
 /**
  * The file's name in the sessions folder.
@@ -1176,7 +1252,7 @@ export type WeightFormat = "gguf" | "safetensors";
 export type WeightsChoice = "q4_k" | "q8_0" | "f16" | "bf16" | "f32";
 
 /** The app's event names. */
-export const APP_EVENTS = {"engineStatus":"engine-status","memoryMarker":"memory-marker","memorySample":"memory-sample"} as const;
+export const APP_EVENTS = {"engineStatus":"engine-status","memorySample":"memory-sample","memoryMarker":"memory-marker"} as const;
 
 /** How a safetensors checkpoint's weights may be held, in menu order. */
 export const WEIGHTS_CHOICES: Array<WeightsChoice> = ["q4_k","q8_0","f16","bf16","f32"];
@@ -1188,7 +1264,7 @@ export const FORMAT_BYTES_EXAMPLES: Array<[number, string]> = [[0,"0 B"],[1,"1 B
 export const REPO_ID_EXAMPLES: Array<[string, boolean]> = [["google/gemma-4-E2B-it",true],["a/b",true],["google/gemma-3-270m@main",true],[" org.x/model_v1.5 ",true],["unsloth/gemma-4-E4B-it-GGUF:Q8_0",true],["unsloth/gemma-4-E4B-it-GGUF:Q4_K_M@main",true],["a/b@v:1",true],["",false],["gemma",false],["a/b/c",false],["/abs/path",false],["./x",false],["a/.hidden",false],["a/b@",false],["a/b:",false],["a/b@c@d",false],["a/b:Q8:x",false],["a b/c",false]];
 
 /** The one set of chat defaults (`SamplingParams::chat`, `DEFAULT_MAX_TOKENS`). */
-export const CHAT_DEFAULTS: { sampling: SamplingParams; max_tokens: number } = {"max_tokens":512,"sampling":{"seed":0,"temperature":1.0,"top_k":64,"top_p":0.949999988079071}};
+export const CHAT_DEFAULTS: { sampling: SamplingParams; max_tokens: number } = {"sampling":{"temperature":1.0,"top_k":64,"top_p":0.949999988079071,"seed":0},"max_tokens":512};
 
 /** What saved KV caches may take on disk unless the user sets a budget. */
 export const DEFAULT_CACHE_BUDGET_BYTES = 2147483648;

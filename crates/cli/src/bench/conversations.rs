@@ -259,6 +259,7 @@ fn request(id: &ConversationId, history: &[Message], max_tokens: usize) -> Gener
         ..GenerateRequest::new(Prompt::Conversation {
             messages: history.to_vec(),
             thinking: false,
+            tools: Vec::new(),
         })
     }
 }

@@ -367,6 +367,7 @@ fn compare_row(
         ],
         prefill_chunk: kvlab_engine::generate::PREFILL_CHUNK,
         sweep: Vec::new(),
+        constraint: None,
     };
     let mut panes = [0.0f64; 2];
     let ticket = engine.submit(req)?;

@@ -32,8 +32,8 @@ fn templates() -> Vec<(&'static str, &'static str)> {
     )
 }
 
-/// A case's conversation and options.
-fn case(c: &serde_json::Value) -> (Vec<Message>, ChatOptions) {
+/// A case's conversation, options and tools (OpenAI's shapes, as the reference reads them).
+fn case(c: &serde_json::Value) -> (Vec<Message>, ChatOptions, Vec<Tool>) {
     let messages = c["messages"]
         .as_array()
         .unwrap()
@@ -42,13 +42,30 @@ fn case(c: &serde_json::Value) -> (Vec<Message>, ChatOptions) {
             role: Role::from_openai(m["role"].as_str().unwrap()).unwrap(),
             content: m["content"].as_str().unwrap().to_owned(),
             thinking: m["reasoning_content"].as_str().map(str::to_owned),
+            tool_calls: m["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| ToolCall {
+                    id: t["id"].as_str().unwrap().to_owned(),
+                    name: t["function"]["name"].as_str().unwrap().to_owned(),
+                    arguments: t["function"]["arguments"].clone(),
+                })
+                .collect(),
+            tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
         })
         .collect();
     let opts = ChatOptions {
         thinking: c["enable_thinking"].as_bool().unwrap_or(false),
         add_generation_prompt: c["add_generation_prompt"].as_bool().unwrap_or(true),
     };
-    (messages, opts)
+    let tools = c["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| serde_json::from_value(t["function"].clone()).unwrap())
+        .collect();
+    (messages, opts, tools)
 }
 
 #[test]
@@ -60,9 +77,15 @@ fn every_published_template_renders_as_the_reference_does() {
         let t = ChatTemplate::parse(text, TemplateSource::Custom).unwrap();
         for c in &cases {
             let case_name = c["name"].as_str().unwrap();
-            let (messages, opts) = case(c);
+            let (messages, opts, tools) = case(c);
             let want = &expected[name][case_name];
-            let got = t.render(&messages, opts, &ControlStrings::none(), "<bos>", "<eos>");
+            let got = t.render(
+                &messages,
+                opts,
+                &tools,
+                &ControlStrings::none(),
+                ("<bos>", "<eos>"),
+            );
             match (want.get("text").and_then(|v| v.as_str()), got) {
                 (Some(w), Ok(g)) => assert_eq!(g, w, "{name} / {case_name}"),
                 (None, Err(ChatError::Refused(msg))) => {
@@ -77,7 +100,7 @@ fn every_published_template_renders_as_the_reference_does() {
             compared += 1;
         }
     }
-    assert_eq!(compared, 9 * 11);
+    assert_eq!(compared, 9 * 13);
 }
 
 /// What the issue found wrong in the old hand-written prompts, as the templates have it.
@@ -88,9 +111,9 @@ fn gemma4_small_models_get_no_empty_thought_channel_and_think_has_its_newline() 
         .render(
             &[Message::user("Hi")],
             ChatOptions::default(),
+            &[],
             &ControlStrings::none(),
-            "<bos>",
-            "<eos>",
+            ("<bos>", "<eos>"),
         )
         .unwrap();
     assert_eq!(off, "<bos><|turn>user\nHi<turn|>\n<|turn>model\n");
@@ -102,9 +125,9 @@ fn gemma4_small_models_get_no_empty_thought_channel_and_think_has_its_newline() 
         .render(
             &[Message::user("Hi")],
             on,
+            &[],
             &ControlStrings::none(),
-            "<bos>",
-            "<eos>",
+            ("<bos>", "<eos>"),
         )
         .unwrap();
     assert!(
@@ -116,9 +139,9 @@ fn gemma4_small_models_get_no_empty_thought_channel_and_think_has_its_newline() 
         .render(
             &[Message::system("Be brief."), Message::user("Hi ")],
             ChatOptions::default(),
+            &[],
             &ControlStrings::none(),
-            "<bos>",
-            "<eos>",
+            ("<bos>", "<eos>"),
         )
         .unwrap();
     assert_eq!(
@@ -139,9 +162,9 @@ fn a_custom_template_is_honoured() {
         .render(
             &[Message::user("one"), Message::model("two")],
             ChatOptions::default(),
+            &[],
             &ControlStrings::none(),
-            "<s>",
-            "</s>",
+            ("<s>", "</s>"),
         )
         .unwrap();
     assert_eq!(out, "<s>[USER] one\n[ASSISTANT] two\n[ASSISTANT]");
@@ -157,9 +180,9 @@ fn hostile_chat_templates_are_refused_quickly() {
             t.render(
                 &hi,
                 ChatOptions::default(),
+                &[],
                 &ControlStrings::none(),
-                "<bos>",
-                "<eos>",
+                ("<bos>", "<eos>"),
             )
         });
         (r, start.elapsed())
@@ -214,7 +237,7 @@ fn hostile_chat_templates_are_refused_quickly() {
     let t =
         ChatTemplate::parse("{{ raise_exception('no system') }}", TemplateSource::Custom).unwrap();
     assert!(matches!(
-        t.render(&hi, ChatOptions::default(), &ControlStrings::none(), "", ""),
+        t.render(&hi, ChatOptions::default(), &[], &ControlStrings::none(), ("", "")),
         Err(ChatError::Refused(m)) if m == "no system"
     ));
 }

@@ -40,6 +40,17 @@ pub enum Event {
         /// Text to append.
         text: String,
     },
+    /// A whole tool call the model made (its arguments parsed from the model's call syntax).
+    ToolCall {
+        /// Its place among this answer's calls, from 0.
+        index: usize,
+        /// The id a tool's answer names.
+        id: String,
+        /// The function called.
+        name: String,
+        /// Its arguments, a JSON object as text.
+        arguments: String,
+    },
     /// Figures of the generation so far (sent once, just before `done`).
     Stats(GenStats),
     /// The generation ended.

@@ -7,6 +7,7 @@
 //! next tokens, which run as rows of the engine's one forward pass beside other requests',
 //! and [`CompareRun::ran`] takes their logits; a scoring chunk runs by itself.
 
+use crate::constrain::Guide;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -58,6 +59,10 @@ pub struct CompareRequest {
     /// reference's tokens, as `sweep_point` events (the compare view's KLD-against-bits chart).
     #[serde(default)]
     pub sweep: Vec<CacheSelection>,
+    /// What both answers are held to (a JSON schema: does this cache break my JSON?).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub constraint: Option<crate::constrain::Constraint>,
 }
 
 impl CompareRequest {
@@ -182,11 +187,12 @@ impl CompareRun {
     }
 
     /// Starts `req` over the prompt `prompt` (ids), arrived at `started`: both panes' fresh
-    /// caches and sequences.
+    /// caches and sequences, each held to its own copy of `guide` (the request's compiled
+    /// constraint).
     pub fn start(
         model: &Model,
         tokenizer: &GemmaTokenizer,
-        req: CompareRequest,
+        (req, guide): (CompareRequest, Option<Guide>),
         prompt: Vec<u32>,
         started: Instant,
     ) -> Result<Self, GenerateError> {
@@ -202,6 +208,7 @@ impl CompareRun {
             .map(CacheSelection::spec)
             .collect::<Result<Vec<_>, _>>()?;
         let mut panes = Vec::with_capacity(2);
+        let mut guides = [guide.as_ref().map(Guide::duplicate), guide];
         for (index, policy) in policies.iter().enumerate() {
             let seq = Sequence::new(
                 tokenizer,
@@ -211,7 +218,9 @@ impl CompareRun {
                 req.max_tokens,
                 max_context,
                 started,
-            )?;
+            )?
+            .with_guide(guides[index].take())
+            .reading_calls(!req.prompt.tools().is_empty());
             // Calibrated on the prompt, given at once, as the scoring's caches are
             // (`Lockstep::calibrating_on_first_chunk`): each pane shows what its cache holds.
             let mut cache = model.new_cache(policy)?;

@@ -64,6 +64,9 @@ pub enum GenerateError {
     /// Bad sampling settings.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+
+    #[error(transparent)]
+    Constraint(#[from] crate::constrain::ConstrainError),
     /// The model or cache failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -98,6 +101,7 @@ impl GenerateError {
             | GenerateError::BadStop(_)
             | GenerateError::Chat(_)
             | GenerateError::Sampling(_)
+            | GenerateError::Constraint(_)
             | GenerateError::Engine(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
             GenerateError::Tokenizer(_) => ErrorCode::BadTokenizer,
             GenerateError::Engine(_) | GenerateError::Candle(_) => ErrorCode::Internal,

@@ -26,11 +26,9 @@ pub use error::GenerateError;
 pub use sequence::{Outcome, Sequence};
 pub use turn::{Next, Turn};
 
-use crate::chat::{ChatOptions, Message};
+use crate::chat::{ChatOptions, Message, Tool};
 use crate::contract::ConversationChoice;
-use crate::contract::Event;
 use crate::generate::sampling::SamplingParams;
-use crate::generate::stream::Delta;
 use crate::models::common::Model;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 
@@ -63,6 +61,11 @@ pub enum Prompt {
         /// Let the model think first (Gemma 4 only).
         #[serde(default)]
         thinking: bool,
+        /// Functions the model may call, rendered by the template (a model whose template
+        /// has no tools refuses them).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[ts(optional, as = "Option<Vec<Tool>>")]
+        tools: Vec<Tool>,
     },
     /// A conversation for whatever checkpoint is loaded: rendered like [`Prompt::Chat`]
     /// when it ships a chat template, else as [`plain_transcript`] text to continue (base
@@ -74,6 +77,10 @@ pub enum Prompt {
         /// Let the model think first (Gemma 4 only; ignored for plain text).
         #[serde(default)]
         thinking: bool,
+        /// Functions the model may call (see [`Prompt::Chat`]; refused for plain text).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[ts(optional, as = "Option<Vec<Tool>>")]
+        tools: Vec<Tool>,
     },
     /// Plain text to continue (`<bos>` + text, no template).
     Text {
@@ -93,15 +100,20 @@ impl Prompt {
     /// chat or plain text; every other prompt is returned as it is.
     pub fn for_model(self, has_chat_template: Option<bool>) -> Prompt {
         match self {
-            Prompt::Conversation { messages, .. } if has_chat_template == Some(false) => {
-                Prompt::Text {
-                    text: plain_transcript(&messages),
-                }
-            }
-            Prompt::Conversation { messages, thinking } => Prompt::Chat {
+            Prompt::Conversation {
+                messages, tools, ..
+            } if has_chat_template == Some(false) && tools.is_empty() => Prompt::Text {
+                text: plain_transcript(&messages),
+            },
+            Prompt::Conversation {
+                messages,
+                thinking,
+                tools,
+            } => Prompt::Chat {
                 system: None,
                 messages,
                 thinking,
+                tools,
             },
             other => other,
         }
@@ -156,6 +168,10 @@ pub struct GenerateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub context: Option<usize>,
+    /// What the answer is held to (JSON, a schema, a tool call), by constrained decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub constraint: Option<crate::constrain::Constraint>,
 }
 
 impl GenerateRequest {
@@ -170,6 +186,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             conversation: None,
             context: None,
+            constraint: None,
         }
     }
 
@@ -255,12 +272,12 @@ fn render_prompt_within(
     prompt: &Prompt,
     limit: usize,
 ) -> Result<Vec<u32>, GenerateError> {
-    if let Some((messages, thinking)) = prompt_messages(prompt) {
+    if let Some((messages, thinking, tools)) = prompt_messages(prompt) {
         let opts = ChatOptions {
             thinking,
             add_generation_prompt: true,
         };
-        return Ok(tokenizer.render_within(&messages, opts, limit)?);
+        return Ok(tokenizer.render_within(&messages, opts, tools, limit)?);
     }
     Ok(match prompt {
         Prompt::Text { text } => tokenizer.encode_within(text, true, limit)?,
@@ -299,12 +316,12 @@ pub fn preview_prompt(
 ) -> Result<PromptPreview, GenerateError> {
     let ids = render_prompt(tokenizer, prompt)?;
     let (text, template) = match prompt_messages(prompt) {
-        Some((messages, thinking)) => {
+        Some((messages, thinking, tools)) => {
             let opts = ChatOptions {
                 thinking,
                 add_generation_prompt: true,
             };
-            let text = crate::chat::unescape(&tokenizer.render_text(&messages, opts)?);
+            let text = crate::chat::unescape(&tokenizer.render_text(&messages, opts, tools)?);
             let source = tokenizer
                 .template()
                 .map(|t| t.source().clone())
@@ -329,23 +346,47 @@ pub fn preview_prompt(
     })
 }
 
-/// The conversation a chat prompt renders (system turn first), with its thinking switch.
-fn prompt_messages(prompt: &Prompt) -> Option<(Vec<Message>, bool)> {
+/// The conversation a chat prompt renders (system turn first), with its thinking switch and
+/// its tools.
+fn prompt_messages(prompt: &Prompt) -> Option<(Vec<Message>, bool, &[Tool])> {
     match prompt {
         Prompt::Chat {
             system,
             messages,
             thinking,
+            tools,
         } => {
             let mut all = Vec::with_capacity(messages.len() + 1);
             if let Some(s) = system.as_deref().filter(|s| !s.trim().is_empty()) {
                 all.push(Message::system(s));
             }
             all.extend(messages.iter().cloned());
-            Some((all, *thinking))
+            Some((all, *thinking, tools))
         }
-        Prompt::Conversation { messages, thinking } => Some((messages.clone(), *thinking)),
+        Prompt::Conversation {
+            messages,
+            thinking,
+            tools,
+        } => Some((messages.clone(), *thinking, tools)),
         Prompt::Text { .. } | Prompt::Ids { .. } => None,
+    }
+}
+
+impl Prompt {
+    /// The tools the prompt offers.
+    pub fn tools(&self) -> &[Tool] {
+        match self {
+            Prompt::Chat { tools, .. } | Prompt::Conversation { tools, .. } => tools,
+            Prompt::Text { .. } | Prompt::Ids { .. } => &[],
+        }
+    }
+
+    /// Whether it asks the model to think first.
+    pub fn thinking(&self) -> bool {
+        match self {
+            Prompt::Chat { thinking, .. } | Prompt::Conversation { thinking, .. } => *thinking,
+            Prompt::Text { .. } | Prompt::Ids { .. } => false,
+        }
     }
 }
 
@@ -369,14 +410,6 @@ pub(crate) fn per_second(tokens: usize, secs: f64) -> f64 {
     }
 }
 
-/// A splitter delta as its event.
-pub(crate) fn delta_event(d: Delta) -> Event {
-    match d {
-        Delta::Answer(text) => Event::Token { text },
-        Delta::Thinking(text) => Event::Thinking { text },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +427,7 @@ mod tests {
                 system: None,
                 messages: vec![Message::user("hi")],
                 thinking: false,
+                tools: Vec::new(),
             })
         );
         assert_eq!((req.max_tokens, req.prefill_chunk), (512, 512));
@@ -431,6 +465,7 @@ mod tests {
         let conv = Prompt::Conversation {
             messages: messages.clone(),
             thinking: true,
+            tools: Vec::new(),
         };
         assert_eq!(
             conv.clone().for_model(Some(false)),
@@ -442,6 +477,7 @@ mod tests {
             system: None,
             messages,
             thinking: true,
+            tools: Vec::new(),
         };
         assert_eq!(conv.clone().for_model(Some(true)), chat);
         assert_eq!(conv.for_model(None), chat);
@@ -450,7 +486,8 @@ mod tests {
         assert_eq!(
             serde_json::to_value(Prompt::Conversation {
                 messages: vec![Message::user("hi")],
-                thinking: false
+                thinking: false,
+                tools: Vec::new(),
             })
             .unwrap(),
             json!({"type": "conversation", "messages": [{"role": "user", "content": "hi"}], "thinking": false})

@@ -10,13 +10,27 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::stop::StopMatcher;
-use super::{delta_event, per_second, GenerateError};
+use super::stream::Delta;
+use super::{per_second, GenerateError};
+use crate::constrain::Guide;
 use crate::contract::{CacheOrigin, ConversationId};
 use crate::contract::{DoneReason, Event, GenStats};
 use crate::generate::sampling::{Sampler, SamplingParams};
 use crate::generate::stream::StreamSplitter;
 use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::tokenizer::GemmaTokenizer;
+
+/// A fresh id for a tool call (`call_` and 16 hex digits, unguessable as OpenAI's are).
+fn call_id() -> String {
+    let mut bytes = [0u8; 8];
+    // The OS's random source; a clock-and-counter mix if it fails (ids need only differ).
+    if getrandom::fill(&mut bytes).is_err() {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bytes = (crate::memory::unix_ms() ^ (n << 40)).to_le_bytes();
+    }
+    format!("call_{:016x}", u64::from_le_bytes(bytes))
+}
 
 /// How a sequence ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +56,10 @@ pub struct Sequence {
     stops: Vec<u32>,
     /// The request's stop strings, over the answer's text.
     stop_strings: StopMatcher,
+    /// The grammar its tokens are held to, if any.
+    guide: Option<Guide>,
+    /// Tool calls made so far.
+    calls: usize,
     /// The conversation it runs in and where its cache came from (for its stats).
     conversation: Option<ConversationId>,
     origin: CacheOrigin,
@@ -77,6 +95,8 @@ impl Sequence {
             splitter: StreamSplitter::new(),
             stops: tokenizer.stop_ids().to_vec(),
             stop_strings: StopMatcher::default(),
+            guide: None,
+            calls: 0,
             conversation: None,
             origin: CacheOrigin::New,
             max_tokens,
@@ -94,6 +114,18 @@ impl Sequence {
     /// is the answer's end; the stop string is never sent).
     pub fn with_stop_strings(mut self, stops: Vec<String>) -> Self {
         self.stop_strings = StopMatcher::new(stops);
+        self
+    }
+
+    /// This sequence reading the model's tool calls (the prompt offered tools).
+    pub fn reading_calls(mut self, calls: bool) -> Self {
+        self.splitter = std::mem::take(&mut self.splitter).reading_calls(calls);
+        self
+    }
+
+    /// This sequence held to `guide` (each step's sampling masked to what it allows).
+    pub fn with_guide(mut self, guide: Option<Guide>) -> Self {
+        self.guide = guide;
         self
     }
 
@@ -159,7 +191,7 @@ impl Sequence {
             self.done = Some(DoneReason::Length);
             return Ok(None);
         }
-        let logits = current.to_vec1::<f32>()?;
+        let mut logits = current.to_vec1::<f32>()?;
         // The model's logits are soft-capped and never masked, so a NaN or an infinity means
         // broken weights or an overflow: sampling around it would print noise.
         let bad = logits.iter().filter(|v| !v.is_finite()).count();
@@ -170,7 +202,13 @@ impl Sequence {
                 position: context_len,
             });
         }
+        if let Some(guide) = &mut self.guide {
+            guide.mask(&mut logits)?;
+        }
         let id = self.sampler.sample(&logits)?;
+        if let Some(guide) = &mut self.guide {
+            guide.commit(id)?;
+        }
         self.first_token.get_or_insert_with(Instant::now);
         self.ids.push(id);
         let step = self.splitter.push(tokenizer, id)?;
@@ -186,16 +224,25 @@ impl Sequence {
     }
 
     /// Emits a splitter delta, answer text through the stop strings (nothing after a stop).
-    fn emit_delta(&mut self, d: super::stream::Delta, emit: &mut dyn FnMut(Event)) {
+    fn emit_delta(&mut self, d: Delta, emit: &mut dyn FnMut(Event)) {
         match d {
-            super::stream::Delta::Answer(text) => {
+            Delta::Answer(text) => {
                 let out = self.stop_strings.push(&text);
                 if !out.is_empty() {
                     emit(Event::Token { text: out });
                 }
             }
-            thinking if !self.stop_strings.stopped() => emit(delta_event(thinking)),
-            _ => {}
+            _ if self.stop_strings.stopped() => {}
+            Delta::Thinking(text) => emit(Event::Thinking { text }),
+            Delta::ToolCall { name, arguments } => {
+                emit(Event::ToolCall {
+                    index: self.calls,
+                    id: call_id(),
+                    name,
+                    arguments,
+                });
+                self.calls += 1;
+            }
         }
     }
 

@@ -1,9 +1,12 @@
-//! Splits a generated token stream into typed text deltas: the thinking channel
-//! (`<|channel>thought\n…<channel|>`) versus the answer, and stops at the tokenizer's stop
-//! ids (the file's end of sequence and the family's end of turn).
+//! Splits a generated token stream into typed deltas: the thinking channel
+//! (`<|channel>thought\n…<channel|>`) versus the answer, tool calls
+//! (`<|tool_call>call:NAME{…}<tool_call|>`, read back as JSON by
+//! [`crate::chat::tools::parse_call`]; one that does not parse stays answer text), and stops
+//! at the tokenizer's stop ids (the file's end of sequence and the family's end of turn).
 
 use serde::{Deserialize, Serialize};
 
+use crate::chat::tools::{parse_call, QUOTE};
 use crate::generate::detok::Detokenizer;
 use crate::tokenizer::{Control, GemmaTokenizer, TokenizerError};
 
@@ -13,6 +16,11 @@ use crate::tokenizer::{Control, GemmaTokenizer, TokenizerError};
 pub enum Delta {
     Thinking(String),
     Answer(String),
+    /// A whole tool call: the function and its arguments as JSON text.
+    ToolCall {
+        name: String,
+        arguments: String,
+    },
 }
 
 /// What one pushed token produced.
@@ -29,6 +37,8 @@ enum Mode {
     /// Inside `<|channel>`, reading the channel name up to its newline.
     Header(String),
     Thinking,
+    /// Inside a tool call, its text so far (`<|"|>` as [`QUOTE`]).
+    Call(String),
     Stopped,
 }
 
@@ -37,6 +47,9 @@ enum Mode {
 pub struct StreamSplitter {
     mode: Mode,
     detok: Detokenizer,
+    /// Whether tool calls are read (only when the prompt offered tools: otherwise a call
+    /// the model writes anyway stays text).
+    calls: bool,
 }
 
 impl Default for StreamSplitter {
@@ -51,7 +64,14 @@ impl StreamSplitter {
         Self {
             mode: Mode::Answer,
             detok: Detokenizer::new(),
+            calls: false,
         }
+    }
+
+    /// This splitter reading tool calls (the family's call syntax) when `calls`.
+    pub fn reading_calls(mut self, calls: bool) -> Self {
+        self.calls = calls && self.mode == Mode::Answer;
+        self
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -67,6 +87,9 @@ impl StreamSplitter {
         }
         if tok.stop_ids().contains(&id) {
             self.flush(tok, &mut step.deltas)?;
+            if let Mode::Call(text) = &self.mode {
+                push_delta(&mut step.deltas, call_delta(text, false));
+            }
             self.mode = Mode::Stopped;
             step.stop = true;
             return Ok(step);
@@ -80,6 +103,22 @@ impl StreamSplitter {
                 self.flush(tok, &mut step.deltas)?;
                 self.mode = Mode::Answer;
             }
+            Some(Control::ToolCallStart) if self.calls && tok.family().facts().tool_calls() => {
+                self.flush(tok, &mut step.deltas)?;
+                self.mode = Mode::Call(String::new());
+            }
+            Some(Control::Quote) if matches!(self.mode, Mode::Call(_)) => {
+                self.flush(tok, &mut step.deltas)?;
+                if let Mode::Call(text) = &mut self.mode {
+                    text.push(QUOTE);
+                }
+            }
+            Some(Control::ToolCallEnd) if matches!(self.mode, Mode::Call(_)) => {
+                self.flush(tok, &mut step.deltas)?;
+                if let Mode::Call(text) = std::mem::replace(&mut self.mode, Mode::Answer) {
+                    push_delta(&mut step.deltas, call_delta(&text, true));
+                }
+            }
             // Other control tokens carry no text of their own.
             Some(_) => self.flush(tok, &mut step.deltas)?,
             None => {
@@ -91,10 +130,13 @@ impl StreamSplitter {
         Ok(step)
     }
 
-    /// Text still held back at the end of the stream.
+    /// Text still held back at the end of the stream (a call left open is answer text).
     pub fn finish(&mut self, tok: &GemmaTokenizer) -> Result<Vec<Delta>, TokenizerError> {
         let mut out = Vec::new();
         self.flush(tok, &mut out)?;
+        if let Mode::Call(text) = std::mem::replace(&mut self.mode, Mode::Stopped) {
+            push_delta(&mut out, call_delta(&text, false));
+        }
         Ok(out)
     }
 
@@ -108,6 +150,7 @@ impl StreamSplitter {
     fn emit(&mut self, text: String, out: &mut Vec<Delta>) {
         match &mut self.mode {
             Mode::Answer | Mode::Stopped => push_delta(out, Delta::Answer(text)),
+            Mode::Call(call) => call.push_str(&text),
             Mode::Thinking => push_delta(out, Delta::Thinking(text)),
             Mode::Header(name) => {
                 name.push_str(&text);
@@ -122,6 +165,24 @@ impl StreamSplitter {
             }
         }
     }
+}
+
+/// A call's text as a [`Delta::ToolCall`], or, when it does not parse (or never `closed`), as
+/// the answer text it was, markers and all: nothing the model wrote is lost.
+fn call_delta(text: &str, closed: bool) -> Delta {
+    if closed {
+        if let Ok((name, args)) = parse_call(text) {
+            return Delta::ToolCall {
+                name,
+                arguments: args.to_string(),
+            };
+        }
+    }
+    let raw = text.replace(QUOTE, "<|\"|>");
+    Delta::Answer(format!(
+        "<|tool_call>{raw}{}",
+        if closed { "<tool_call|>" } else { "" }
+    ))
 }
 
 /// Appends `delta`, merging with the previous one of the same channel.
@@ -139,9 +200,18 @@ mod tests {
     use crate::contract::Family;
     use crate::tokenizer::tiny;
 
-    /// Runs `ids` through a splitter; returns (thinking, answer, stopped-at index).
+    /// Runs `ids` through a splitter reading calls; returns (thinking, answer, stopped-at
+    /// index, every delta).
     fn run(tok: &GemmaTokenizer, ids: &[u32]) -> (String, String, Option<usize>, Vec<Delta>) {
-        let mut s = StreamSplitter::new();
+        run_with(tok, ids, true)
+    }
+
+    fn run_with(
+        tok: &GemmaTokenizer,
+        ids: &[u32],
+        calls: bool,
+    ) -> (String, String, Option<usize>, Vec<Delta>) {
+        let mut s = StreamSplitter::new().reading_calls(calls);
         let (mut thinking, mut answer, mut stop, mut all) =
             (String::new(), String::new(), None, vec![]);
         for (i, &id) in ids.iter().enumerate() {
@@ -151,6 +221,7 @@ mod tests {
                 match d {
                     Delta::Thinking(t) => thinking.push_str(&t),
                     Delta::Answer(t) => answer.push_str(&t),
+                    Delta::ToolCall { .. } => {}
                 }
             }
             if step.stop && stop.is_none() {
@@ -158,9 +229,11 @@ mod tests {
             }
         }
         for d in s.finish(tok).unwrap() {
+            all.push(d.clone());
             match d {
                 Delta::Thinking(t) => thinking.push_str(&t),
                 Delta::Answer(t) => answer.push_str(&t),
+                Delta::ToolCall { .. } => {}
             }
         }
         (thinking, answer, stop, all)
@@ -223,6 +296,55 @@ mod tests {
         ids.push(50);
         let (_, answer, stop, _) = run(&tok, &ids);
         assert_eq!((answer.as_str(), stop), ("call", Some(ids.len() - 1)));
+    }
+
+    #[test]
+    fn tool_calls_are_read_back_and_a_broken_one_stays_text() {
+        let tok = tiny(Family::Gemma4);
+        let ids = tok
+            .encode_rendered(
+                "Sure. <|tool_call>call:get_weather{city:<|\"|>Paris, FR<|\"|>,days:2}<tool_call|>\
+                 <|tool_call>call:ping{}<tool_call|><|tool_response>",
+            )
+            .unwrap();
+        let (_, answer, stop, all) = run(&tok, &ids);
+        assert_eq!(answer, "Sure. ");
+        assert_eq!(stop, Some(ids.len() - 1));
+        let calls: Vec<_> = all
+            .iter()
+            .filter_map(|d| match d {
+                Delta::ToolCall { name, arguments } => Some((name.as_str(), arguments.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("get_weather", r#"{"city":"Paris, FR","days":2}"#),
+                ("ping", "{}")
+            ]
+        );
+        // A call that does not parse, or never closes, is answer text as written.
+        let ids = tok
+            .encode_rendered("<|tool_call>call:f{a:<tool_call|>x<|tool_call>call:g{")
+            .unwrap();
+        let (_, answer, _, all) = run(&tok, &ids);
+        assert_eq!(
+            answer,
+            "<|tool_call>call:f{a:<tool_call|>x<|tool_call>call:g{"
+        );
+        assert!(all.iter().all(|d| matches!(d, Delta::Answer(_))));
+        // Without tools offered, a call stays text as written.
+        let ids = tok
+            .encode_rendered("<|tool_call>call:ping{}<tool_call|>")
+            .unwrap();
+        let (_, answer, _, _) = run_with(&tok, &ids, false);
+        assert_eq!(answer, "call:ping{}");
+        // Gemma 3 has no call syntax: nothing is read as a call.
+        let g3 = tiny(Family::Gemma3);
+        let ids = g3.encode("call:f{}", false).unwrap();
+        let (_, answer, _, _) = run(&g3, &ids);
+        assert_eq!(answer, "call:f{}");
     }
 
     #[test]

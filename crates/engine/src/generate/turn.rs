@@ -12,6 +12,7 @@ use candle_core::Tensor;
 
 use super::session::Session;
 use super::{GenerateError, GenerateRequest, Outcome, Sequence};
+use crate::constrain::Guide;
 use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
 use crate::models::common::Model;
@@ -40,7 +41,8 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// Starts `request`'s turn over `session` with the prompt `prompt` (ids), arrived at
+    /// Starts `request`'s turn (held to `guide`, its compiled constraint) over `session`
+    /// with the prompt `prompt` (ids), arrived at
     /// `started`, in `conversation` whose cache came from `origin`: the cache keeps the
     /// longest prefix it shares with the prompt (rows that were held as codes are never kept
     /// for a dense policy: then the history is read again and the stats say `reread`).
@@ -48,7 +50,7 @@ impl Turn {
         model: &Model,
         tokenizer: &GemmaTokenizer,
         session: &mut Session,
-        request: &GenerateRequest,
+        (request, guide): (&GenerateRequest, Option<Guide>),
         prompt: Vec<u32>,
         started: Instant,
         (conversation, origin): (ConversationId, CacheOrigin),
@@ -72,6 +74,8 @@ impl Turn {
             started,
         )?
         .with_stop_strings(request.stop.clone())
+        .with_guide(guide)
+        .reading_calls(!request.prompt.tools().is_empty())
         .in_conversation(conversation, origin);
         Ok(Self {
             seq: Some(seq),

@@ -31,6 +31,14 @@ pub enum Control {
     ChannelEnd,
     /// Switches thinking on in the system turn.
     Think,
+    /// Opens a tool call (`<|tool_call>`).
+    ToolCallStart,
+    /// Closes a tool call (`<tool_call|>`).
+    ToolCallEnd,
+    /// Quotes a string inside a tool call (`<|"|>`).
+    Quote,
+    /// Hands a turn over to the tools' answers after its calls (`<|tool_response>`).
+    ToolResponse,
 }
 
 /// What a family knows about itself.
@@ -51,6 +59,10 @@ pub trait FamilyFacts: Sync {
     /// the channel name, closed by [`Control::ChannelEnd`], switched on by
     /// [`Control::Think`]).
     fn thinks(&self) -> bool;
+    /// Whether the family writes tool calls in a syntax the engine reads back
+    /// ([`crate::chat::tools::parse_call`], between [`Control::ToolCallStart`] and
+    /// [`Control::ToolCallEnd`]).
+    fn tool_calls(&self) -> bool;
     /// The published chat template, used only for an instruct checkpoint that ships none.
     fn fallback_template(&self) -> &'static str;
     /// Whether GGUF files of this family carry RoPE frequency factors (`rope_freqs.weight`)

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::contract::Family;
 pub use crate::models::Control;
 
-use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, ControlStrings, Message};
+use crate::chat::{unescape, ChatError, ChatOptions, ChatTemplate, ControlStrings, Message, Tool};
 use memo::{Encoded, Memo, Span};
 
 /// Why tokenization or decoding failed.
@@ -79,6 +79,11 @@ pub struct GemmaTokenizer {
     stops: Vec<u32>,
     /// The checkpoint's chat template, if it ships one (or falls back to the family's).
     template: Option<Arc<ChatTemplate>>,
+    /// The grammar engine over this vocabulary, built the first time an answer is
+    /// constrained (crate::constrain::vocab).
+    pub(crate) grammar: std::sync::OnceLock<
+        Result<Arc<llguidance::ParserFactory>, crate::constrain::ConstrainError>,
+    >,
 }
 
 impl std::fmt::Debug for GemmaTokenizer {
@@ -169,7 +174,14 @@ impl GemmaTokenizer {
             text_bytes_encoded: Default::default(),
             stops,
             template: None,
+            grammar: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The vocabulary's control pieces and their ids (what a grammar may never write as
+    /// text).
+    pub(crate) fn specials(&self) -> &[(String, u32)] {
+        &self.specials
     }
 
     /// Loads a `tokenizer.json` held in memory.
@@ -234,9 +246,9 @@ impl GemmaTokenizer {
         template.render(
             &[Message::user("Hi")],
             ChatOptions::default(),
+            &[],
             &self.control_strings,
-            "<bos>",
-            "<eos>",
+            ("<bos>", "<eos>"),
         )?;
         Ok(template)
     }
@@ -423,53 +435,82 @@ impl GemmaTokenizer {
         Ok(ids)
     }
 
+    /// The template that renders chats: the checkpoint's, or its family's built-in one.
+    fn with_chat_template<R>(&self, f: impl FnOnce(&ChatTemplate) -> R) -> R {
+        match self.template() {
+            Some(t) => f(t),
+            None => f(&ChatTemplate::builtin(self.family)),
+        }
+    }
+
     /// The conversation rendered by the checkpoint's template (or, without one, by the
-    /// family's built-in template) as the text the model reads; control strings in user and
-    /// system messages are escaped (see [`crate::chat::escape`]).
+    /// family's built-in template) as the text the model reads, offering `tools`; control
+    /// strings in user, system and tool messages are escaped (see [`crate::chat::escape`]).
     pub fn render_text(
         &self,
         messages: &[Message],
         opts: ChatOptions,
+        tools: &[Tool],
     ) -> Result<String, ChatError> {
         if opts.thinking && !self.supports_thinking() {
             return Err(ChatError::ThinkingUnsupported(self.family));
         }
-        let builtin;
-        let template = match self.template() {
-            Some(t) => t,
-            None => {
-                builtin = ChatTemplate::builtin(self.family);
-                &builtin
-            }
-        };
+        if !tools.is_empty() {
+            self.tool_support().map_err(ChatError::ToolsUnsupported)?;
+        }
         let piece = |c| {
             self.control_id(c)
                 .and_then(|id| self.inner.id_to_token(id))
                 .unwrap_or_default()
         };
-        template.render(
-            messages,
-            opts,
-            &self.control_strings,
-            &piece(Control::Bos),
-            &piece(Control::Eos),
-        )
+        let (bos, eos) = (piece(Control::Bos), piece(Control::Eos));
+        self.with_chat_template(|t| {
+            t.render(messages, opts, tools, &self.control_strings, (&bos, &eos))
+        })
     }
 
-    /// The conversation's token ids (see [`GemmaTokenizer::render_text`]).
+    /// Whether a chat may offer tools: the family has a call syntax the engine reads back,
+    /// the vocabulary has its markers, and the template tells the model of the tools. `Err`
+    /// says why not.
+    pub fn tool_support(&self) -> Result<(), String> {
+        let family = self.family.facts().display_name();
+        if !self.family.facts().tool_calls() {
+            return Err(format!("{family} models have no tool-call syntax"));
+        }
+        let markers = [Control::ToolCallStart, Control::ToolCallEnd, Control::Quote];
+        if let Some(missing) = markers.iter().find(|c| self.control_id(**c).is_none()) {
+            let text = self.family.text(*missing).unwrap_or_default();
+            return Err(format!(
+                "this model's vocabulary has no {text} token for tool calls"
+            ));
+        }
+        self.with_chat_template(|t| {
+            if t.renders_tools() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "this model's chat template ({}) does not render tools",
+                    t.source()
+                ))
+            }
+        })
+    }
+
+    /// The conversation's token ids (see [`GemmaTokenizer::render_text`]), without tools.
     pub fn render(&self, messages: &[Message], opts: ChatOptions) -> Result<Vec<u32>, RenderError> {
-        self.render_within(messages, opts, usize::MAX)
+        self.render_within(messages, opts, &[], usize::MAX)
     }
 
-    /// [`GemmaTokenizer::render`] for at most `limit` ids ([`TokenizerError::TooLong`] past
-    /// it, see [`GemmaTokenizer::encode_rendered_within`]).
+    /// [`GemmaTokenizer::render`] offering `tools`, for at most `limit` ids
+    /// ([`TokenizerError::TooLong`] past it, see [`GemmaTokenizer::encode_rendered_within`]).
     pub fn render_within(
         &self,
         messages: &[Message],
         opts: ChatOptions,
+        tools: &[Tool],
         limit: usize,
     ) -> Result<Vec<u32>, RenderError> {
-        let text = self.render_text(messages, opts)?;
+        let text = self.render_text(messages, opts, tools)?;
         Ok(self.encode_rendered_within(&text, limit)?)
     }
 
@@ -692,7 +733,8 @@ mod tests {
 
 /// A tiny Gemma-shaped tokenizer for unit tests that must not need the real 33 MB file:
 /// single characters, byte fallback and the family's control tokens at Gemma's ids (Gemma 4:
-/// `<|tool_response>` 50, `<|think|>` 98, `<|channel>` 100, `<channel|>` 101, `<|turn>` 105,
+/// the tool tokens 46–52 (`<|tool_call>` 48, `<tool_call|>` 49, `<|tool_response>` 50,
+/// `<|"|>` 52), `<|think|>` 98, `<|channel>` 100, `<channel|>` 101, `<|turn>` 105,
 /// `<turn|>` 106; Gemma 3: `<start_of_turn>` 105, `<end_of_turn>` 106).
 #[cfg(test)]
 pub(crate) fn tiny(family: Family) -> GemmaTokenizer {
@@ -709,7 +751,13 @@ pub(crate) fn tiny(family: Family) -> GemmaTokenizer {
             1 => "<eos>",
             2 => "<bos>",
             3 => "<unk>",
+            46 if g4 => "<|tool>",
+            47 if g4 => "<tool|>",
+            48 if g4 => "<|tool_call>",
+            49 if g4 => "<tool_call|>",
             50 if g4 => "<|tool_response>",
+            51 if g4 => "<tool_response|>",
+            52 if g4 => "<|\"|>",
             98 if g4 => "<|think|>",
             100 if g4 => "<|channel>",
             101 if g4 => "<channel|>",

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::error::JobError;
 use super::lock;
 use super::submit::{CompareJob, GenerateJob, Queued};
+use crate::constrain::Guide;
 use crate::contract::{CacheOrigin, ConversationChoice, ConversationId};
 use crate::conversations::{Need, Purpose, TurnAsk};
 use crate::generate::compare::{CompareEvent, CompareRun};
@@ -48,9 +49,10 @@ impl Worker {
             request,
             prompt,
             tokenizer,
+            guide,
             mut sink,
         } = job;
-        match self.prepare_turn(&request, prompt, &tokenizer, arrived) {
+        match self.prepare_turn(&request, prompt, (&tokenizer, guide), arrived) {
             Ok((id, turn)) => {
                 self.tasks.push(Task::Turn {
                     id,
@@ -70,10 +72,21 @@ impl Worker {
         &mut self,
         request: &crate::generate::GenerateRequest,
         prompt: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
+        (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
         let prompt = self.rendered(&request.prompt, request.context, prompt, tokenizer)?;
+        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        // Compiled over the vocabulary it was submitted to; another model's is compiled again.
+        let guide = if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
+            guide
+        } else {
+            super::submit::guide_for(
+                request.constraint.as_ref(),
+                &request.prompt,
+                &loaded.tokenizer,
+            )?
+        };
         let wanted = match &request.cache {
             Some(cache) => Some(cache.policy()?),
             None => None,
@@ -97,7 +110,7 @@ impl Worker {
                     &loaded.model,
                     &loaded.tokenizer,
                     session,
-                    request,
+                    (request, guide),
                     prompt,
                     arrived,
                     (id.clone(), origin),
@@ -154,9 +167,10 @@ impl Worker {
             request,
             prompt,
             tokenizer,
+            guide,
             mut sink,
         } = job;
-        match self.prepare_compare(request, prompt, &tokenizer, arrived) {
+        match self.prepare_compare(request, prompt, (&tokenizer, guide), arrived) {
             Ok((run, reserved)) => self.tasks.push(Task::Compare {
                 run: Box::new(run),
                 sink,
@@ -174,11 +188,20 @@ impl Worker {
         &mut self,
         request: crate::generate::compare::CompareRequest,
         prompt: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
+        (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(CompareRun, u64), JobError> {
         let prompt = self.rendered(&request.prompt, None, prompt, tokenizer)?;
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
+        let guide = if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
+            guide
+        } else {
+            super::submit::guide_for(
+                request.constraint.as_ref(),
+                &request.prompt,
+                &loaded.tokenizer,
+            )?
+        };
         let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
         let tokens = prompt.len() + request.max_tokens;
         self.admit(
@@ -190,7 +213,13 @@ impl Worker {
             Purpose::Other,
         )?;
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let run = CompareRun::start(&loaded.model, &loaded.tokenizer, request, prompt, arrived)?;
+        let run = CompareRun::start(
+            &loaded.model,
+            &loaded.tokenizer,
+            (request, guide),
+            prompt,
+            arrived,
+        )?;
         Ok((run, needed))
     }
 }

@@ -13,10 +13,11 @@ use std::time::Instant;
 
 use super::places::{client_of, PlaceGuard};
 use super::{lock, CancelToken, EngineHandle, Job, JobError, LoadRequest, Shared};
+use crate::constrain::Guide;
 use crate::contract::Event;
 use crate::contract::ModelCard;
 use crate::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use crate::generate::{self, GenerateRequest, Prompt};
+use crate::generate::{self, GenerateError, GenerateRequest, Prompt};
 use crate::tokenizer::GemmaTokenizer;
 
 /// A queued request's state, shared by its ticket and the engine thread.
@@ -101,19 +102,23 @@ pub(crate) struct Queued<T> {
     pub arrived: Instant,
 }
 
-/// A chat turn, its prompt tokenized by `tokenizer`.
+/// A chat turn, its prompt tokenized by `tokenizer`, its constraint compiled over the same
+/// vocabulary.
 pub(crate) struct GenerateJob {
     pub request: GenerateRequest,
     pub prompt: Vec<u32>,
     pub tokenizer: Arc<GemmaTokenizer>,
+    pub guide: Option<Guide>,
     pub sink: super::EventSink,
 }
 
-/// A comparison, its prompt tokenized by `tokenizer`.
+/// A comparison, its prompt tokenized by `tokenizer`, its constraint compiled over the
+/// same vocabulary.
 pub(crate) struct CompareJob {
     pub request: CompareRequest,
     pub prompt: Vec<u32>,
     pub tokenizer: Arc<GemmaTokenizer>,
+    pub guide: Option<Guide>,
     pub sink: super::CompareSink,
 }
 
@@ -149,12 +154,16 @@ impl Request {
                 request.check()?;
                 // The place last: only a request ready to run takes one.
                 let (prompt, tokenizer) = tokenized(engine, &request.prompt, request.context)?;
+                // Compiled here, off the engine thread: a slow or refused grammar never holds
+                // up the other requests' steps.
+                let guide = guide_for(request.constraint.as_ref(), &request.prompt, &tokenizer)?;
                 let slot = Slot::take(&engine.shared, client_of(&request.conversation))?;
                 Job::Generate(Queued {
                     job: GenerateJob {
                         request,
                         prompt,
                         tokenizer,
+                        guide,
                         sink,
                     },
                     cancel,
@@ -164,12 +173,14 @@ impl Request {
             }
             Request::Compare(request, sink) => {
                 let (prompt, tokenizer) = tokenized(engine, &request.prompt, None)?;
+                let guide = guide_for(request.constraint.as_ref(), &request.prompt, &tokenizer)?;
                 let slot = Slot::take(&engine.shared, String::new())?;
                 Job::Compare(Queued {
                     job: CompareJob {
                         request,
                         prompt,
                         tokenizer,
+                        guide,
                         sink,
                     },
                     cancel,
@@ -203,6 +214,22 @@ fn tokenized(
     });
     let ids = generate::render_within_context(&tokenizer, &prompt, max)?;
     Ok((ids, tokenizer))
+}
+
+/// A request's `constraint` on an answer to `prompt`, compiled over `tokenizer`'s
+/// vocabulary (`None`: unconstrained).
+pub(crate) fn guide_for(
+    constraint: Option<&crate::constrain::Constraint>,
+    prompt: &Prompt,
+    tokenizer: &GemmaTokenizer,
+) -> Result<Option<Guide>, JobError> {
+    let Some(c) = constraint else {
+        return Ok(None);
+    };
+    Ok(Some(
+        Guide::compile(c, prompt.tools(), prompt.thinking(), tokenizer)
+            .map_err(GenerateError::from)?,
+    ))
 }
 
 impl Submission for GenerateRequest {

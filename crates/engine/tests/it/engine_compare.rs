@@ -91,6 +91,7 @@ fn compare_sweeping(
             .iter()
             .map(|s| CacheSelection::Spec(s.to_string()))
             .collect(),
+        constraint: None,
     };
     let rx = match engine.submit(request) {
         Ok(rx) => rx,
@@ -362,6 +363,7 @@ fn a_conversation_is_plain_text_for_a_checkpoint_without_a_chat_template() {
     let conversation = || Prompt::Conversation {
         messages: messages.clone(),
         thinking: false,
+        tools: Vec::new(),
     };
     // The same checkpoint with the Gemma 3 template beside it, then without one.
     let copy = |template: Option<&str>| {

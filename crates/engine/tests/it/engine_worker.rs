@@ -258,6 +258,7 @@ fn a_second_turn_prefills_only_its_new_tokens() {
         system: None,
         messages: vec![user1.clone()],
         thinking: false,
+        tools: Vec::new(),
     };
     let r1 = run(&s.engine, greedy(chat1, 6));
     let p1_len = r1.stats().prompt_tokens;
@@ -265,6 +266,7 @@ fn a_second_turn_prefills_only_its_new_tokens() {
         system: None,
         messages: vec![user1, Message::model(r1.text()), Message::user("and more")],
         thinking: false,
+        tools: Vec::new(),
     };
     let st2 = run(&s.engine, greedy(chat2, 4)).stats();
     assert!(
@@ -720,6 +722,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
             ],
             prefill_chunk: 512,
             sweep: Vec::new(),
+            constraint: None,
         })
         .expect("send");
     let last = refused.events().last().expect("an answer");

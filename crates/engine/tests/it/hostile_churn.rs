@@ -135,6 +135,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
         caches: policies.map(|p| CacheSelection::Spec(p.spec_string())),
         prefill_chunk: 512,
         sweep: Vec::new(),
+        constraint: None,
     };
     let rx = engine.submit(req).expect("send compare");
     let cancel = rx.cancel_token();
@@ -257,6 +258,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                             .map(|p| CacheSelection::Spec(p.spec_string())),
                         prefill_chunk: 512,
                         sweep: Vec::new(),
+                        constraint: None,
                     };
                     // It runs beside the turn on its own caches (the conversation's is left
                     // alone) and finishes once.

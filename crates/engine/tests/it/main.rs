@@ -30,3 +30,4 @@ mod real_model;
 mod scoring;
 mod text_real;
 mod tokenizer_gguf_real;
+mod tools_constrained;

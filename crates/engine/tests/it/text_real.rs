@@ -48,7 +48,7 @@ fn gemma3_template_ids_equal_a_whole_string_encode() {
     ];
     // No template set: the family's built-in (published) one renders.
     let ids = tok.render(&msgs, ChatOptions::default()).unwrap();
-    let text = tok.render_text(&msgs, ChatOptions::default()).unwrap();
+    let text = tok.render_text(&msgs, ChatOptions::default(), &[]).unwrap();
     // The reference: the tokenizer file itself, reading special tokens in the string.
     let path = require_asset!("gemma-tokenizer").unwrap();
     let plain = tokenizers::Tokenizer::from_file(path).unwrap();

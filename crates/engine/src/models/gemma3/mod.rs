@@ -35,6 +35,9 @@ impl FamilyFacts for Gemma3 {
     fn thinks(&self) -> bool {
         false
     }
+    fn tool_calls(&self) -> bool {
+        false
+    }
     /// The Gemma 3 instruct template (transformers' conversion script).
     fn fallback_template(&self) -> &'static str {
         include_str!("chat_template.jinja")

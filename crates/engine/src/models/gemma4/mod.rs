@@ -18,6 +18,10 @@ const CONTROLS: &[(Control, &str)] = &[
     (Control::ChannelEnd, "<channel|>"),
     (Control::TurnStart, "<|turn>"),
     (Control::TurnEnd, "<turn|>"),
+    (Control::ToolCallStart, "<|tool_call>"),
+    (Control::ToolCallEnd, "<tool_call|>"),
+    (Control::Quote, "<|\"|>"),
+    (Control::ToolResponse, "<|tool_response>"),
 ];
 
 impl FamilyFacts for Gemma4 {
@@ -37,6 +41,9 @@ impl FamilyFacts for Gemma4 {
         &["<turn|>", "<|tool_response>"]
     }
     fn thinks(&self) -> bool {
+        true
+    }
+    fn tool_calls(&self) -> bool {
         true
     }
     /// The E2B/E4B template as published on Jul 14, 2026 (the 26B-A4B/31B one adds an empty
