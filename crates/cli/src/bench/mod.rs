@@ -5,6 +5,7 @@
 //! `kvlab_engine::bench::decode`.
 
 mod attention;
+mod constrained;
 mod conversations;
 mod load;
 mod matmul;
@@ -98,6 +99,9 @@ enum BenchCommand {
     /// inter-token latency and time to first token; the compare view's panes against a
     /// lone chat; with `--prefill-load`, the streams while another client prefills.
     Parallel(crate::bench::parallel::BenchParallelArgs),
+    /// What constrained decoding (JSON schemas, any object) costs a token: each grammar's
+    /// decode rate against a free answer's, in alternating rounds.
+    Constrained(crate::bench::constrained::BenchConstrainedArgs),
     /// The quantized CPU matmul kernels against candle's, per weight type and shape.
     Matmul(crate::bench::matmul::BenchMatmulArgs),
     /// Memory bandwidth as STREAM's copy measures it, on the compute threads.
@@ -197,6 +201,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Persist(a) => crate::bench::persist::run(a),
         BenchCommand::Conversations(a) => crate::bench::conversations::run(a),
         BenchCommand::Parallel(a) => crate::bench::parallel::run(a),
+        BenchCommand::Constrained(a) => crate::bench::constrained::run(a),
         BenchCommand::Decode {
             model,
             ctx,

@@ -162,11 +162,24 @@ impl Guide {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| ConstrainError::Stopped(short(&e.to_string())))?;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if id >= self.vocab || !allowed.is_allowed(id as u32) {
-                *l = f32::NEG_INFINITY;
+        // A word of the mask at a time: a vocabulary of 262k is 8k words, most of them all
+        // allowed (free text) or none (structure).
+        let words = allowed.as_slice();
+        let vocab = self.vocab.min(logits.len());
+        for (w, chunk) in logits[..vocab].chunks_mut(32).enumerate() {
+            match words.get(w).copied().unwrap_or(0) {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                bits => {
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        if bits & (1 << b) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
         }
+        logits[vocab..].fill(f32::NEG_INFINITY);
         Ok(())
     }
 

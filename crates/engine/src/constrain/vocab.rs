@@ -2,9 +2,10 @@
 //! tokens marked special (a grammar never writes them as text, and names them by id), built
 //! once per loaded tokenizer and kept beside it.
 //!
-//! The bytes come from llguidance's own reader of a `tokenizer.json` (byte-level and
-//! byte-fallback vocabularies); a vocabulary it cannot place (no byte-fallback decoder, as
-//! tiny test vocabularies) is read piece by piece: `▁` is a space, `<0xNN>` its byte.
+//! A byte-level vocabulary's bytes come from llguidance's own reader of a `tokenizer.json`;
+//! a SentencePiece one's (Gemma's) are read piece by piece: `▁` is a space, `<0xNN>` its
+//! byte. Built on the first constrained request's submitting thread (about a second for
+//! Gemma's 262k tokens, most of it llguidance's trie and token slices), never the engine's.
 
 use std::sync::Arc;
 
@@ -84,4 +85,37 @@ fn piece_bytes(piece: &str) -> Vec<u8> {
         }
     }
     piece.replace('▁', " ").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Family;
+
+    /// Gemma's 262k pieces read directly are the bytes llguidance's own reader of the
+    /// tokenizer's JSON gives, id for id (controls aside: both mark them special here).
+    #[test]
+    fn gemma_pieces_read_directly_are_llguidances_bytes() {
+        let Some(path) = kvlab_assets::require_asset!("gemma-tokenizer") else {
+            return;
+        };
+        let tok = GemmaTokenizer::from_file(&path, Family::Gemma3).expect("tokenizer");
+        let vocab = tok.vocab_size();
+        let direct = token_bytes(tok.inner(), vocab);
+        let json = serde_json::to_value(tok.inner()).expect("json");
+        let mut reference = llguidance::token_bytes_from_tokenizer_json(&json).expect("read");
+        reference.resize(vocab, Vec::new());
+        let specials: std::collections::HashSet<u32> =
+            tok.specials().iter().map(|(_, id)| *id).collect();
+        let differ: Vec<usize> = (0..vocab)
+            .filter(|&id| !specials.contains(&(id as u32)) && direct[id] != reference[id])
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{} ids differ, first {:?}",
+            differ.len(),
+            &differ[..differ.len().min(5)]
+        );
+        assert_eq!(vocab, 262_145);
+    }
 }
