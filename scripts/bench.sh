@@ -43,7 +43,8 @@
 # scripts/bench/kld_llama_cpp.sh prints llama.cpp's own KL divergence of its cache types
 # beside ours on the 270M (BENCH_KLD=0 skips it). Before it, scripts/bench/parallel.sh runs
 # 1, 2, 4 and 8 clients at once through `kvlab serve --parallel 8` and llama-server -np 8
-# (BENCH_PARALLEL=0 skips it).
+# (BENCH_PARALLEL=0 skips it), and `kvlab bench constrained` what a JSON schema costs a token
+# (BENCH_CONSTRAINED=0 skips it).
 # Above BENCH_FULL_DEPTH (default 4096) only the f16 decode rows and no profile are measured:
 # the targets ask no more there, and on the E2B each extra 16k-token prefill costs ~8 minutes.
 set -euo pipefail
@@ -324,6 +325,16 @@ if [ "${BENCH_PARALLEL:-1}" != 0 ]; then
   say "concurrent clients against llama-server"
   KVLAB_BIN="$KVLAB" BENCH_THREADS="$THREADS" PARALLEL_ROUNDS="$ROUNDS" \
     "$ROOT/scripts/bench/parallel.sh" || true
+fi
+
+# What constrained decoding (JSON schemas) costs a token on the 270M and the E2B
+# (BENCH_CONSTRAINED=0 skips it).
+if [ "${BENCH_CONSTRAINED:-1}" != 0 ]; then
+  for m in gemma3-270m e2b-q4_k_m; do
+    say "constrained decoding, $m"
+    "$KVLAB" --threads "$THREADS" bench constrained --model "$(model_path "$m")" \
+      --tokens 64 --rounds "$((ROUNDS * 2 + 1))" || true
+  done
 fi
 
 # llama.cpp's KL divergence beside ours, on the same GGUF and texts (BENCH_KLD=0 skips it).
