@@ -340,6 +340,23 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   assert.equal(ringed.length, 1);
   assert.equal(ringed[0].kv, await (await $('[data-testid="cache-current"]')).getAttribute("data-policy"));
   await shot("compare-sweep.png");
+  // Both answers held to a JSON schema (constrained decoding): each parses, whatever its cache.
+  await (await $('[data-testid="compare-json"]')).click();
+  const schema = await $('[data-testid="compare-schema"]');
+  await schema.waitForDisplayed({ timeout: 5_000 });
+  await schema.setValue('{"type": "object", "properties": {"sea": {"enum": ["blue", "green", "grey"]}, "calm": {"type": "boolean"}}, "required": ["sea", "calm"], "additionalProperties": false}');
+  await (await $('[data-testid="compare-run"]')).click();
+  await app.browser.waitUntil(async () => (await $$('[data-testid="compare-json-check"]')).length === 2, {
+    timeout: 120_000,
+    timeoutMsg: "the JSON panes did not finish",
+  });
+  const answers = [];
+  for (const t of await $$('[data-testid="compare-text"]')) answers.push(await t.getText());
+  console.log(`compare as JSON: ${JSON.stringify(answers)}`);
+  for (const c of await $$('[data-testid="compare-json-check"]')) assert.equal(await c.getAttribute("data-parses"), "true");
+  for (const a of answers) assert.ok(["blue", "green", "grey"].includes(JSON.parse(a).sea), a);
+  await shot("compare-json.png");
+  await (await $('[data-testid="compare-json"]')).click();
   await app.browser.keys("Escape");
   await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
   await setNumber(app.browser, "max-tokens", 24);
