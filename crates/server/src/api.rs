@@ -414,7 +414,7 @@ impl RequestBody {
         }
         let tools = crate::tools::tools(self.tools.take())?;
         let (forced, offered) =
-            crate::tools::choice(self.tool_choice.as_ref(), self.parallel_tool_calls, &tools)?;
+            crate::tools::choice(self.tool_choice.as_ref(), self.parallel_tool_calls)?;
         self.forced_call = forced;
         Ok(Prompt::Conversation {
             messages,

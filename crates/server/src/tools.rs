@@ -160,24 +160,22 @@ pub fn calls(
     Ok(out)
 }
 
-/// What `tool_choice` asks, with the tools offered: the constraint on the answer (a call
-/// forced), and whether the tools are offered at all (`none`: they are not rendered, and
-/// the answer is text).
+/// What `tool_choice` asks: the constraint on the answer (a call forced; the engine refuses
+/// one no offered tool can meet), and whether the tools are offered at all (`none`: they are
+/// not rendered, and the answer is text).
 pub fn choice(
     tool_choice: Option<&Value>,
     parallel: Option<bool>,
-    tools: &[Tool],
 ) -> Result<(Option<Constraint>, bool), ApiError> {
-    let parallel = parallel.unwrap_or(true);
-    let forced = |name: Option<String>| Constraint::ToolCall { name, parallel };
+    let forced = |name: Option<String>| Constraint::ToolCall {
+        name,
+        parallel: parallel.unwrap_or(true),
+    };
     match tool_choice {
         None | Some(Value::Null) => Ok((None, true)),
         Some(Value::String(s)) => match s.as_str() {
             "auto" => Ok((None, true)),
             "none" => Ok((None, false)),
-            "required" if tools.is_empty() => Err(ApiError::invalid(
-                "tool_choice is \"required\" but no tools are given",
-            )),
             "required" => Ok((Some(forced(None)), true)),
             other => Err(ApiError::invalid(format!(
                 "tool_choice {other:?} is not one of auto, none, required, or a function"
@@ -192,11 +190,6 @@ pub fn choice(
                         "tool_choice must be auto, none, required, or {\"type\": \"function\", \"function\": {\"name\": …}}",
                     )
                 })?;
-            if !tools.iter().any(|t| t.name == name) {
-                return Err(ApiError::invalid(format!(
-                    "tool_choice names {name:?}, which is not in tools"
-                )));
-            }
             Ok((Some(forced(Some(name.to_owned()))), true))
         }
     }

@@ -84,6 +84,9 @@ pub struct GemmaTokenizer {
     pub(crate) grammar: std::sync::OnceLock<
         Result<Arc<llguidance::ParserFactory>, crate::constrain::ConstrainError>,
     >,
+    /// Whether chats may offer tools (see [`GemmaTokenizer::tool_support`]): found once, as
+    /// it takes a render of a probe.
+    tools: std::sync::OnceLock<Result<(), String>>,
 }
 
 impl std::fmt::Debug for GemmaTokenizer {
@@ -175,6 +178,7 @@ impl GemmaTokenizer {
             stops,
             template: None,
             grammar: std::sync::OnceLock::new(),
+            tools: std::sync::OnceLock::new(),
         })
     }
 
@@ -256,6 +260,7 @@ impl GemmaTokenizer {
     /// This tokenizer with the checkpoint's chat template.
     pub fn with_template(mut self, template: Option<ChatTemplate>) -> Self {
         self.template = template.map(Arc::new);
+        self.tools = std::sync::OnceLock::new();
         self
     }
 
@@ -473,6 +478,10 @@ impl GemmaTokenizer {
     /// the vocabulary has its markers, and the template tells the model of the tools. `Err`
     /// says why not.
     pub fn tool_support(&self) -> Result<(), String> {
+        self.tools.get_or_init(|| self.find_tool_support()).clone()
+    }
+
+    fn find_tool_support(&self) -> Result<(), String> {
         let family = self.family.facts().display_name();
         if !self.family.facts().tool_calls() {
             return Err(format!("{family} models have no tool-call syntax"));

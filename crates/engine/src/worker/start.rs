@@ -75,18 +75,12 @@ impl Worker {
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
-        let prompt = self.rendered(&request.prompt, request.context, prompt, tokenizer)?;
-        let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        // Compiled over the vocabulary it was submitted to; another model's is compiled again.
-        let guide = if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
-            guide
-        } else {
-            super::submit::guide_for(
-                request.constraint.as_ref(),
-                &request.prompt,
-                &loaded.tokenizer,
-            )?
-        };
+        let (prompt, guide) = self.rendered(
+            &request.prompt,
+            request.context,
+            (prompt, tokenizer),
+            (request.constraint.as_ref(), guide),
+        )?;
         let wanted = match &request.cache {
             Some(cache) => Some(cache.policy()?),
             None => None,
@@ -122,26 +116,28 @@ impl Worker {
         Ok((id, turn))
     }
 
-    /// The prompt's ids for the loaded model: as the caller rendered them, unless the model
-    /// changed since (then rendered again here).
+    /// The prompt's ids and compiled constraint for the loaded model: as the caller made
+    /// them over `tokenizer`, unless the model changed since (then both made again here).
     pub(super) fn rendered(
         &self,
         prompt: &crate::generate::Prompt,
         context: Option<usize>,
-        ids: Vec<u32>,
-        tokenizer: &Arc<GemmaTokenizer>,
-    ) -> Result<Vec<u32>, JobError> {
+        (ids, tokenizer): (Vec<u32>, &Arc<GemmaTokenizer>),
+        (constraint, guide): (Option<&crate::constrain::Constraint>, Option<Guide>),
+    ) -> Result<(Vec<u32>, Option<Guide>), JobError> {
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
-            return Ok(ids);
+            return Ok((ids, guide));
         }
         let p = prompt.clone().for_model(loaded.card.has_chat_template);
         let model = loaded.config.max_position_embeddings;
-        Ok(crate::generate::render_within_context(
+        let ids = crate::generate::render_within_context(
             &loaded.tokenizer,
             &p,
             context.map_or(model, |c| c.min(model)),
-        )?)
+        )?;
+        let guide = super::submit::guide_for(constraint, prompt, &loaded.tokenizer)?;
+        Ok((ids, guide))
     }
 
     /// Counts a turn by where its cache came from.
@@ -191,17 +187,13 @@ impl Worker {
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(CompareRun, u64), JobError> {
-        let prompt = self.rendered(&request.prompt, None, prompt, tokenizer)?;
+        let (prompt, guide) = self.rendered(
+            &request.prompt,
+            None,
+            (prompt, tokenizer),
+            (request.constraint.as_ref(), guide),
+        )?;
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
-        let guide = if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
-            guide
-        } else {
-            super::submit::guide_for(
-                request.constraint.as_ref(),
-                &request.prompt,
-                &loaded.tokenizer,
-            )?
-        };
         let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
         let tokens = prompt.len() + request.max_tokens;
         self.admit(
