@@ -9,7 +9,7 @@ use half::slice::HalfFloatSliceExt;
 /// accumulators (compiled for AVX2+FMA when the CPU has them).
 pub fn f16_scores(q: &[f32], keys: &[f16], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::avx2_available() {
+    if crate::features::avx2() {
         // SAFETY: the required CPU features were detected just above.
         unsafe { f16_scores_avx2(q, keys, out) };
         return;

@@ -124,13 +124,13 @@ impl Codec {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::kernels::encode_simd_available() {
+            if crate::features::avx512_bmi2() {
                 scratch.last_backend = Some(Backend::Avx512);
                 // SAFETY: AVX-512F and BMI2 were detected at run time.
                 return unsafe { self.encode_record_avx512(x, record, scratch) };
             }
             // Through the kernels' switch, so forcing the portable backend reaches here too.
-            if crate::kernels::avx2_available() {
+            if crate::features::avx2() {
                 scratch.last_backend = Some(Backend::Avx2);
                 // SAFETY: AVX2 and FMA were detected at run time.
                 return unsafe { self.encode_record_avx2(x, record, scratch) };
@@ -142,7 +142,7 @@ impl Codec {
             target_endian = "little"
         ))]
         {
-            if crate::kernels::neon::available() {
+            if crate::features::neon() {
                 scratch.last_backend = Some(Backend::Neon);
                 let segs = &self.ctx.segs;
                 return self.encode_record_with(

@@ -20,6 +20,7 @@ mod block;
 pub mod codebook;
 mod codec;
 mod error;
+mod features;
 pub mod ggml;
 mod kernels;
 mod layout;
@@ -53,21 +54,11 @@ pub fn kernel_backend() -> Backend {
 /// rounding, encoded bytes exactly).
 #[doc(hidden)]
 pub fn force_portable_kernels(on: bool) {
-    #[cfg(target_arch = "x86_64")]
-    kernels::force_portable(on);
-    #[cfg(all(
-        target_arch = "aarch64",
-        target_feature = "neon",
-        target_endian = "little"
-    ))]
-    kernels::neon::force_portable(on);
-    let _ = on;
+    features::force_portable(on);
 }
 
 /// Never uses AVX-512 kernels (exercises the AVX2 backend on AVX-512 machines).
 #[doc(hidden)]
 pub fn force_avx2_kernels(on: bool) {
-    #[cfg(target_arch = "x86_64")]
-    kernels::force_avx2(on);
-    let _ = on;
+    features::force_avx2(on);
 }

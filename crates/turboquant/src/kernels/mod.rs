@@ -9,6 +9,16 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod blocks_avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod blocks_avx512;
+#[cfg(all(
+    target_arch = "aarch64",
+    target_feature = "neon",
+    target_endian = "little"
+))]
+pub(crate) mod blocks_neon;
 #[cfg(all(
     target_arch = "aarch64",
     target_feature = "neon",
@@ -20,10 +30,7 @@ mod portable;
 mod x86;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{
-    available as avx512_available, avx2_available, encode_simd_available, force_avx2,
-    force_portable, pack_pext, quantize_avx512,
-};
+pub(crate) use x86::{pack_pext, quantize_avx512};
 
 use crate::block::CodeBlock;
 use crate::codec::Codec;
@@ -220,10 +227,10 @@ impl Backend {
     pub fn detect() -> Backend {
         #[cfg(target_arch = "x86_64")]
         {
-            if x86::available() {
+            if crate::features::avx512() {
                 return Backend::Avx512;
             }
-            if x86::avx2_available() {
+            if crate::features::avx2() {
                 return Backend::Avx2;
             }
         }
@@ -233,7 +240,7 @@ impl Backend {
             target_endian = "little"
         ))]
         {
-            if neon::available() {
+            if crate::features::neon() {
                 return Backend::Neon;
             }
         }
@@ -306,7 +313,7 @@ impl Codec {
         if self.ctx.wide
             && self.ctx.qjl.is_none()
             && matches!(Backend::detect(), Backend::Avx512 | Backend::Avx2)
-            && x86::avx2_available()
+            && crate::features::avx2()
         {
             return Backend::Avx2;
         }

@@ -21,25 +21,10 @@
 //! routes calls to the portable backend so tests can compare the two on one machine.
 
 use std::arch::aarch64::*;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Ctx, Seg};
 use crate::bits;
 use crate::codec::read_f16;
-
-/// Set by tests to route every call to the portable backend.
-static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
-
-/// Test hook: use the portable backend instead of NEON (backends agree to rounding, so
-/// flipping this concurrently only changes which path computes a result).
-pub(crate) fn force_portable(on: bool) {
-    FORCE_PORTABLE.store(on, Ordering::Relaxed);
-}
-
-/// True unless the portable backend is forced.
-pub(crate) fn available() -> bool {
-    !FORCE_PORTABLE.load(Ordering::Relaxed) && std::arch::is_aarch64_feature_detected!("neon")
-}
 
 /// Widest code the 16-at-a-time unpacker handles (2·w bytes must fit one 128-bit load).
 const MAX_WIDTH: usize = 8;

@@ -15,40 +15,10 @@
 //! layout described by `ctx` (so every segment's code bytes lie inside each record).
 
 use std::arch::x86_64::*;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{Ctx, Seg};
 use crate::bits;
 use crate::codec::read_f16;
-
-/// Highest backend tests allow: 0 = any, 1 = at most AVX2, 2 = portable only.
-static CAP: AtomicU8 = AtomicU8::new(0);
-
-/// Test hook: route the kernels to the portable backend (backends must agree, so flipping
-/// this concurrently only changes which path computes a result).
-pub(crate) fn force_portable(on: bool) {
-    CAP.store(if on { 2 } else { 0 }, Ordering::Relaxed);
-}
-
-/// Test hook: never use AVX-512 (exercises the AVX2 backend on AVX-512 machines).
-pub(crate) fn force_avx2(on: bool) {
-    CAP.store(if on { 1 } else { 0 }, Ordering::Relaxed);
-}
-
-pub(crate) fn available() -> bool {
-    CAP.load(Ordering::Relaxed) == 0 && std::arch::is_x86_feature_detected!("avx512f")
-}
-
-pub(crate) fn avx2_available() -> bool {
-    CAP.load(Ordering::Relaxed) <= 1
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-}
-
-/// True when the AVX-512 + BMI2 encoder can run.
-pub(crate) fn encode_simd_available() -> bool {
-    available() && std::arch::is_x86_feature_detected!("bmi2")
-}
 
 /// Nearest-level indices and their centroid values for `ys` (one segment): a 4-step
 /// branch-free binary search per 16 values, thresholds looked up with `vpermps`.
