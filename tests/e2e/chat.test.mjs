@@ -238,7 +238,7 @@ test("switching the cache precision mid-conversation marks the timeline and shri
   const tq = await kvBytes();
   assert.ok(tq > 0 && tq < half * 0.3, `TQ 3.6 holds ${tq} bytes vs ${half} in f16`);
   // The menu says what the preset costs and loses, as the engine measured it.
-  // The measured figures are the engine's (kv/presets.rs); the form is the UI's.
+  // The measured figures are the engine's (kv/spec/presets.rs); the form is the UI's.
   assert.match(
     await (await $('[data-testid="preset-measured"]')).getText(),
     /^k4v3\+qw@all · 3\.63 bits per coordinate · mean KLD 0\.\d+ · top-1 \d+(\.\d)?% vs FP16$/,

@@ -167,7 +167,7 @@ pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if item == "presets" {
-            for p in kvlab_engine::kv::presets::presets() {
+            for p in kvlab_engine::kv::presets() {
                 out.push(CacheSpec::parse(&p.specs.all)?);
             }
         } else {
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn presets_expand_to_every_menu_preset() {
         let all = kv_specs("presets").unwrap();
-        assert_eq!(all.len(), kvlab_engine::kv::presets::presets().len());
+        assert_eq!(all.len(), kvlab_engine::kv::presets().len());
         assert!(all.iter().any(|s| s.to_string() == "f16"));
         assert_eq!(kv_specs("f16, tq4").unwrap().len(), 2);
         assert!(kv_specs("tq9").is_err());

@@ -57,7 +57,7 @@ const starter = (id: string) => STARTERS.find((s) => s.id === id)!;
 
 function storeWithModel(): InstanceType<typeof AppStore> {
   const store = new AppStore();
-  // What the engine's cache options name (see kv/presets.rs).
+  // What the engine's cache options name (see kv/spec/presets.rs).
   store.cache.options = { default_spec: "f16", suggested_spec: "tq3.5@all" } as CacheOptions;
   store.cache.spec = store.cache.options.default_spec;
   store.model.card = { name: "gemma-3-270m", has_chat_template: false, supports_thinking: false } as ModelCard;

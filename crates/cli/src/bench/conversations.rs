@@ -138,7 +138,7 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
     let budget = (one as f64 * args.budget_conversations) as u64;
     let demote_to = match &args.demote_to {
         Some(s) => CacheSpec::parse(s)?.to_policy(),
-        None => kvlab_engine::kv::presets::suggested_policy(),
+        None => kvlab_engine::kv::suggested_policy(),
     };
     let spill =
         std::env::temp_dir().join(format!("kvlab-bench-conversations-{}", std::process::id()));

@@ -206,7 +206,7 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
             let mut policy = reference.to_policy();
             policy
                 .overrides
-                .insert(*layer, KvPrecision::TurboQuant(precision));
+                .insert(*layer, KvPrecision::Split(precision));
             Labelled {
                 label: format!("layer {layer} {precision}"),
                 policy,

@@ -66,7 +66,7 @@ impl Default for PoolSettings {
             kv_budget: None,
             disk_budget: DEFAULT_DISK_BUDGET,
             spill_dir: None,
-            demote_to: crate::kv::presets::suggested_policy(),
+            demote_to: crate::kv::suggested_policy(),
             reserve_for_user: false,
             idle_ttl: Some(DEFAULT_IDLE_TTL),
             parallel: crate::worker::MAX_RUNNING,

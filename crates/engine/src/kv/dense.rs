@@ -5,7 +5,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attend::attend_dense;
-use super::storage::{AttendSpec, KvPrecision, KvStorage, StorageShape};
+use super::format::KvPrecision;
+use super::storage::{AttendSpec, KvStorage, StorageShape};
 use super::wire::{WireReader, WireWriter};
 use crate::error::{EngineError, Result};
 
@@ -31,7 +32,7 @@ fn dtype_of(p: KvPrecision) -> DType {
         KvPrecision::F16 => DType::F16,
         KvPrecision::BF16 => DType::BF16,
         // Not a dense precision; `new_storage` never builds a dense store for it.
-        KvPrecision::TurboQuant(_) => DType::F16,
+        KvPrecision::Split(_) => DType::F16,
     }
 }
 

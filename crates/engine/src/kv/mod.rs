@@ -8,13 +8,11 @@ mod dense;
 mod format;
 pub mod persist;
 mod pool;
-mod precision;
-pub mod presets;
 pub mod spec;
+mod split;
 mod split_softmax;
 mod storage;
 mod switch;
-mod turboquant;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -24,17 +22,18 @@ use serde::{Deserialize, Serialize};
 
 pub use attend::attend_dense;
 pub use dense::{allocated_tokens, DenseStorage, BLOCK_TOKENS};
-pub use presets::{
-    cache_options, canonical, presets, CacheChoice, CacheOptions, CachePreset, CacheSelection,
-    FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, SideFormat, MEASURED_ON,
-};
-pub use spec::{CacheSpec, LayerScope, TqPrecision, TqSide};
-pub use storage::{
-    calibration_rows, AttendSpec, KvPrecision, KvStorage, StorageShape, StorageTraffic,
+pub use format::{
+    calibration_rows, DenseType, KvPrecision, LayerPrecision, SideFormat, SideSpec,
     CALIBRATION_ROWS, MIN_CALIBRATION_ROWS,
 };
+pub use spec::presets::{
+    cache_options, canonical, presets, suggested_policy, CacheChoice, CacheOptions, CachePreset,
+    CacheSelection, FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, MEASURED_ON,
+};
+pub use spec::{CacheSpec, LayerScope};
+pub use split::{SplitStorage, SEGMENT_TOKENS};
+pub use storage::{AttendSpec, KvStorage, StorageShape, StorageTraffic};
 pub use switch::{ConvertPlan, LayerChange};
-pub use turboquant::{TurboQuantStorage, SEGMENT_TOKENS};
 
 /// Tokens converted per piece when a layer changes precision (bounds the f32 staging copy).
 pub const CONVERT_CHUNK: usize = 4096;
@@ -115,7 +114,7 @@ pub fn new_storage(precision: KvPrecision, shape: StorageShape) -> Result<Box<dy
         KvPrecision::F32 | KvPrecision::F16 | KvPrecision::BF16 => {
             Ok(Box::new(DenseStorage::new(precision, shape)))
         }
-        KvPrecision::TurboQuant(p) => Ok(Box::new(TurboQuantStorage::new(p, shape)?)),
+        KvPrecision::Split(p) => Ok(Box::new(SplitStorage::new(p, shape)?)),
     }
 }
 
@@ -554,7 +553,3 @@ impl KvCache {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "switch_tests.rs"]
-mod switch_tests;

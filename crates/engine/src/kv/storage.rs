@@ -5,7 +5,7 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use super::precision::{calibration_rows, KvPrecision, CALIBRATION_ROWS, MIN_CALIBRATION_ROWS};
+use super::format::{KvPrecision, CALIBRATION_ROWS};
 use super::wire::{WireReader, WireWriter};
 use crate::error::Result;
 

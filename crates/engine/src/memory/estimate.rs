@@ -103,7 +103,7 @@ fn kv_bytes(
         let precision = policy.for_layer(l.index, l.kind);
         // A coded sliding layer lets its old rows go a whole segment at a time: it may
         // allocate rows for a segment beyond its window.
-        let coded = matches!(precision, crate::kv::KvPrecision::TurboQuant(_));
+        let coded = matches!(precision, crate::kv::KvPrecision::Split(_));
         let beyond = if room && coded { SEGMENT_TOKENS } else { 0 };
         let held = match l.sliding_window {
             Some(w) => tokens.min(

@@ -23,7 +23,7 @@ use kvlab_engine::contract::{DoneReason, ErrorCode, Event};
 use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
 use kvlab_engine::generate::sampling::{Sampler, SamplingParams};
 use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::presets::presets;
+use kvlab_engine::kv::presets;
 use kvlab_engine::kv::CacheSelection;
 use kvlab_engine::memory::RssProbe;
 use kvlab_engine::worker::{LoadRequest, Submission, Ticket};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use kvlab_engine::contract::AttentionKind;
 use kvlab_engine::generate::fidelity::compare_caches;
-use kvlab_engine::kv::{CacheSpec, KvCache, TqSide};
+use kvlab_engine::kv::{CacheSpec, KvCache, SideSpec};
 use kvlab_engine::memory::{KvBytes, MemorySample, RssProbe};
 use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy};
 use kvlab_turboquant::bytes_per_vector;
@@ -161,12 +161,14 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                 let cfg = &model.config().layers[l.layer];
                 let prec = cache.storage(l.layer).expect("owning layer").precision();
                 let (bk, bv) = match prec {
-                    kvlab_engine::KvPrecision::TurboQuant(p) => {
-                        let b = |s: &TqSide| match s {
-                            TqSide::F16 | TqSide::Bf16 => 2 * cfg.head_dim,
-                            TqSide::F32 => 4 * cfg.head_dim,
-                            TqSide::Codes(c) => bytes_per_vector(cfg.head_dim, c).expect("codec"),
-                            TqSide::Block(t) => t.row_bytes(cfg.head_dim).expect("blocks"),
+                    kvlab_engine::KvPrecision::Split(p) => {
+                        let b = |s: &SideSpec| match *s {
+                            SideSpec::F16 | SideSpec::BF16 => 2 * cfg.head_dim,
+                            SideSpec::F32 => 4 * cfg.head_dim,
+                            SideSpec::Codes(c) => {
+                                bytes_per_vector(cfg.head_dim, &c).expect("codec")
+                            }
+                            SideSpec::Blocks(t) => t.row_bytes(cfg.head_dim).expect("blocks"),
                         };
                         (b(&p.key), b(&p.value))
                     }
@@ -176,10 +178,10 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                 // Plus, per centered coded side (the default), one f32 offset per kv head, and
                 // with `+qw` one f32 row of key weights per kv head.
                 let offsets = match prec {
-                    kvlab_engine::KvPrecision::TurboQuant(p) => {
+                    kvlab_engine::KvPrecision::Split(p) => {
                         let coded = [p.key, p.value]
                             .iter()
-                            .filter(|s| matches!(s, TqSide::Codes(_)))
+                            .filter(|s| matches!(s, SideSpec::Codes(_)))
                             .count();
                         usize::from(p.center) * coded + usize::from(p.weigh_keys)
                     }

@@ -7,11 +7,9 @@
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-pub use super::format::SideFormat;
-use super::spec::{CacheSpec, LayerScope, TqPrecision};
-use super::storage::KvPrecision;
-use super::PrecisionPolicy;
+use super::{CacheSpec, LayerScope};
 use crate::error::{EngineError, Result};
+use crate::kv::{KvPrecision, LayerPrecision, PrecisionPolicy, SideFormat};
 
 /// A cache as a user picks it: each side's format and the layers it applies to (the other
 /// layers stay f16).
@@ -23,7 +21,7 @@ pub struct CacheChoice {
     pub values: SideFormat,
     /// Which cache-owning layers get these formats.
     pub scope: LayerScope,
-    /// Whether llama.cpp's types keep the first token as f16 too (`+sink`, `kv::spec`).
+    /// Whether llama.cpp's types keep the first token as f16 too (`+sink`, docs/cache-options.md).
     #[serde(default)]
     pub sink: bool,
 }
@@ -33,15 +31,15 @@ impl CacheChoice {
     /// both sides is a dense cache, any other two formats a layer of each (`f32` keys with
     /// `q4_0` values, `q8_0` with TurboQuant 3-bit). TurboQuant keys are
     /// query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of the
-    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (`kv::spec`). `sink` needs one
+    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (docs/cache-options.md). `sink` needs one
     /// of llama.cpp's types.
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
         let (key, value) = (k.side(true), v.side(false));
-        let precision = TqPrecision {
+        let precision = LayerPrecision {
             weigh_keys: k.is_turboquant(),
             sink: self.sink,
-            ..TqPrecision::new(key, value)
+            ..LayerPrecision::new(key, value)
         };
         if let Some(why) = precision.refusal() {
             return Err(EngineError::invalid(why));
@@ -357,9 +355,7 @@ impl PrecisionPolicy {
             return None;
         };
         Some(match (p, scope) {
-            (KvPrecision::TurboQuant(precision), scope) => {
-                CacheSpec::TurboQuant { precision, scope }
-            }
+            (KvPrecision::Split(precision), scope) => CacheSpec::TurboQuant { precision, scope },
             (dense, LayerScope::All) => CacheSpec::Dense(dense),
             (precision, scope) => CacheSpec::DenseScoped { precision, scope },
         })

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 
-use super::*;
 use crate::checkpoint::config::hf::load_config;
+use crate::kv::*;
 
 fn config() -> Result<ModelConfig> {
     let p =

@@ -185,3 +185,6 @@ impl KvCache {
         self.apply(&plan)
     }
 }
+
+#[cfg(test)]
+mod tests;

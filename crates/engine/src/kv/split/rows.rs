@@ -14,9 +14,9 @@ use half::f16;
 use kvlab_cpu::attention::{self, Elem};
 use kvlab_cpu::vmath::exp_shifted_sum;
 
-use super::{
-    seen_rows, DenseRows, Seg, Side, TurboQuantStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS,
-};
+use super::attend::seen_rows;
+use super::side::{DenseRows, Seg, Side};
+use super::{SplitStorage, BLOCK_GEMM_MIN_ROWS, SEGMENT_TOKENS};
 use crate::error::{EngineError, Result};
 use crate::kv::pool;
 use crate::kv::split_softmax::Partial;
@@ -132,7 +132,7 @@ struct Buffers {
     back: Vec<f32>,
 }
 
-impl TurboQuantStorage {
+impl SplitStorage {
     /// Whether `g` query rows attend by [`Self::attend_rows`].
     pub(super) fn reads_as_rows(&self, g: usize) -> bool {
         g >= BLOCK_GEMM_MIN_ROWS && self.key.reads_as_rows(true) && self.value.reads_as_rows(false)

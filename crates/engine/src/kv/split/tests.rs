@@ -43,12 +43,12 @@ fn waiting(n_kv: usize, d: usize, rows: usize) -> StorageShape {
     }
 }
 
-fn tq(key: TqSide, value: TqSide) -> TqPrecision {
-    TqPrecision::new(key, value)
+fn tq(key: SideSpec, value: SideSpec) -> LayerPrecision {
+    LayerPrecision::new(key, value)
 }
 
-fn codes(bits: Bits) -> TqSide {
-    TqSide::Codes(Spec::mse(bits))
+fn codes(bits: Bits) -> SideSpec {
+    SideSpec::Codes(Spec::mse(bits))
 }
 
 fn max_abs(t: &Tensor) -> Result<f32> {
@@ -59,7 +59,7 @@ fn max_abs(t: &Tensor) -> Result<f32> {
 /// keeping a sliding window trimmed like `KvCache::commit`; every result must equal dense
 /// attention over `to_dense()`.
 fn check_against_dense(
-    precision: TqPrecision,
+    precision: LayerPrecision,
     n_heads: usize,
     n_kv: usize,
     d: usize,
@@ -76,7 +76,7 @@ fn check_against_dense(
 /// makes them (what the storage's keys are dotted with). Equal up to the order of f32 sums:
 /// within 2·10⁻⁵ of the output's scale.
 fn check_against_dense_scored(
-    precision: TqPrecision,
+    precision: LayerPrecision,
     n_heads: usize,
     n_kv: usize,
     d: usize,
@@ -91,7 +91,7 @@ fn check_against_dense_scored(
 /// `calibration_rows`.
 #[allow(clippy::too_many_arguments)]
 fn check_waiting(
-    precision: TqPrecision,
+    precision: LayerPrecision,
     n_heads: usize,
     n_kv: usize,
     d: usize,
@@ -100,7 +100,7 @@ fn check_waiting(
     calibration_rows: usize,
     scored: &dyn Fn(&Tensor, f32) -> Result<Tensor>,
 ) -> Result<()> {
-    let mut s = TurboQuantStorage::new(precision, waiting(n_kv, d, calibration_rows))?;
+    let mut s = SplitStorage::new(precision, waiting(n_kv, d, calibration_rows))?;
     let (mut seq, mut key_start) = (0usize, 0usize);
     for (step, &c) in chunks.iter().enumerate() {
         let seed = 1000 + step as u64;
@@ -186,13 +186,13 @@ fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
         ..Spec::mse(Bits::B4)
     };
     for p in [
-        tq(codes(Bits::B4), TqSide::F16),
-        tq(TqSide::F16, codes(Bits::B2_5)),
-        tq(codes(Bits::B3), TqSide::F32),
-        tq(TqSide::Bf16, codes(Bits::B4)),
-        tq(TqSide::Bf16, TqSide::F32),
-        tq(TqSide::Codes(prod), TqSide::Codes(prod)),
-        tq(TqSide::Codes(haar), TqSide::Codes(haar)),
+        tq(codes(Bits::B4), SideSpec::F16),
+        tq(SideSpec::F16, codes(Bits::B2_5)),
+        tq(codes(Bits::B3), SideSpec::F32),
+        tq(SideSpec::BF16, codes(Bits::B4)),
+        tq(SideSpec::BF16, SideSpec::F32),
+        tq(SideSpec::Codes(prod), SideSpec::Codes(prod)),
+        tq(SideSpec::Codes(haar), SideSpec::Codes(haar)),
     ] {
         check_against_dense(p, 4, 2, 48, None, &chunks)?;
         check_against_dense(p, 4, 2, 48, Some(30), &chunks)?;
@@ -234,11 +234,11 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
         };
-        let bpv = |s: &TqSide| match s {
-            TqSide::F16 | TqSide::Bf16 => 2 * d,
-            TqSide::F32 => 4 * d,
-            TqSide::Codes(spec) => bytes_per_vector(d, spec).unwrap_or(0),
-            TqSide::Block(t) => t.row_bytes(d).unwrap_or(0),
+        let bpv = |s: &SideSpec| match *s {
+            SideSpec::F16 | SideSpec::BF16 => 2 * d,
+            SideSpec::F32 => 4 * d,
+            SideSpec::Codes(spec) => bytes_per_vector(d, &spec).unwrap_or(0),
+            SideSpec::Blocks(t) => t.row_bytes(d).unwrap_or(0),
         };
         let per_token = n_kv * (bpv(&precision.key) + bpv(&precision.value));
         // Each coded side keeps one f32 offset vector per head (centering, the default).
@@ -257,11 +257,11 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         };
         let fixed = coded * n_kv * d * 4 + sinks * n_kv * d * 2;
         assert_eq!(
-            KvPrecision::TurboQuant(precision).bytes_after(n_kv, d, 704, 704, 1)?,
+            KvPrecision::Split(precision).bytes_after(n_kv, d, 704, 704, 1)?,
             (704 * per_token + fixed) as u64,
             "{text}"
         );
-        let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        let mut s = SplitStorage::new(precision, shape(n_kv, d))?;
         assert_eq!(s.bytes_used(), 0);
         for (i, c) in [1usize, 700, 3].into_iter().enumerate() {
             s.append(&tensor(i as u64, n_kv, c, d)?, &tensor(9, n_kv, c, d)?)?;
@@ -284,11 +284,11 @@ fn dense_sides_hold_their_dtype_exactly() -> Result<()> {
     let (n_kv, d) = (2, 32);
     let (k, v) = (tensor(1, n_kv, 40, d)?, tensor(2, n_kv, 40, d)?);
     for (key, value) in [
-        (TqSide::F32, block(BlockType::Q4_0)),
-        (TqSide::Bf16, TqSide::F32),
-        (codes(Bits::B3), TqSide::Bf16),
+        (SideSpec::F32, block(BlockType::Q4_0)),
+        (SideSpec::BF16, SideSpec::F32),
+        (codes(Bits::B3), SideSpec::BF16),
     ] {
-        let mut s = TurboQuantStorage::new(tq(key, value), shape(n_kv, d))?;
+        let mut s = SplitStorage::new(tq(key, value), shape(n_kv, d))?;
         s.append(&k, &v)?;
         let (k0, v0) = s.to_dense()?;
         for (side, given, held) in [(key, &k, &k0), (value, &v, &v0)] {
@@ -307,8 +307,8 @@ fn dense_sides_hold_their_dtype_exactly() -> Result<()> {
 
 #[test]
 fn drop_front_and_truncate_keep_the_right_tokens() -> Result<()> {
-    let p = tq(codes(Bits::B3), TqSide::F16);
-    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    let p = tq(codes(Bits::B3), SideSpec::F16);
+    let mut s = SplitStorage::new(p, shape(2, 16))?;
     let k = tensor(1, 2, 1300, 16)?;
     let v = tensor(2, 2, 1300, 16)?;
     s.append(&k, &v)?;
@@ -337,7 +337,7 @@ fn drop_front_and_truncate_keep_the_right_tokens() -> Result<()> {
 #[test]
 fn a_vector_that_cannot_be_encoded_changes_nothing() -> Result<()> {
     let p = tq(codes(Bits::B4), codes(Bits::B4));
-    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    let mut s = SplitStorage::new(p, shape(2, 16))?;
     s.append(&tensor(1, 2, 520, 16)?, &tensor(2, 2, 520, 16)?)?;
     let before = (s.len(), s.bytes_used(), s.to_dense()?);
     // Head 1's last value overflows the f16 norm field; head 0 and the keys are fine.
@@ -358,7 +358,7 @@ fn a_vector_that_cannot_be_encoded_changes_nothing() -> Result<()> {
 #[test]
 fn rejects_mismatched_shapes_and_empty_attends() -> Result<()> {
     let p = tq(codes(Bits::B4), codes(Bits::B4));
-    let mut s = TurboQuantStorage::new(p, shape(2, 16))?;
+    let mut s = SplitStorage::new(p, shape(2, 16))?;
     let spec = AttendSpec {
         query_start: 0,
         key_start: 0,
@@ -395,8 +395,8 @@ fn offset_rows(seed: u64, h: usize, t: usize, d: usize) -> Result<Tensor> {
 }
 
 /// Squared error of the stored vectors relative to the inputs' energy.
-fn relative_error(p: TqPrecision, k: &Tensor) -> Result<f32> {
-    let mut s = TurboQuantStorage::new(p, shape(k.dim(0)?, k.dim(2)?))?;
+fn relative_error(p: LayerPrecision, k: &Tensor) -> Result<f32> {
+    let mut s = SplitStorage::new(p, shape(k.dim(0)?, k.dim(2)?))?;
     s.append(k, k)?;
     let (kd, _) = s.to_dense()?;
     let err = (&kd - k)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
@@ -407,7 +407,7 @@ fn relative_error(p: TqPrecision, k: &Tensor) -> Result<f32> {
 fn centering_cuts_the_error_of_offset_vectors_and_stays_exact_in_attention() -> Result<()> {
     let k = offset_rows(3, 2, 300, 64)?;
     let centered = tq(codes(Bits::B3), codes(Bits::B3));
-    let raw = TqPrecision {
+    let raw = LayerPrecision {
         center: false,
         ..centered
     };
@@ -429,10 +429,10 @@ fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
     // Calibrating on the first append whatever its size (`shape`): 4 rows give no offset.
     let k = offset_rows(5, 1, 40, 64)?;
     let p = tq(codes(Bits::B3), codes(Bits::B3));
-    let mut short = TurboQuantStorage::new(p, shape(1, 64))?;
+    let mut short = SplitStorage::new(p, shape(1, 64))?;
     short.append(&k.narrow(1, 0, 4)?, &k.narrow(1, 0, 4)?)?;
     short.append(&k.narrow(1, 4, 36)?, &k.narrow(1, 4, 36)?)?;
-    let mut long = TurboQuantStorage::new(p, shape(1, 64))?;
+    let mut long = SplitStorage::new(p, shape(1, 64))?;
     long.append(&k, &k)?;
     let (e_short, e_long) = (sq_error(&short, &k)?, sq_error(&long, &k)?);
     assert!(e_long < 0.5 * e_short, "long {e_long} vs short {e_short}");
@@ -444,7 +444,7 @@ fn a_short_first_append_leaves_the_head_uncentered() -> Result<()> {
 }
 
 /// Σ (decoded key − key)² over a storage's keys.
-fn sq_error(s: &TurboQuantStorage, k: &Tensor) -> Result<f32> {
+fn sq_error(s: &SplitStorage, k: &Tensor) -> Result<f32> {
     let (kd, _) = s.to_dense()?;
     Ok((&kd - k)?.sqr()?.sum_all()?.to_scalar::<f32>()?)
 }
@@ -457,16 +457,16 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
         .to_dtype(DType::F16)?
         .to_dtype(DType::F32)?;
     let v = (k.clone() * 0.5)?;
-    let p = TqPrecision {
+    let p = LayerPrecision {
         weigh_keys: true,
         ..tq(codes(Bits::B3), codes(Bits::B4))
     };
     let energy: Vec<f64> = (0..n_kv * d).map(|j| 1.0 + (j % 7) as f64).collect();
     let rows = 64;
-    let mut chat = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    let mut chat = SplitStorage::new(p, waiting(n_kv, d, rows))?;
     chat.set_query_energy(&energy);
-    let held = |s: &TurboQuantStorage, n| {
-        KvPrecision::TurboQuant(p)
+    let held = |s: &SplitStorage, n| {
+        KvPrecision::Split(p)
             .bytes_after(n_kv, d, n, n, rows)
             .map(|b| assert_eq!(s.bytes_used() as u64, b, "{n} rows"))
     };
@@ -485,7 +485,7 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
     // offsets and weights as one long first append of them.
     chat.append(&k.narrow(1, 45, 30)?, &v.narrow(1, 45, 30)?)?;
     chat.append(&k.narrow(1, 75, 15)?, &v.narrow(1, 75, 15)?)?;
-    let mut long = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    let mut long = SplitStorage::new(p, waiting(n_kv, d, rows))?;
     long.set_query_energy(&energy);
     long.append(&k.narrow(1, 0, 75)?, &v.narrow(1, 0, 75)?)?;
     long.append(&k.narrow(1, 75, 15)?, &v.narrow(1, 75, 15)?)?;
@@ -496,16 +496,16 @@ fn first_rows_wait_as_f16_and_calibrate_together() -> Result<()> {
     assert!(!chat.wants_query_energy() && !chat.calibrating());
     held(&chat, t)?;
     // Codes, offsets of both sides and the keys' weights: far below f16's bytes.
-    let coded = KvPrecision::TurboQuant(p).token_bytes(n_kv, d)? * t + 3 * n_kv * d * 4;
+    let coded = KvPrecision::Split(p).token_bytes(n_kv, d)? * t + 3 * n_kv * d * 4;
     assert_eq!(chat.bytes_used(), coded);
     // Saved and restored while waiting, a cache calibrates as it would have.
-    let mut waits = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    let mut waits = SplitStorage::new(p, waiting(n_kv, d, rows))?;
     waits.set_query_energy(&energy);
     waits.append(&k.narrow(1, 0, 45)?, &v.narrow(1, 0, 45)?)?;
     let mut w = crate::kv::wire::WireWriter::new();
     waits.write_state(&mut w)?;
     let bytes = w.into_bytes();
-    let mut back = TurboQuantStorage::new(p, waiting(n_kv, d, rows))?;
+    let mut back = SplitStorage::new(p, waiting(n_kv, d, rows))?;
     back.set_query_energy(&energy);
     back.read_state(&mut crate::kv::wire::WireReader::new(&bytes))?;
     assert_eq!(back.bytes_used(), waits.bytes_used());
@@ -531,7 +531,7 @@ fn a_switch_calibrates_on_the_rows_it_was_given() -> Result<()> {
         .to_dtype(DType::F16)?
         .to_dtype(DType::F32)?;
     let p = tq(codes(Bits::B3), codes(Bits::B4));
-    let mut s = TurboQuantStorage::new(p, waiting(n_kv, d, CALIBRATION_ROWS))?;
+    let mut s = SplitStorage::new(p, waiting(n_kv, d, CALIBRATION_ROWS))?;
     // Fewer rows than calibrating takes: they keep waiting.
     s.append(&k.narrow(1, 0, 10)?, &k.narrow(1, 0, 10)?)?;
     s.calibrate_now()?;
@@ -541,12 +541,12 @@ fn a_switch_calibrates_on_the_rows_it_was_given() -> Result<()> {
     assert!(!s.calibrating());
     // The codes of a storage that calibrated on those 40 rows appended at once, at the bytes
     // a switch's plan gives.
-    let mut once = TurboQuantStorage::new(p, shape(n_kv, d))?;
+    let mut once = SplitStorage::new(p, shape(n_kv, d))?;
     once.append(&k, &k)?;
     let (a, b) = (s.to_dense()?, once.to_dense()?);
     assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0);
     assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0);
-    let planned = KvPrecision::TurboQuant(p).bytes_after(n_kv, d, 40, 40, MIN_CALIBRATION_ROWS)?;
+    let planned = KvPrecision::Split(p).bytes_after(n_kv, d, 40, 40, MIN_CALIBRATION_ROWS)?;
     assert_eq!(s.bytes_used() as u64, planned);
     Ok(())
 }
@@ -576,13 +576,13 @@ fn query_weighted_keys_cut_the_score_error_where_queries_look() -> Result<()> {
     let k = Tensor::from_vec(keys.clone(), (1, t, d), &Device::Cpu)?;
     let q = Tensor::from_vec(queries.clone(), (1, 32, d), &Device::Cpu)?;
     let plain = tq(codes(Bits::B3), codes(Bits::B3));
-    let weighted = TqPrecision {
+    let weighted = LayerPrecision {
         weigh_keys: true,
         ..plain
     };
     // Σ over queries and tokens of (q·k̂ − q·k)², and the storage for the exactness check.
-    let score_error = |p: TqPrecision| -> Result<(f64, TurboQuantStorage)> {
-        let mut s = TurboQuantStorage::new(p, shape(1, d))?;
+    let score_error = |p: LayerPrecision| -> Result<(f64, SplitStorage)> {
+        let mut s = SplitStorage::new(p, shape(1, d))?;
         assert_eq!(s.wants_query_energy(), p.weigh_keys);
         s.set_query_energy(&energy);
         s.append(&k, &k)?;
@@ -626,7 +626,7 @@ fn query_weighted_keys_cut_the_score_error_where_queries_look() -> Result<()> {
         err <= 2e-5 * max_abs(&want)?.max(1.0),
         "attention error {err}"
     );
-    let plain_bytes = TurboQuantStorage::new(plain, shape(1, d))
+    let plain_bytes = SplitStorage::new(plain, shape(1, d))
         .and_then(|mut p| p.append(&k, &k).map(|_| p.bytes_used()))?;
     assert_eq!(s.bytes_used(), plain_bytes + d * 4);
     // A reset forgets the weights: the next first append measures again.
@@ -640,7 +640,7 @@ fn query_weighted_keys_cut_the_score_error_where_queries_look() -> Result<()> {
 fn without_queries_weighted_keys_code_as_plain_ones() -> Result<()> {
     let k = offset_rows(7, 2, 100, 64)?;
     let plain = tq(codes(Bits::B3), codes(Bits::B3));
-    let weighted = TqPrecision {
+    let weighted = LayerPrecision {
         weigh_keys: true,
         ..plain
     };
@@ -677,8 +677,8 @@ fn rotate_explicitly(x: &[f32], w: usize) -> Vec<f32> {
         .collect()
 }
 
-fn block(t: BlockType) -> TqSide {
-    TqSide::Block(t)
+fn block(t: BlockType) -> SideSpec {
+    SideSpec::Blocks(t)
 }
 
 #[test]
@@ -691,12 +691,12 @@ fn block_sides_hold_ggml_bytes_of_upstreams_rotation() -> Result<()> {
         (BlockType::Q5_1, BlockType::Iq4Nl, true),
         (BlockType::Q4_1, BlockType::Q5_0, false),
     ] {
-        let p = TqPrecision {
+        let p = LayerPrecision {
             rotate,
             sink: false,
             ..tq(block(kt), block(vt))
         };
-        let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
+        let mut s = SplitStorage::new(p, shape(n_kv, d))?;
         s.append(&k, &v)?;
         let (dk, dv) = s.to_dense()?;
         for (side, ty, width, src, held) in
@@ -739,9 +739,9 @@ fn block_keys_score_as_ggml_with_the_query_in_the_dot_type() -> Result<()> {
     let (n_kv, t, d) = (1, 40, 256);
     for (i, kt) in BlockType::ALL.into_iter().enumerate() {
         // Values in each dense format in turn: they play no part in the scores.
-        let values = [TqSide::F16, TqSide::Bf16, TqSide::F32][i % 3];
+        let values = [SideSpec::F16, SideSpec::BF16, SideSpec::F32][i % 3];
         let p = tq(block(kt), values);
-        let mut s = TurboQuantStorage::new(p, shape(n_kv, d))?;
+        let mut s = SplitStorage::new(p, shape(n_kv, d))?;
         let k = tensor(3, n_kv, t, d)?;
         s.append(&k, &tensor(4, n_kv, t, d)?)?;
         // Two query rows take ggml's integer dots, twenty (prefill) a matrix product of
@@ -793,14 +793,14 @@ fn block_sides_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
     let chunks = [40, 1, 600, 1];
     // Values are exact to what they hold (converted and summed in floats, rotated back).
     for p in [
-        tq(TqSide::F16, block(BlockType::Q4_0)),
-        tq(TqSide::F16, block(BlockType::Q8_0)),
-        tq(TqSide::F32, block(BlockType::Q4_0)),
-        tq(TqSide::Bf16, block(BlockType::Q8_0)),
-        TqPrecision {
+        tq(SideSpec::F16, block(BlockType::Q4_0)),
+        tq(SideSpec::F16, block(BlockType::Q8_0)),
+        tq(SideSpec::F32, block(BlockType::Q4_0)),
+        tq(SideSpec::BF16, block(BlockType::Q8_0)),
+        LayerPrecision {
             rotate: false,
             sink: false,
-            ..tq(TqSide::F16, block(BlockType::Q5_1))
+            ..tq(SideSpec::F16, block(BlockType::Q5_1))
         },
     ] {
         check_against_dense(p, 4, 2, 64, None, &chunks)?;
@@ -827,13 +827,13 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
         };
-        let mut s = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        let mut s = SplitStorage::new(precision, shape(n_kv, d))?;
         s.append(&tensor(1, n_kv, 600, d)?, &tensor(2, n_kv, 600, d)?)?;
         s.drop_front(30)?;
         let mut w = WireWriter::new();
         s.write_state(&mut w)?;
         let bytes = w.into_bytes();
-        let mut back = TurboQuantStorage::new(precision, shape(n_kv, d))?;
+        let mut back = SplitStorage::new(precision, shape(n_kv, d))?;
         let mut r = WireReader::new(&bytes);
         back.read_state(&mut r)?;
         r.finish()?;
@@ -849,7 +849,7 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         else {
             panic!("q4_1 is dense");
         };
-        let mut wrong = TurboQuantStorage::new(other, shape(n_kv, d))?;
+        let mut wrong = SplitStorage::new(other, shape(n_kv, d))?;
         if text != "q4_1" && precision.key != other.key {
             assert!(
                 wrong.read_state(&mut WireReader::new(&bytes)).is_err(),
@@ -865,7 +865,7 @@ fn block_types_refuse_heads_that_are_not_whole_blocks() {
     let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("q8_0").expect("spec") else {
         panic!("q8_0 is dense");
     };
-    let e = TurboQuantStorage::new(precision, shape(1, 16))
+    let e = SplitStorage::new(precision, shape(1, 16))
         .expect_err("16 is not a multiple of 32")
         .to_string();
     assert!(e.contains("multiple of 32"), "{e}");
@@ -925,7 +925,7 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
             .flatten();
         let key = precision.key;
         let scored = |q: &Tensor, scale: f32| match key {
-            TqSide::Block(ty) => as_ggml_scores(q, ty, width, scale),
+            SideSpec::Blocks(ty) => as_ggml_scores(q, ty, width, scale),
             _ => Ok(q.clone()),
         };
         for window in [None, Some(100)] {
@@ -949,7 +949,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     use crate::kv::wire::{WireReader, WireWriter};
     use candle_core::DType;
     let (n_kv, d) = (2, 64);
-    let parse = |text: &str| -> Result<TqPrecision> {
+    let parse = |text: &str| -> Result<LayerPrecision> {
         match CacheSpec::parse(text)? {
             CacheSpec::TurboQuant { precision, .. } => Ok(precision),
             _ => panic!("{text} is dense"),
@@ -967,8 +967,8 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
         Ok(x.broadcast_mul(&gain)?)
     };
     let (k, v) = (outlier(3, 700)?, outlier(4, 700)?);
-    let mut a = TurboQuantStorage::new(plain, shape(n_kv, d))?;
-    let mut b = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    let mut a = SplitStorage::new(plain, shape(n_kv, d))?;
+    let mut b = SplitStorage::new(sunk, shape(n_kv, d))?;
     for s in [&mut a, &mut b] {
         s.append(&k.narrow(1, 0, 5)?, &v.narrow(1, 0, 5)?)?;
         s.append(&k.narrow(1, 5, 695)?, &v.narrow(1, 5, 695)?)?;
@@ -997,7 +997,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
         scale: 1.0,
     };
     let want = attend_dense(&q, &k, &v, &spec)?;
-    let err = |s: &TurboQuantStorage| -> Result<f32> { max_abs(&(&s.attend(&q, &spec)? - &want)?) };
+    let err = |s: &SplitStorage| -> Result<f32> { max_abs(&(&s.attend(&q, &spec)? - &want)?) };
     assert!(
         err(&b)? * 4.0 < err(&a)?,
         "sink {} vs blocks {}",
@@ -1009,7 +1009,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     let mut w = WireWriter::new();
     b.write_state(&mut w)?;
     let bytes = w.into_bytes();
-    let mut back = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    let mut back = SplitStorage::new(sunk, shape(n_kv, d))?;
     back.read_state(&mut WireReader::new(&bytes))?;
     assert_eq!(max_abs(&(&back.to_dense()?.0 - &kb)?)?, 0.0);
     let before = b.bytes_used();
@@ -1021,7 +1021,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     let mut w = WireWriter::new();
     b.write_state(&mut w)?;
     let bytes = w.into_bytes();
-    let mut back = TurboQuantStorage::new(sunk, shape(n_kv, d))?;
+    let mut back = SplitStorage::new(sunk, shape(n_kv, d))?;
     back.read_state(&mut WireReader::new(&bytes))?;
     assert_eq!(max_abs(&(&back.to_dense()?.0 - &a.to_dense()?.0)?)?, 0.0);
     b.truncate(0)?;

@@ -3,15 +3,21 @@
 //! is for tensors. A row gives the format's menu value, its SPEC token, its label, its
 //! nominal bits per coordinate and the storage side it stands for; the bytes a stored vector
 //! takes are [`side_bytes`]. The SPEC grammar (`kv::spec`), the menus and choices
-//! (`kv::presets`), the estimate and the card read these. Adding a format is a row here plus
-//! its storage segment and kernels (`kv::turboquant`'s `Seg`, the codec's `ggml`).
+//! (`kv::spec::presets`), the estimate and the card read these. Adding a format is a row here plus
+//! its storage segment and kernels (`kv::split`'s `Seg`, the codec's `ggml`).
 
 use kvlab_turboquant::ggml::BlockType;
 use kvlab_turboquant::{Bits, Spec};
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use super::spec::TqSide;
+mod layer;
+mod precision;
+
+pub use layer::{DenseType, LayerPrecision, SideSpec};
+pub(crate) use precision::TQ_ROW_GRAIN;
+pub use precision::{calibration_rows, KvPrecision, CALIBRATION_ROWS, MIN_CALIBRATION_ROWS};
+
 use crate::error::{EngineError, Result};
 
 /// How one side (keys or values) is stored, as a menu choice.
@@ -192,18 +198,18 @@ impl SideFormat {
     /// The storage side this format stands for in a layer whose keys and values differ,
     /// with the defaults a SPEC gets (TurboQuant keys keep the unbiased norm scale,
     /// `kv::spec`).
-    pub(crate) fn side(self, is_key: bool) -> TqSide {
+    pub(crate) fn side(self, is_key: bool) -> SideSpec {
         match self.row().kind {
             Kind::Dense(_) => match self {
-                SideFormat::F32 => TqSide::F32,
-                SideFormat::Bf16 => TqSide::Bf16,
-                _ => TqSide::F16,
+                SideFormat::F32 => SideSpec::F32,
+                SideFormat::Bf16 => SideSpec::BF16,
+                _ => SideSpec::F16,
             },
-            Kind::TurboQuant(bits) => TqSide::Codes(Spec {
+            Kind::TurboQuant(bits) => SideSpec::Codes(Spec {
                 unbiased: is_key,
                 ..Spec::mse(bits)
             }),
-            Kind::Block(t) => TqSide::Block(t),
+            Kind::Block(t) => SideSpec::Blocks(t),
         }
     }
 }
@@ -211,11 +217,11 @@ impl SideFormat {
 /// Bytes one stored vector of `head_dim` coordinates takes on a side of a layer whose keys
 /// and values differ: dense floats, TurboQuant codes as the codec lays them out, or ggml's
 /// blocks.
-pub(crate) fn side_bytes(side: &TqSide, head_dim: usize) -> Result<usize> {
+pub(crate) fn side_bytes(side: &SideSpec, head_dim: usize) -> Result<usize> {
     match side {
-        TqSide::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
+        SideSpec::Codes(spec) => kvlab_turboquant::bytes_per_vector(head_dim, spec)
             .map_err(|e| EngineError::invalid(e.to_string())),
-        TqSide::Block(ty) => ty
+        SideSpec::Blocks(ty) => ty
             .row_bytes(head_dim)
             .map_err(|e| EngineError::invalid(format!("{}: {e}", ty.name()))),
         dense => dense
@@ -249,12 +255,12 @@ mod tests {
         let q4 = SideFormat::Q4_0.side(false);
         assert_eq!(side_bytes(&q8, 256).unwrap() * 8, 256 * 17 / 2);
         assert_eq!(side_bytes(&q4, 256).unwrap() * 8, 256 * 9 / 2);
-        assert_eq!(side_bytes(&TqSide::F16, 256).unwrap(), 512);
+        assert_eq!(side_bytes(&SideSpec::F16, 256).unwrap(), 512);
         assert!(side_bytes(&q8, 80).is_err());
         assert_eq!(SideFormat::Q4_1.bits_per_coordinate(), 5.0);
         assert_eq!(SideFormat::Tq3_5.bits_per_coordinate(), 3.5);
-        assert_eq!(SideFormat::F32.side(true), TqSide::F32);
-        assert_eq!(side_bytes(&TqSide::F32, 256).unwrap(), 1024);
-        assert_eq!(side_bytes(&TqSide::Bf16, 256).unwrap(), 512);
+        assert_eq!(SideFormat::F32.side(true), SideSpec::F32);
+        assert_eq!(side_bytes(&SideSpec::F32, 256).unwrap(), 1024);
+        assert_eq!(side_bytes(&SideSpec::BF16, 256).unwrap(), 512);
     }
 }

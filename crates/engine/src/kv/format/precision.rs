@@ -6,63 +6,62 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::spec::{TqPrecision, TqSide};
+use super::layer::{DenseType, LayerPrecision, SideSpec};
 use crate::error::{EngineError, Result};
 
-/// Storage precision of a layer's keys and values.
+/// Storage precision of a layer's keys and values: both dense in one dtype, or split, each
+/// side in its own format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
 pub enum KvPrecision {
-    /// 32-bit floats (reference precision).
-    F32,
-    /// IEEE half precision (what llama.cpp stores by default).
-    F16,
-    /// bfloat16.
-    BF16,
-    /// TurboQuant codes (keys and values each quantized or dense f16), see
-    /// [`super::spec::TqPrecision`].
-    #[serde(rename = "turboquant")]
-    TurboQuant(TqPrecision),
+    /// Keys and values dense in this dtype (`kv::dense`).
+    Dense(DenseType),
+    /// Keys and values each in their own format (`kv::split`).
+    Split(LayerPrecision),
 }
 
 /// Rows a TurboQuant or block side reserves at a time: its codes' chunks, and its f16 and
-/// block rows (kv/turboquant.rs reserves by it).
+/// block rows (kv/split/ reserves by it).
 pub const TQ_ROW_GRAIN: usize = kvlab_turboquant::DEFAULT_CHUNK_VECTORS;
 
 impl KvPrecision {
-    /// Short lowercase name (`f32`, `f16`, `bf16`, `turboquant`); `Display` gives the full
-    /// form (`tq4`, `k4v3+nc`).
+    /// Dense 32-bit floats.
+    pub const F32: KvPrecision = KvPrecision::Dense(DenseType::F32);
+    /// Dense IEEE half precision.
+    pub const F16: KvPrecision = KvPrecision::Dense(DenseType::F16);
+    /// Dense bfloat16.
+    pub const BF16: KvPrecision = KvPrecision::Dense(DenseType::Bf16);
+
+    /// Short lowercase name (`f32`, `f16`, `bf16`, `split`); `Display` gives the full
+    /// form (`tq4`, `k4v3+nc`, `q8_0/q4_0`).
     pub fn name(self) -> &'static str {
         match self {
-            KvPrecision::F32 => "f32",
-            KvPrecision::F16 => "f16",
-            KvPrecision::BF16 => "bf16",
-            KvPrecision::TurboQuant(_) => "turboquant",
+            KvPrecision::Dense(d) => d.name(),
+            KvPrecision::Split(_) => "split",
         }
     }
 
     /// True for dense float precisions.
     pub fn is_dense(self) -> bool {
-        !matches!(self, KvPrecision::TurboQuant(_))
+        matches!(self, KvPrecision::Dense(_))
     }
 }
 
 impl std::fmt::Display for KvPrecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            KvPrecision::TurboQuant(p) => write!(f, "{p}"),
-            other => f.write_str(other.name()),
+            KvPrecision::Split(p) => write!(f, "{p}"),
+            KvPrecision::Dense(d) => f.write_str(d.name()),
         }
     }
 }
 
-/// Rows a calibrating TurboQuant side (a centered coded side, `+qw` keys; `kv::spec`) holds
+/// Rows a calibrating TurboQuant side (a centered coded side, `+qw` keys; docs/cache-options.md) holds
 /// as f16 before it measures its offset and weights on all of them and codes them: what a
 /// long first prefill gives it at once. Calibrated on a conversation's first few tokens
 /// instead (a short first message), tq4+qw@all lost 2–3.4× as much for the rest of the
 /// conversation (270M, Alice: 0.046 mean KLD calibrated on 512 rows, 0.060 on 256, 0.080
-/// on 128, 0.158 on 1). At most a segment ([`super::SEGMENT_TOKENS`]), so a sliding window
+/// on 128, 0.158 on 1). At most a segment ([`crate::kv::SEGMENT_TOKENS`]), so a sliding window
 /// never drops rows that wait. A layer given all its rows at once calibrates on them
 /// without waiting, from [`MIN_CALIBRATION_ROWS`]: a switch (`KvCache::apply`: the user
 /// asked for the smaller cache now, and no more rows are coming with it) and a comparison
@@ -85,23 +84,21 @@ impl KvPrecision {
     /// floats, or TurboQuant codes as the codec lays them out
     /// ([`kvlab_turboquant::bytes_per_vector`]).
     pub fn token_bytes(self, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
-        let side = |s: &TqSide| -> Result<usize> {
-            super::format::side_bytes(s, head_dim)
-                .map_err(|e| EngineError::invalid(format!("{self}: {e}")))
+        let side = |s: &SideSpec| -> Result<usize> {
+            super::side_bytes(s, head_dim).map_err(|e| EngineError::invalid(format!("{self}: {e}")))
         };
         let pair = match self {
-            KvPrecision::F32 => head_dim * 8,
-            KvPrecision::F16 | KvPrecision::BF16 => head_dim * 4,
-            KvPrecision::TurboQuant(p) => side(&p.key)? + side(&p.value)?,
+            KvPrecision::Dense(d) => 2 * head_dim * d.bytes(),
+            KvPrecision::Split(p) => side(&p.key)? + side(&p.value)?,
         };
         Ok(n_kv_heads * pair)
     }
 
     /// Bytes a layer holds besides its tokens once it holds any: the per-head offsets of its
     /// centered TurboQuant sides and the channel weights of `+qw` keys (`head_dim` f32 each),
-    /// and the first token of `+sink` block sides (`head_dim` f16 each; see `kv::spec`).
+    /// and the first token of `+sink` block sides (`head_dim` f16 each; see docs/cache-options.md).
     pub fn fixed_bytes(self, n_kv_heads: usize, head_dim: usize) -> usize {
-        let KvPrecision::TurboQuant(p) = self else {
+        let KvPrecision::Split(p) = self else {
             return 0;
         };
         let vectors = self.calibrating_vectors() * n_kv_heads * head_dim;
@@ -111,7 +108,7 @@ impl KvPrecision {
     /// Per head, the f32 vectors a layer measures when it calibrates: an offset per centered
     /// coded side, channel weights for `+qw` keys.
     fn calibrating_vectors(self) -> usize {
-        let KvPrecision::TurboQuant(p) = self else {
+        let KvPrecision::Split(p) = self else {
             return 0;
         };
         let coded = [p.key, p.value]
@@ -131,27 +128,26 @@ impl KvPrecision {
     /// Bytes one token takes while the layer waits to calibrate: each calibrating side as
     /// f16 rows, the others as [`KvPrecision::token_bytes`] has them.
     pub fn staged_token_bytes(self, n_kv_heads: usize, head_dim: usize) -> Result<usize> {
-        let KvPrecision::TurboQuant(p) = self else {
+        let KvPrecision::Split(p) = self else {
             return self.token_bytes(n_kv_heads, head_dim);
         };
-        let side = |s: &TqSide, is_key: bool| -> Result<usize> {
+        let side = |s: &SideSpec, is_key: bool| -> Result<usize> {
             if p.calibrates(is_key) {
                 return Ok(2 * head_dim);
             }
-            super::format::side_bytes(s, head_dim)
-                .map_err(|e| EngineError::invalid(format!("{self}: {e}")))
+            super::side_bytes(s, head_dim).map_err(|e| EngineError::invalid(format!("{self}: {e}")))
         };
         Ok(n_kv_heads * (side(&p.key, true)? + side(&p.value, false)?))
     }
 
     /// The most tokens a layer of this precision holding `held` tokens has room for: a dense
-    /// layer's spare ([`super::allocated_tokens`]), or, for TurboQuant and llama.cpp's
+    /// layer's spare ([`crate::kv::allocated_tokens`]), or, for TurboQuant and llama.cpp's
     /// sides, rows reserved [`TQ_ROW_GRAIN`] at a time. What a budget of allocated bytes
     /// counts ([`crate::memory::estimate_kv_allocated`]).
     pub fn room_tokens(self, held: usize) -> usize {
         match self {
-            KvPrecision::TurboQuant(_) => held.div_ceil(TQ_ROW_GRAIN).max(1) * TQ_ROW_GRAIN,
-            _ => super::allocated_tokens(held),
+            KvPrecision::Split(_) => held.div_ceil(TQ_ROW_GRAIN).max(1) * TQ_ROW_GRAIN,
+            _ => crate::kv::allocated_tokens(held),
         }
     }
 
@@ -181,7 +177,7 @@ impl KvPrecision {
             // Nothing measured yet; a `+sink` block side beside the waiting one has its row.
             let per = self.staged_token_bytes(n_kv_heads, head_dim)? as u64;
             let sinks = match self {
-                KvPrecision::TurboQuant(p) => p.sink_bytes(n_kv_heads, head_dim),
+                KvPrecision::Split(p) => p.sink_bytes(n_kv_heads, head_dim),
                 _ => 0,
             };
             return Ok(per.saturating_mul(held as u64).saturating_add(sinks as u64));
@@ -198,7 +194,7 @@ mod room_tests {
 
     #[test]
     fn tq_rows_grow_by_the_codecs_chunk() {
-        let tq = KvPrecision::TurboQuant(TqPrecision::new(TqSide::F16, TqSide::F16));
+        let tq = KvPrecision::Split(LayerPrecision::new(SideSpec::F16, SideSpec::F16));
         assert_eq!(tq.room_tokens(1), TQ_ROW_GRAIN);
         assert_eq!(tq.room_tokens(129), 2 * TQ_ROW_GRAIN);
         // A dense layer's room: what it holds and a bounded spare.
