@@ -213,7 +213,7 @@ fn facts() -> String {
             "sampling": kvlab_engine::generate::sampling::SamplingParams::chat(),
             "max_tokens": kvlab_engine::generate::DEFAULT_MAX_TOKENS,
         })),
-        crate::sessions::caches::DEFAULT_CACHE_BUDGET_BYTES,
+        kvlab_engine::worker::DEFAULT_DISK_BUDGET,
     )
 }
 

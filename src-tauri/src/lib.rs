@@ -111,8 +111,8 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
                 Box::new(move |a: &Activity| {
                     let _ = handle.emit(STATUS_EVENT, a);
                 }),
-                sessions.caches().dir().to_path_buf(),
-                sessions::caches::DEFAULT_CACHE_BUDGET_BYTES,
+                sessions.dir().to_path_buf(),
+                kvlab_engine::worker::DEFAULT_DISK_BUDGET,
             )?;
             let (sampled, marked) = (engine.clone(), engine.clone());
             monitor::spawn_memory_sampler(
@@ -125,7 +125,6 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
                 engine,
                 sessions,
                 quitting: Default::default(),
-                cache_budget: sessions::caches::DEFAULT_CACHE_BUDGET_BYTES.into(),
                 documents: documents::Reader::this_executable(documents::Limits::from_env())?,
                 data_dir,
             });

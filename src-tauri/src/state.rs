@@ -15,8 +15,6 @@ pub struct AppState {
     pub sessions: SessionStore,
     /// Set once the quit's cache saving ran (quitting raises more than one event).
     pub quitting: std::sync::atomic::AtomicBool,
-    /// What saved caches may take on disk (the user's setting, sent with each save).
-    pub cache_budget: std::sync::atomic::AtomicU64,
     /// Reads attached documents in a child process with limits.
     pub documents: Reader,
     pub data_dir: PathBuf,

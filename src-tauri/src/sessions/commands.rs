@@ -9,7 +9,7 @@ use serde_json::Value;
 use tauri::{AppHandle, Manager, Runtime, State};
 use tauri_plugin_dialog::DialogExt;
 
-use super::caches::{CacheTransfer, SavedCache};
+use super::caches::CacheTransfer;
 use super::{SessionList, SessionSummary};
 use kvlab_engine::contract::ConversationId;
 
@@ -19,8 +19,18 @@ use crate::state::AppState;
 
 /// The saved sessions, and the files that could not be read (a corrupt one is set aside).
 #[tauri::command]
-pub fn list_sessions(state: State<'_, AppState>) -> SessionList {
-    state.sessions.list()
+pub async fn list_sessions(state: State<'_, AppState>) -> Res<SessionList> {
+    let engine = state.engine.clone();
+    let mut list = state.sessions.list();
+    // Each session's saved cache, from the engine's one list of the files it wrote.
+    let saved = blocking(move || Ok(engine.handle().saved_caches()?)).await?;
+    for summary in &mut list.sessions {
+        summary.cache = saved
+            .iter()
+            .find(|(c, _)| c.as_str() == summary.id)
+            .map(|(_, cache)| cache.clone());
+    }
+    Ok(list)
 }
 
 #[tauri::command]
@@ -49,24 +59,15 @@ pub async fn save_session_cache(
     budget_bytes: Option<u64>,
 ) -> Res<Option<CacheTransfer>> {
     if let Some(b) = budget_bytes {
-        state.cache_budget.store(b, Ordering::Relaxed);
         let mut pool = state.engine.handle().pool_settings();
         pool.disk_budget = b;
         state.engine.handle().set_pool_settings(pool);
     }
-    let budget = state.cache_budget.load(Ordering::Relaxed);
     let engine = state.engine.clone();
-    let caches = state.sessions.caches().clone();
-    blocking(move || save_cache(&engine, &caches, &id, budget)).await
+    blocking(move || save_cache(&engine, &id)).await
 }
 
-fn save_cache(
-    engine: &crate::bridge::EngineBridge,
-    caches: &super::caches::SessionCaches,
-    id: &str,
-    budget: u64,
-) -> Res<Option<CacheTransfer>> {
-    let path = caches.path(id)?;
+fn save_cache(engine: &crate::bridge::EngineBridge, id: &str) -> Res<Option<CacheTransfer>> {
     let conversation = conversation(id)?;
     let holds = engine
         .handle()
@@ -77,15 +78,9 @@ fn save_cache(
     if !holds {
         return Ok(None);
     }
-    caches.ensure_dir()?;
-    let info = engine.handle().save_cache(&conversation, Some(path))?;
-    let secs = info.secs;
-    Ok(Some(CacheTransfer {
-        id: id.to_owned(),
-        cache: SavedCache::from_engine(info),
-        secs,
-        dropped: caches.enforce_budget(budget, id),
-    }))
+    // The engine names the file, writes it into its folder and keeps the disk budget.
+    let info = engine.handle().save_cache(&conversation, None)?;
+    Ok(Some(CacheTransfer::of(id.to_owned(), &info)))
 }
 
 /// Restores session `id`'s saved cache into the engine, in the precision it was saved in,
@@ -98,9 +93,7 @@ pub async fn restore_session_cache(
     id: String,
 ) -> Res<Option<CacheTransfer>> {
     let engine = state.engine.clone();
-    let caches = state.sessions.caches().clone();
     blocking(move || {
-        let path = caches.path(&id)?;
         let conversation = conversation(&id)?;
         // Held already (the pool kept it since it was last used): nothing to read.
         let held = engine
@@ -109,16 +102,12 @@ pub async fn restore_session_cache(
             .conversations
             .into_iter()
             .find(|c| c.id == conversation && c.bytes > 0);
-        if held.is_some() || !path.exists() {
+        let saved = engine.handle().saved_caches()?;
+        if held.is_some() || !saved.iter().any(|(c, _)| *c == conversation) {
             return Ok(None);
         }
-        let info = engine.handle().restore_cache(&conversation, Some(path))?;
-        Ok(Some(CacheTransfer {
-            id,
-            secs: info.secs,
-            cache: SavedCache::from_engine(info),
-            dropped: Vec::new(),
-        }))
+        let info = engine.handle().restore_cache(&conversation, None)?;
+        Ok(Some(CacheTransfer::of(id, &info)))
     })
     .await
 }
@@ -147,8 +136,9 @@ pub fn set_parallel(state: State<'_, AppState>, requests: usize) -> usize {
 /// Drops session `id`'s saved cache (the session itself stays, and so does a cache the
 /// engine holds in memory for it).
 #[tauri::command]
-pub fn drop_session_cache(state: State<'_, AppState>, id: String) -> Res<()> {
-    state.sessions.caches().remove(&id)
+pub async fn drop_session_cache(state: State<'_, AppState>, id: String) -> Res<()> {
+    let engine = state.engine.clone();
+    blocking(move || Ok(engine.handle().drop_saved_cache(&conversation(&id)?)?)).await
 }
 
 /// On quit: every conversation the engine holds goes to its own cache file (each session's
@@ -178,8 +168,6 @@ pub fn save_cache_on_quit<R: Runtime>(app: &AppHandle<R>) {
         }
         Err(e) => tracing::warn!("caches not saved on quit: {e}"),
     }
-    let budget = state.cache_budget.load(Ordering::Relaxed);
-    state.sessions.caches().enforce_budget(budget, "");
 }
 
 #[tauri::command]
@@ -192,7 +180,10 @@ pub fn rename_session(
 }
 
 #[tauri::command]
-pub fn delete_session(state: State<'_, AppState>, id: String) -> Res<()> {
+pub async fn delete_session(state: State<'_, AppState>, id: String) -> Res<()> {
+    let engine = state.engine.clone();
+    let owner = conversation(&id)?;
+    blocking(move || Ok(engine.handle().drop_saved_cache(&owner)?)).await?;
     state.sessions.delete(&id)
 }
 

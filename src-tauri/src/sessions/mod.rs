@@ -66,7 +66,6 @@ pub fn write_all(file: &mut File, bytes: &[u8]) -> io::Result<()> {
 pub struct SessionStore {
     dir: PathBuf,
     write: Writer,
-    caches: caches::SessionCaches,
 }
 
 /// Temp files are named so, so one left by a killed save is known and removed.
@@ -129,11 +128,7 @@ impl SessionStore {
                 }
             }
         }
-        Self {
-            caches: caches::SessionCaches::new(dir.clone()),
-            dir,
-            write,
-        }
+        Self { dir, write }
     }
 
     fn path(&self, id: &str) -> Result<PathBuf, CommandError> {
@@ -198,10 +193,7 @@ impl SessionStore {
             }
             match std::fs::read(&path) {
                 Ok(bytes) => match parse(&bytes) {
-                    Ok((_, mut summary)) => {
-                        summary.cache = self.caches.info(&summary.id);
-                        out.sessions.push(summary)
-                    }
+                    Ok((_, summary)) => out.sessions.push(summary),
                     Err(why) => out.unreadable.push(self.set_aside(&path, why)),
                 },
                 Err(e) => out.unreadable.push(UnreadableSession {
@@ -257,15 +249,14 @@ impl SessionStore {
         self.save(&v)
     }
 
-    /// The saved KV caches beside the sessions.
-    pub fn caches(&self) -> &caches::SessionCaches {
-        &self.caches
+    /// The folder the sessions are in (the engine keeps their caches' files there too).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// Deletes a session and its saved cache.
+    /// Deletes a session (its saved cache is the engine's to remove).
     pub fn delete(&self, id: &str) -> Result<(), CommandError> {
         let path = self.path(id)?;
-        self.caches.remove(id)?;
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

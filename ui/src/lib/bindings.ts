@@ -47,7 +47,7 @@ values: SideFormat,
  */
 scope: LayerScope, 
 /**
- * Whether llama.cpp's types keep the first token as f16 too (`+sink`, `kv::spec`).
+ * Whether llama.cpp's types keep the first token as f16 too (`+sink`, docs/cache-options.md).
  */
 sink: boolean, };
 
@@ -1031,7 +1031,7 @@ tokens: number,
  */
 spec: string, 
 /**
- * When it was written (ms since the Unix epoch).
+ * When it was written (ms since the Unix epoch; 0 when the file system does not say).
  */
 saved_ms: number, };
 

@@ -171,3 +171,19 @@ pub enum MarkerKind {
     /// A cache of lossy rows was emptied to be read again exactly.
     Reread,
 }
+
+/// A conversation's cache file, as the engine's store of them lists it (its header read,
+/// not its sections).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct SavedCache {
+    /// The file's size.
+    #[ts(type = "number")]
+    pub bytes: u64,
+    /// Tokens it holds.
+    pub tokens: usize,
+    /// Its precision, as a cache SPEC.
+    pub spec: String,
+    /// When it was written (ms since the Unix epoch; 0 when the file system does not say).
+    #[ts(type = "number")]
+    pub saved_ms: u64,
+}

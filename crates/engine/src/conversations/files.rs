@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
-use crate::contract::{ConversationId, ErrorCode};
+use crate::contract::{ConversationId, ErrorCode, SavedCache};
 use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
 use crate::kv::{CacheSpec, PrecisionPolicy};
@@ -208,6 +208,38 @@ impl SpillDir {
                 Err(e)
             }
         }
+    }
+
+    /// Every file the directory wrote that is there and has a readable header, with whose
+    /// conversation it is, oldest first.
+    pub fn list(&self) -> Vec<(ConversationId, SavedCache)> {
+        let mut out: Vec<(ConversationId, SavedCache)> = self
+            .manifest()
+            .iter()
+            .filter_map(|name| {
+                let path = self.dir.join(name);
+                let id = id_of(&path)?;
+                let meta = std::fs::symlink_metadata(&path).ok()?;
+                if !meta.is_file() {
+                    return None;
+                }
+                let header = crate::kv::persist::peek(&path).ok()?;
+                let saved_ms = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_millis() as u64);
+                let cache = SavedCache {
+                    bytes: meta.len(),
+                    tokens: header.seq_len,
+                    spec: header.spec,
+                    saved_ms,
+                };
+                Some((id, cache))
+            })
+            .collect();
+        out.sort_by(|a, b| (a.1.saved_ms, &a.0).cmp(&(b.1.saved_ms, &b.0)));
+        out
     }
 
     /// Removes `id`'s file, when the directory wrote it.

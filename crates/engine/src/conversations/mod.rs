@@ -674,6 +674,19 @@ impl Pool {
         }
     }
 
+    /// Removes `id`'s file, keeping what it holds in memory: a conversation only on disk is
+    /// then dropped (read again on its next turn).
+    pub fn drop_file(&mut self, id: &ConversationId, spill: &SpillDir) {
+        self.touch();
+        spill.remove(id);
+        if let Some(c) = self.conversations.get_mut(id) {
+            c.file = None;
+            if matches!(c.place, Place::Disk) {
+                c.place = Place::Dropped;
+            }
+        }
+    }
+
     /// Empties `id`'s cache, keeping the conversation (its policy, and its file).
     pub fn reset(&mut self, id: &ConversationId) -> Result<()> {
         self.touch();

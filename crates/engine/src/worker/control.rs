@@ -119,6 +119,22 @@ impl Worker {
                 self.publish();
                 let _ = reply.send(saved);
             }
+            Control::SavedCaches { reply } => {
+                let (_, spill) = self.settings();
+                let _ = reply.send(Ok(spill.map(|d| d.list()).unwrap_or_default()));
+            }
+            Control::DropSavedCache {
+                conversation,
+                reply,
+            } => {
+                let (_, spill) = self.settings();
+                if let Some(spill) = spill {
+                    self.pool.drop_file(&conversation, &spill);
+                }
+                // Status first: a caller acting on the reply sees it current.
+                self.publish();
+                let _ = reply.send(Ok(()));
+            }
             Control::Unload { reply } => {
                 let r = if !self.tasks.is_empty() {
                     Err(JobError::busy("unload the model"))
@@ -138,7 +154,7 @@ impl Worker {
 
     /// Writes every conversation in memory to its spill file (each its own); with `free`,
     /// their memory goes too.
-    pub(super) fn save_all(&mut self, free: bool) -> Vec<super::SavedCache> {
+    pub(super) fn save_all(&mut self, free: bool) -> Vec<super::SaveOutcome> {
         let (settings, spill) = self.settings();
         let Some(spill) = spill else {
             return Vec::new();
@@ -249,12 +265,14 @@ impl Worker {
             pending: session.pending().to_vec(),
             spec: session.policy().spec_string(),
             secs: started.elapsed().as_secs_f64(),
+            dropped: Vec::new(),
         };
+        let mut info = info;
         if own_file {
             self.pool.saved(conversation, bytes, info.tokens);
             let (settings, spill) = self.settings();
             if let Some(spill) = spill {
-                self.pool.enforce_disk_budget(&settings, &spill);
+                info.dropped = self.pool.enforce_disk_budget(&settings, &spill);
             }
         }
         Ok(info)
@@ -318,6 +336,7 @@ impl Worker {
                     pending: header.pending,
                     spec: header.spec,
                     secs,
+                    dropped: Vec::new(),
                 })
             }
             Err(e) => {

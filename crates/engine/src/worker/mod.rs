@@ -41,7 +41,7 @@ pub use places::{PER_CLIENT_QUEUED, USER_QUEUED};
 pub use submit::{Request, Submission, Ticket};
 
 pub use crate::budget::MemoryBudget;
-pub use crate::conversations::{PoolSettings, DEFAULT_IDLE_TTL};
+pub use crate::conversations::{PoolSettings, DEFAULT_DISK_BUDGET, DEFAULT_IDLE_TTL};
 
 use crate::card::MemoryEstimate;
 use crate::checkpoint::config::ModelConfig;
@@ -49,7 +49,7 @@ use crate::checkpoint::source::ModelSource;
 use crate::checkpoint::LoadOptions;
 use crate::contract::ModelCard;
 use crate::contract::{Activity, ErrorCode, Event};
-use crate::contract::{ConversationId, ConversationInfo};
+use crate::contract::{ConversationId, ConversationInfo, SavedCache};
 use crate::generate::compare::CompareEvent;
 use crate::generate::session::REWIND_MARGIN;
 use crate::generate::{self, Prompt, PromptPreview};
@@ -171,7 +171,16 @@ pub(crate) enum Control {
         reply: Sender<Result<CacheFileInfo, JobError>>,
     },
     /// Write every conversation in memory to its spill file (a quit).
-    SaveAll { reply: Sender<Vec<SavedCache>> },
+    SaveAll { reply: Sender<Vec<SaveOutcome>> },
+    /// The cache files the engine wrote that are there, with whose they are.
+    SavedCaches {
+        reply: Sender<Result<Vec<(ConversationId, SavedCache)>, JobError>>,
+    },
+    /// Remove a conversation's own cache file (what it holds in memory stays).
+    DropSavedCache {
+        conversation: ConversationId,
+        reply: Sender<Result<(), JobError>>,
+    },
     /// The cache new conversations get.
     SetDefaultPolicy {
         policy: PrecisionPolicy,
@@ -200,7 +209,7 @@ pub(crate) enum Job {
 }
 
 /// A conversation's cache written to its own file (its bytes), or why not.
-pub type SavedCache = (ConversationId, Result<u64, JobError>);
+pub type SaveOutcome = (ConversationId, Result<u64, JobError>);
 
 /// A saved cache file, as written or restored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -219,6 +228,25 @@ pub struct CacheFileInfo {
     pub spec: String,
     /// Seconds the save or restore took.
     pub secs: f64,
+    /// Conversations whose own files a save removed to keep within the disk budget.
+    pub dropped: Vec<ConversationId>,
+}
+
+impl CacheFileInfo {
+    /// The file as the store lists it ([`EngineHandle::saved_caches`]).
+    pub fn saved_cache(&self) -> SavedCache {
+        let saved_ms = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64);
+        SavedCache {
+            bytes: self.bytes,
+            tokens: self.tokens,
+            spec: self.spec.clone(),
+            saved_ms,
+        }
+    }
 }
 
 /// A snapshot of the engine's state.
@@ -642,9 +670,25 @@ impl EngineHandle {
         })
     }
 
+    /// The cache files the engine wrote into its folder (see [`PoolSettings::spill_dir`]) that
+    /// are there and read, oldest first: the one list of saved caches, which the disk budget
+    /// keeps. Empty without a folder.
+    pub fn saved_caches(&self) -> Result<Vec<(ConversationId, SavedCache)>, JobError> {
+        self.control(|reply| Control::SavedCaches { reply })
+    }
+
+    /// Removes `conversation`'s own cache file, if the engine wrote one; what it holds in
+    /// memory stays (one only on disk is dropped, read again on its next turn).
+    pub fn drop_saved_cache(&self, conversation: &ConversationId) -> Result<(), JobError> {
+        self.control(|reply| Control::DropSavedCache {
+            conversation: conversation.clone(),
+            reply,
+        })
+    }
+
     /// Writes every conversation in memory to its own spill file (a quit): each its own
     /// cache, never another's. Returns what was written, or why not.
-    pub fn save_all(&self) -> Result<Vec<SavedCache>, JobError> {
+    pub fn save_all(&self) -> Result<Vec<SaveOutcome>, JobError> {
         let (reply, rx) = mpsc::channel();
         self.send(Job::Control(Control::SaveAll { reply }))?;
         rx.recv().map_err(|_| JobError::stopped())

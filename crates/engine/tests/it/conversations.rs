@@ -627,3 +627,58 @@ fn hostile_sixteen_clients_at_once_are_all_served_and_a_client_leaving_mid_prefi
     let (fresh, _) = ok_turn(&l.engine, "fresh", &long, 4);
     assert_eq!(ids, fresh);
 }
+
+/// The engine is the one store of cache files: a save names and writes the file itself,
+/// lists it with what its header says, keeps all of them within the disk budget (saying
+/// whose went), and removes one on request while the conversation keeps its memory; a file
+/// it did not write is never listed or removed. The app holds no list of its own.
+#[test]
+fn the_engine_is_the_one_store_of_cache_files() {
+    let lab = lab("f16");
+    let e = &lab.engine;
+    ok_turn(e, "s-old", &prompt(1), 3);
+    ok_turn(e, "s-new", &prompt(2), 3);
+    std::fs::create_dir_all(&lab.spill).expect("spill dir");
+    let planted = lab.spill.join("s-user.kvc");
+    std::fs::write(&planted, vec![3u8; 1 << 16]).expect("plant");
+
+    let old = e.save_cache(&id("s-old"), None).expect("save old");
+    assert!(old.path.starts_with(&lab.spill), "{:?}", old.path);
+    assert!(old.dropped.is_empty());
+    let listed = e.saved_caches().expect("list");
+    assert_eq!(listed.len(), 1, "only the file it wrote: {listed:?}");
+    let (who, cache) = &listed[0];
+    assert_eq!(who, &id("s-old"));
+    assert_eq!(cache.tokens, info(e, "s-old").tokens);
+    assert_eq!(cache.bytes, old.bytes);
+    assert_eq!(cache.spec, "f16");
+    assert_eq!(&old.saved_cache(), cache);
+
+    // A budget one file fits: the next save drops the older file, never the planted one.
+    let mut settings = e.pool_settings();
+    settings.disk_budget = old.bytes + old.bytes / 2;
+    e.set_pool_settings(settings);
+    std::thread::sleep(Duration::from_millis(20));
+    let new = e.save_cache(&id("s-new"), None).expect("save new");
+    assert_eq!(new.dropped, vec![id("s-old")]);
+    let listed: Vec<_> = e
+        .saved_caches()
+        .expect("list")
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(listed, vec![id("s-new")]);
+    assert!(!old.path.exists() && planted.exists());
+
+    // Removing a file keeps what the conversation holds; removing twice, or a file it did
+    // not write, changes nothing.
+    for _ in 0..3 {
+        e.drop_saved_cache(&id("s-new")).expect("drop");
+        e.drop_saved_cache(&id("s-user"))
+            .expect("not ours: nothing");
+    }
+    assert!(e.saved_caches().expect("list").is_empty());
+    assert!(!new.path.exists() && planted.exists());
+    assert!(info(e, "s-new").tokens > 0, "its memory stays");
+    ok_turn(e, "s-new", &prompt(3), 2);
+}
