@@ -53,7 +53,7 @@ deny_warnings() {
 # Assets were fetched by setup.sh: tests that need the real model must not skip silently.
 export KVLAB_REQUIRE_ASSETS=1
 # One package list and feature set for the lints, tests and the app build (TEST_PACKAGES in
-# common.sh), so every crate is compiled once (the CLI turns on kvlab-engine/bench; a build of
+# common.sh), so every crate is compiled once (the CLI turns on kvlab-engine/lab; a build of
 # the app alone would not); kvlab-engine/hub keeps the Hub code and its tests
 # (crates/engine/tests/it/hub_download.rs) always compiled, linted and run.
 FEATURES=("${TEST_PACKAGES[@]}")

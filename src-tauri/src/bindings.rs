@@ -5,31 +5,33 @@
 
 use std::path::Path;
 
-use kvlab_engine::budget::{FitOption, MemoryFit};
-use kvlab_engine::card::MemoryEstimate;
-use kvlab_engine::chat::{Message, Role, TemplateSource, Tool, ToolCall};
-use kvlab_engine::checkpoint::source::gguf_quants::GgufQuant;
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::MemoryEstimate;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::SweepPoint;
 use kvlab_engine::contract::TokenCost;
+use kvlab_engine::contract::WeightsChoice;
 use kvlab_engine::contract::{
     Activity, CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason,
     ErrorCode, Event, GenStats, LoadPhase, MarkerKind, Tier,
 };
 use kvlab_engine::contract::{AttentionKind, Family};
-use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
-use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::sweep::SweepPoint;
-use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview, StopToken};
-use kvlab_engine::kv::{
-    CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
-    PresetFidelity, ScopedSpecs, SideFormat,
-};
-use kvlab_engine::memory::{
+use kvlab_engine::contract::{
     ByteCount, ContextCost, DocumentFit, KindBytes, KvBytes, KvPart, LayerBytes, MemorySample,
     SwitchEvent,
 };
-use kvlab_engine::WeightsChoice;
+use kvlab_engine::contract::{
+    CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
+    PresetFidelity, ScopedSpecs, SideFormat,
+};
+use kvlab_engine::contract::{CompareEvent, CompareFidelity};
+use kvlab_engine::contract::{FitOption, MemoryFit};
+use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
+use kvlab_engine::contract::{Message, Role, TemplateSource, Tool, ToolCall};
+use kvlab_engine::contract::{Prompt, PromptPreview, StopToken};
+use kvlab_engine::hub::GgufQuant;
+use kvlab_engine::CompareRequest;
+use kvlab_engine::GenerateRequest;
 
 use crate::error::{AppCode, Code, CommandError};
 use kvlab_engine::contract::WeightFormat;
@@ -164,7 +166,7 @@ fn facts() -> String {
         2 << 50,
     ]
     .into_iter()
-    .map(|b| (b, kvlab_engine::memory::format_bytes(b)))
+    .map(|b| (b, kvlab_engine::contract::format_bytes(b)))
     .collect();
     let repos: Vec<(&str, bool)> = [
         "google/gemma-4-E2B-it",
@@ -206,14 +208,14 @@ fn facts() -> String {
             "memorySample": crate::monitor::MEMORY_EVENT,
             "memoryMarker": crate::monitor::MARKER_EVENT,
         })),
-        json(serde_json::json!(kvlab_engine::WEIGHTS_CHOICES)),
+        json(serde_json::json!(kvlab_engine::contract::WEIGHTS_CHOICES)),
         json(serde_json::json!(bytes)),
         json(serde_json::json!(repos)),
         json(serde_json::json!({
-            "sampling": kvlab_engine::generate::sampling::SamplingParams::chat(),
-            "max_tokens": kvlab_engine::generate::DEFAULT_MAX_TOKENS,
+            "sampling": kvlab_engine::contract::SamplingParams::chat(),
+            "max_tokens": kvlab_engine::contract::DEFAULT_MAX_TOKENS,
         })),
-        kvlab_engine::worker::DEFAULT_DISK_BUDGET,
+        kvlab_engine::contract::DEFAULT_DISK_BUDGET,
     )
 }
 

@@ -4,15 +4,18 @@
 //! works; its blocking waits are meant for `spawn_blocking` threads (the commands run them
 //! there), never Tauri's async workers.
 
+use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::CompareEvent;
+use kvlab_engine::contract::DeviceChoice;
 use kvlab_engine::contract::ModelCard;
 use kvlab_engine::contract::{Activity, ConversationId, Event};
-use kvlab_engine::device::DeviceChoice;
-use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
-use kvlab_engine::generate::GenerateRequest;
-use kvlab_engine::kv::CacheSelection;
-use kvlab_engine::memory::{MemorySample, RssProbe, SwitchEvent};
-use kvlab_engine::worker::{ActivityListener, LoadRequest, PoolSettings};
-use kvlab_engine::{Engine, EngineHandle, LoadOptions, MemoryEstimate, ModelSource, WeightsChoice};
+use kvlab_engine::contract::{MemoryEstimate, WeightsChoice};
+use kvlab_engine::contract::{MemorySample, SwitchEvent};
+use kvlab_engine::host::RssProbe;
+use kvlab_engine::CompareRequest;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::{ActivityListener, LoadRequest, PoolSettings};
+use kvlab_engine::{Engine, EngineHandle, LoadOptions, ModelSource};
 use std::path::Path;
 
 use crate::error::CommandError;
@@ -176,7 +179,7 @@ impl EngineBridge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvlab_engine::budget::MemoryBudget;
+    use kvlab_engine::MemoryBudget;
     use std::path::PathBuf;
 
     fn tiny_gguf() -> PathBuf {

@@ -112,7 +112,7 @@ pub fn build_app<R: Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
                     let _ = handle.emit(STATUS_EVENT, a);
                 }),
                 sessions.dir().to_path_buf(),
-                kvlab_engine::worker::DEFAULT_DISK_BUDGET,
+                kvlab_engine::contract::DEFAULT_DISK_BUDGET,
             )?;
             let (sampled, marked) = (engine.clone(), engine.clone());
             monitor::spawn_memory_sampler(

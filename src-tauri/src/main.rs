@@ -10,8 +10,8 @@ fn main() {
     // Before any other thread starts: one core fewer than the machine has (the webview
     // renders every streamed token), unless KVLAB_THREADS says otherwise.
     let threads =
-        kvlab_engine::threads::from_env().unwrap_or_else(kvlab_engine::threads::desktop_default);
-    if let Err(e) = kvlab_engine::threads::set_compute_threads(threads) {
+        kvlab_engine::host::threads_from_env().unwrap_or_else(kvlab_engine::host::desktop_default);
+    if let Err(e) = kvlab_engine::host::set_compute_threads(threads) {
         eprintln!("kvlab: {e}");
     }
     kvlab_app::platform::ensure_valid_locale();

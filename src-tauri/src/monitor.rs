@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use kvlab_engine::memory::{unix_ms, MemorySample, RssProbe, SwitchEvent};
+use kvlab_engine::contract::{MemorySample, SwitchEvent};
+use kvlab_engine::host::{unix_ms, RssProbe};
 use tauri::{AppHandle, Emitter, Runtime};
 
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(500);

@@ -6,12 +6,13 @@ use std::io::{IsTerminal, Write};
 use crate::model_args::{kv_policy, ModelArgs};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use kvlab_engine::chat::Message;
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::Message;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{DoneReason, Event, GenStats};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
+use kvlab_engine::contract::{Prompt, DEFAULT_MAX_TOKENS, PREFILL_CHUNK};
 use kvlab_engine::Engine;
+use kvlab_engine::GenerateRequest;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -86,7 +87,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let kv = match (&args.kv, &args.load_cache) {
         (Some(kv), _) => kv.clone(),
         (None, Some(file)) => {
-            kvlab_engine::kv::persist::peek(file)
+            kvlab_engine::lab::peek_cache_file(file)
                 .with_context(|| format!("reading {}", file.display()))?
                 .spec
         }
@@ -101,7 +102,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let card = args.model.load_into(
         &engine,
         policy.clone(),
-        kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
+        kvlab_engine::contract::DEFAULT_LOAD_CONTEXT,
     )?;
     eprintln!(
         "{} ({}, {} layers, {:.0}M params)",

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
-use kvlab_engine::generate::score::{chunked_logits, ChunkSchedule};
+use kvlab_engine::lab::{chunked_logits, ChunkSchedule};
 
 use crate::model_args::{kv_policy, ModelArgs};
-use kvlab_engine::WeightsChoice;
+use kvlab_engine::contract::WeightsChoice;
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {

@@ -12,7 +12,7 @@ mod serve_cmd;
 mod template_cmd;
 
 use clap::{Parser, Subcommand};
-use kvlab_engine::threads;
+use kvlab_engine::host;
 
 #[derive(Parser)]
 #[command(
@@ -60,9 +60,9 @@ fn main() -> anyhow::Result<()> {
     // First, before any thread or model op: candle sizes its pools once per process.
     let threads = cli
         .threads
-        .or_else(threads::from_env)
-        .unwrap_or_else(threads::physical_cores);
-    threads::set_compute_threads(threads)?;
+        .or_else(host::threads_from_env)
+        .unwrap_or_else(host::physical_cores);
+    host::set_compute_threads(threads)?;
     match cli.command {
         Command::Version => println!("kvlab {}", env!("CARGO_PKG_VERSION")),
         Command::Assets(args) => kvlab_assets::cli::run(args.command)?,
@@ -78,11 +78,11 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--threads`: a count, or `desktop` for [`threads::desktop_default`] (what the app uses),
+/// `--threads`: a count, or `desktop` for [`host::desktop_default`] (what the app uses),
 /// so benchmarks compare the CLI with the app at the app's own count.
 fn parse_threads(s: &str) -> Result<usize, String> {
     if s == "desktop" {
-        return Ok(threads::desktop_default());
+        return Ok(host::desktop_default());
     }
     s.parse()
         .map_err(|_| format!("`{s}` is neither a thread count nor `desktop`"))
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn threads_take_a_count_or_the_desktop_default() {
         assert_eq!(parse_threads("3"), Ok(3));
-        assert_eq!(parse_threads("desktop"), Ok(threads::desktop_default()));
+        assert_eq!(parse_threads("desktop"), Ok(host::desktop_default()));
         let err = parse_threads("many").unwrap_err();
         assert!(err.contains("`many`"), "{err}");
     }

@@ -8,12 +8,15 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::checkpoint::source::ResolvedModel;
-use kvlab_engine::checkpoint::Checkpoint;
-use kvlab_engine::device::{preferred_dtype, select_device, DeviceChoice};
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::{LoadOptions, Model, ModelSource, PrecisionPolicy, WeightsChoice};
+use kvlab_engine::contract::DeviceChoice;
+use kvlab_engine::contract::WeightsChoice;
+use kvlab_engine::hub::ResolvedModel;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::Checkpoint;
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::{preferred_dtype, select_device};
+use kvlab_engine::lab::{Model, PrecisionPolicy};
+use kvlab_engine::{LoadOptions, ModelSource};
 
 /// The loader's warnings, one `warning: …` line each on stderr.
 pub fn print_warnings(warnings: &[String]) {
@@ -73,7 +76,7 @@ impl ModelArgs {
         policy: PrecisionPolicy,
         context: usize,
     ) -> anyhow::Result<kvlab_engine::contract::ModelCard> {
-        let request = kvlab_engine::worker::LoadRequest {
+        let request = kvlab_engine::LoadRequest {
             source: self.source()?,
             tokenizer: self.tokenizer.clone(),
             options: self.load_options()?,
@@ -167,7 +170,7 @@ pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if item == "presets" {
-            for p in kvlab_engine::kv::presets() {
+            for p in kvlab_engine::contract::presets() {
                 out.push(CacheSpec::parse(&p.specs.all)?);
             }
         } else {
@@ -194,7 +197,7 @@ mod tests {
     #[test]
     fn presets_expand_to_every_menu_preset() {
         let all = kv_specs("presets").unwrap();
-        assert_eq!(all.len(), kvlab_engine::kv::presets().len());
+        assert_eq!(all.len(), kvlab_engine::contract::presets().len());
         assert!(all.iter().any(|s| s.to_string() == "f16"));
         assert_eq!(kv_specs("f16, tq4").unwrap().len(), 2);
         assert!(kv_specs("tq9").is_err());

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::{Model, PrecisionPolicy};
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::{next_token_logprobs, normalize_text, Perplexity};
+use kvlab_engine::lab::{Model, PrecisionPolicy};
 use serde::Serialize;
 
 use crate::model_args::{kv_policy, ModelArgs};

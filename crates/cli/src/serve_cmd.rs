@@ -39,7 +39,7 @@ pub struct ServeArgs {
     kv: String,
     /// Tokens of context each request may reach, prompt and answer (the load is checked for
     /// its memory): a longer prompt is refused with `context_overflow` before any work.
-    #[arg(long, default_value_t = kvlab_engine::worker::DEFAULT_LOAD_CONTEXT)]
+    #[arg(long, default_value_t = kvlab_engine::contract::DEFAULT_LOAD_CONTEXT)]
     ctx: usize,
     /// Most tokens an answer may run to: a request's default, and the most it may ask.
     #[arg(long, default_value_t = DEFAULT_SERVER_MAX_TOKENS)]
@@ -77,11 +77,11 @@ pub struct ServeArgs {
     spill_dir: Option<std::path::PathBuf>,
     /// Requests that run at once, each in its own conversation, stepped in turn (more wait, up
     /// to 16, then 429).
-    #[arg(long, default_value_t = kvlab_engine::worker::MAX_RUNNING, value_parser = parse_parallel)]
+    #[arg(long, default_value_t = kvlab_engine::contract::MAX_RUNNING, value_parser = parse_parallel)]
     parallel: usize,
     /// Seconds a conversation may stay idle in memory before it is spilled to its file (it
     /// comes back on its next turn); 0: never.
-    #[arg(long, default_value_t = kvlab_engine::worker::DEFAULT_IDLE_TTL.as_secs())]
+    #[arg(long, default_value_t = kvlab_engine::contract::DEFAULT_IDLE_TTL.as_secs())]
     idle_ttl: u64,
     /// The cache idle conversations are demoted to before they are spilled (default: the
     /// suggested TurboQuant preset).
@@ -114,9 +114,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((v * (1u64 << shift) as f64) as u64)
 }
 
-/// `--parallel`: 1 to [`kvlab_engine::worker::MAX_PARALLEL`].
+/// `--parallel`: 1 to [`kvlab_engine::contract::MAX_PARALLEL`].
 fn parse_parallel(s: &str) -> Result<usize, String> {
-    let max = kvlab_engine::worker::MAX_PARALLEL;
+    let max = kvlab_engine::contract::MAX_PARALLEL;
     s.trim()
         .parse::<usize>()
         .ok()

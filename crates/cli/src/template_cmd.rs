@@ -7,10 +7,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::chat::{Message, Role};
-use kvlab_engine::checkpoint::Checkpoint;
-use kvlab_engine::generate::{preview_prompt, Prompt};
-use kvlab_engine::tokenizer::GemmaTokenizer;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::{Message, Role};
+use kvlab_engine::lab::preview_prompt;
+use kvlab_engine::lab::Checkpoint;
+use kvlab_engine::lab::GemmaTokenizer;
 
 use crate::model_args::{print_warnings, ModelArgs};
 

@@ -1,59 +1,85 @@
 //! KV Lab engine: loads Gemma models with candle, runs them over a per-layer KV cache whose
 //! layout and precision are separate axes, and reports memory exactly. Knows nothing of Tauri.
 //!
-//! # The surface
-//! - **What a model is and costs:** [`checkpoint`] (a checkpoint read once: where it comes
-//!   from, its weights and [`LoadOptions`], its configuration and chat template, side by
-//!   side), [`card`] (the card and the pre-load [`MemoryEstimate`], from headers alone),
-//!   [`models`] (each family's facts in its folder, the shared decoder in `models::common`), [`device`], [`budget`] (whether a load, a context or a switch fits).
-//! - **Running it:** [`worker`] (the engine thread: [`Engine`], [`EngineHandle`], jobs in,
-//!   events out), [`Model`] (the decoder), [`generate`] (requests, prompts,
-//!   the one decode loop [`generate::Sequence`], and its parts: `compare`, `fidelity`,
-//!   `sampling`, `stream`, `detok`, `sweep`; a conversation's cache
-//!   and ids are a [`Session`] with the one [`REWIND_MARGIN`]), [`chat`], [`tokenizer`].
-//! - **The cache and its memory:** [`kv`] (layout × precision, each precision's byte formula,
-//!   switches planned then applied, SPEC strings, the presets and cache menu), [`memory`]
-//!   (reported bytes, estimates and costs, timeline samples, switch markers, process memory).
-//! - **The contract with front ends:** [`contract`] (events, the one [`ErrorCode`], activity,
-//!   the model card; it imports nothing from the rest of the crate),
-//!   [`JobError`]. Their serde shapes are pinned by tests and mirrored into the UI's generated
-//!   TypeScript types.
-//! - **Measuring (feature `bench`):** `bench` (decode benchmark, golden checks, matmul timings).
+//! # The face
+//! One path per item, four doors:
+//! - **The root:** the engine thread's handle ([`Engine`], [`EngineHandle`]), the requests it
+//!   takes ([`LoadRequest`], [`GenerateRequest`], [`CompareRequest`], [`LoadOptions`],
+//!   [`ModelSource`], [`PoolSettings`], [`MemoryBudget`]), the tickets it gives
+//!   ([`Ticket`], [`Submission`]) and its errors ([`JobError`], [`EngineError`]).
+//! - **[`contract`]:** every type that crosses the handle (events, statuses, the card, memory
+//!   reports and estimates, the cache menu and presets, prompts and their parts, the limits)
+//!   and the error codes. Their serde shapes are pinned by tests and mirrored into the UI's
+//!   generated TypeScript types.
+//! - **[`host`]:** what the process asks of the machine (threads, resident memory, the
+//!   clock); **[`hub`]:** models on the Hugging Face hub (feature `hub` for downloads).
+//! - **`lab`** (feature `lab`): the model, caches, sessions, scoring and benchmarks that the
+//!   CLI's lab commands and the engine's own integration tests drive directly.
 //!
-//! Internal: the weight store (`checkpoint::weights`; its weights choice and GGUF name
-//! mapping are re-exported), the seam to the quantized CPU kernels of `kvlab-cpu` (`qmatmul`), and the
-//! typed error ([`EngineError`]).
+//! Inside, by concern: `checkpoint` (a checkpoint read once), `card`, `models` (each family's
+//! facts in its folder, the shared decoder in `models::common`), `device`, `budget`,
+//! `worker` (the engine thread), `generate` (the one decode loop and its parts), `chat`,
+//! `tokenizer`, `constrain`, `kv` (layout × precision: `kv::format`, `kv::spec`,
+//! `kv::split`), `memory`, `conversations` (the pool), `qmatmul` (the seam to `kvlab-cpu`).
 
-#[cfg(feature = "bench")]
-pub mod bench;
-pub mod budget;
-pub mod card;
-pub mod chat;
-pub mod checkpoint;
-pub mod constrain;
+// Without the lab face (the app's build) what only the lab drives looks unused; every build
+// with it (the CLI's, the tests', clippy in scripts/test.sh) checks for dead code in full.
+#![cfg_attr(not(feature = "lab"), allow(dead_code, unused_imports))]
+
+#[cfg(feature = "lab")]
+mod bench;
+mod budget;
+mod card;
+mod chat;
+mod checkpoint;
+mod constrain;
 pub mod contract;
 mod conversations;
-pub mod device;
+mod device;
 mod error;
-pub mod generate;
-pub mod kv;
-pub mod memory;
-pub mod models;
-pub mod profile;
-pub(crate) mod qmatmul;
-pub mod threads;
-pub mod tokenizer;
-pub mod worker;
+mod generate;
+mod kv;
+mod memory;
+mod models;
+mod profile;
+mod qmatmul;
+mod threads;
+mod tokenizer;
+mod worker;
 
-#[cfg(feature = "bench")]
-pub use bench::{bench_matmul, MatmulBenchRow};
-pub use card::MemoryEstimate;
-pub use checkpoint::config::ModelConfig;
+pub use budget::MemoryBudget;
 pub use checkpoint::source::ModelSource;
-pub use checkpoint::weights::{gguf_name, WeightsChoice, WEIGHTS_CHOICES};
 pub use checkpoint::LoadOptions;
 pub use error::{EngineError, Result};
-pub use generate::session::{Session, REWIND_MARGIN};
-pub use kv::{KvCache, KvPrecision, KvStorage, PrecisionPolicy};
-pub use models::common::{BatchItem, Logits, Model};
-pub use worker::{Engine, EngineHandle, JobError};
+pub use generate::compare::CompareRequest;
+pub use generate::GenerateRequest;
+pub use worker::{
+    ActivityListener, Engine, EngineHandle, JobError, LoadRequest, PoolSettings, Submission, Ticket,
+};
+
+/// What the process asks of the machine: compute threads, resident memory, the clock.
+pub mod host {
+    pub use crate::memory::{
+        peak_rss_bytes, release_free_memory, reset_peak_rss, unix_ms, RssProbe,
+    };
+    pub use crate::threads::{
+        compute_threads, desktop_default, from_env as threads_from_env, physical_cores,
+        set_compute_threads, ThreadsError,
+    };
+}
+
+/// Models on the Hugging Face hub: ids, the GGUF quantizations a repository offers, and
+/// (feature `hub`) downloads.
+pub mod hub {
+    pub use crate::checkpoint::source::gguf_quants::GgufQuant;
+    #[cfg(feature = "hub")]
+    pub use crate::checkpoint::source::hub::{
+        download_model, download_repo, list_gguf_quants, DownloadProgress, HubOptions,
+    };
+    #[cfg(feature = "hub")]
+    pub use crate::checkpoint::source::hub_retry::RetryPolicy;
+    pub use crate::checkpoint::source::{find_tokenizer, hub_id, ResolvedModel, SourceError};
+}
+
+#[cfg(feature = "lab")]
+pub mod lab;

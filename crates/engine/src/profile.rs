@@ -52,13 +52,6 @@ pub fn enable(device: &Device) {
     ENABLED.store(true, Ordering::Relaxed);
 }
 
-/// Clears the totals, keeping the recording state (to drop a warm-up phase).
-pub fn reset() {
-    if let Ok(mut s) = STATE.lock() {
-        s.rows.clear();
-    }
-}
-
 /// Stops recording and returns the totals, largest first.
 pub fn finish() -> Vec<(&'static str, Row)> {
     ENABLED.store(false, Ordering::Relaxed);

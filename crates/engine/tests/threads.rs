@@ -3,7 +3,7 @@
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use kvlab_engine::threads::{compute_threads, set_compute_threads, ThreadsError};
+use kvlab_engine::host::{compute_threads, set_compute_threads, ThreadsError};
 
 /// Threads of this process whose name starts with `prefix` (Linux keeps them in /proc).
 #[cfg(target_os = "linux")]

@@ -5,9 +5,9 @@
 //! request, queued or running, and frees its place at once.
 
 use kvlab_engine::contract::{DoneReason, Event, GenStats};
-use kvlab_engine::generate::GenerateRequest;
-use kvlab_engine::worker::Ticket;
 use kvlab_engine::EngineHandle;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::Ticket;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::Planned;

@@ -4,21 +4,22 @@
 //! but a field that asks for something we do not do (`n > 1`, penalties, logprobs) is
 //! refused, not ignored; every list is bounded as it is read.
 
-use kvlab_engine::chat::{Message, Role};
+use kvlab_engine::contract::MAX_STOPS;
 use kvlab_engine::contract::{CacheOrigin, GenStats};
-use kvlab_engine::generate::stop::MAX_STOPS;
+use kvlab_engine::contract::{Message, Role};
 use std::marker::PhantomData;
 
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt, PREFILL_CHUNK};
-use kvlab_engine::kv::CacheSelection;
+use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::{Prompt, PREFILL_CHUNK};
+use kvlab_engine::GenerateRequest;
 use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::client::Client;
 use crate::error::ApiError;
 use crate::tools::{Calls, ResponseFormatIn, ToolCallIn, ToolIn, Tools};
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
 
 /// A bound on a list in a request: a list is read item by item and refused at its
 /// `MAX + 1`th, before more is read (a body of many tiny items would otherwise take many

@@ -4,7 +4,7 @@
 //! other client can name, list, read, cut or re-encode them. Without a key, every program
 //! on this machine that sends no token (or the same one) is one client; a program that wants
 //! its conversations apart sends a token of its own. The engine shares its queue's and
-//! running places between these namespaces ([`kvlab_engine::worker`]).
+//! running places between these namespaces (the engine's worker).
 
 use std::net::IpAddr;
 

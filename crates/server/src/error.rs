@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvlab_engine::contract::ErrorCode;
-use kvlab_engine::worker::JobError;
+use kvlab_engine::JobError;
 
 /// The longest error message sent: what a client sent is never echoed at length.
 pub const MAX_MESSAGE_BYTES: usize = 512;

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
-use kvlab_engine::memory::{unix_ms, MemorySample, RssProbe};
+use kvlab_engine::contract::MemorySample;
+use kvlab_engine::host::{unix_ms, RssProbe};
 use kvlab_engine::EngineHandle;
 use tokio::sync::watch;
 

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvlab_engine::contract::AttentionKind;
-use kvlab_engine::worker::{EngineStatus, PoolCounters, StepCounters};
+use kvlab_engine::contract::{EngineStatus, PoolCounters, StepCounters};
 
 /// Counters since the server started.
 #[derive(Debug, Default)]

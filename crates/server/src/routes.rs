@@ -246,7 +246,7 @@ impl Head {
         Self {
             endpoint,
             id: format!("{prefix}-kvlab-{n}"),
-            created: kvlab_engine::memory::unix_ms() / 1000,
+            created: kvlab_engine::host::unix_ms() / 1000,
             model,
             client,
         }

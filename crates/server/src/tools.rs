@@ -3,8 +3,8 @@
 //! into the engine's tools and constraint. What the engine does with them (the template's
 //! rendering, the grammar, the call syntax) is the engine's; this only reads and checks.
 
-use kvlab_engine::chat::{Tool, ToolCall};
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::{Tool, ToolCall};
 use serde::Deserialize;
 use serde_json::Value;
 

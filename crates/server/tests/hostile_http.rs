@@ -14,7 +14,7 @@ use common::{
     chat, connect, eventually, get, head, hostile, parse, peak_rise_mib, post, read_reply,
     reset_peak, send_as_in_thread, serial, start, Hold, Reply,
 };
-use kvlab_engine::worker::MAX_QUEUED;
+use kvlab_engine::contract::MAX_QUEUED;
 use kvlab_server::{Limits, ServerConfig};
 use serde_json::{json, Value};
 

@@ -15,7 +15,8 @@ use common::{
     chat, connect, eventually, get, get_as, head, hostile, peak_rise_mib, post, post_as,
     read_reply, reset_peak, send_as_in_thread, serial, start, Hold, Server,
 };
-use kvlab_engine::worker::{PoolSettings, PER_CLIENT_QUEUED};
+use kvlab_engine::contract::PER_CLIENT_QUEUED;
+use kvlab_engine::PoolSettings;
 use kvlab_server::{Limits, ServerConfig};
 use serde_json::{json, Value};
 
@@ -552,7 +553,9 @@ fn the_parallel_setting_bounds_the_requests_that_run_at_once() {
         );
         assert!(most >= 1);
     }
-    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    pool(&server, |p| {
+        p.parallel = kvlab_engine::contract::MAX_RUNNING
+    });
     server.still_answers();
 }
 
@@ -644,7 +647,9 @@ fn hostile_a_client_that_stops_reading_loses_its_connection() {
 fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
     let _one = serial();
     let server = start(ServerConfig::local(0));
-    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_PARALLEL);
+    pool(&server, |p| {
+        p.parallel = kvlab_engine::contract::MAX_PARALLEL
+    });
     let base = reset_peak();
     for round in 0..3 {
         let before = server.engine.step_counters();
@@ -676,7 +681,7 @@ fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
         );
         assert_eq!(served + busy, 64, "a reply was neither an answer nor a 429");
         assert!(served >= 16, "{served} served");
-        assert!(most <= kvlab_engine::worker::MAX_PARALLEL);
+        assert!(most <= kvlab_engine::contract::MAX_PARALLEL);
         // They ran together: many sequences in each forward pass, not one.
         assert!(per_step >= 4.0, "{per_step:.1} sequences per step");
         assert_eq!(server.engine.status().running, 0);
@@ -686,7 +691,9 @@ fn hostile_64_clients_streaming_at_once_share_steps_in_bounded_memory() {
     eprintln!("64 streaming clients × 3: peak RSS +{rise:.1} MiB");
     assert!(rise < 256.0, "+{rise:.1} MiB");
     hostile("64 clients streaming at once, bounded memory -> shared_steps_or_queue_full");
-    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    pool(&server, |p| {
+        p.parallel = kvlab_engine::contract::MAX_RUNNING
+    });
     server.still_answers();
 }
 
@@ -731,6 +738,8 @@ fn hostile_a_client_with_many_streams_cannot_slow_anothers_tokens() {
         assert_eq!(g.join().expect("client").0.status, 200);
     }
     hostile("one client's 7 streams beside another's -> one_token_each_per_step");
-    pool(&server, |p| p.parallel = kvlab_engine::worker::MAX_RUNNING);
+    pool(&server, |p| {
+        p.parallel = kvlab_engine::contract::MAX_RUNNING
+    });
     server.still_answers();
 }

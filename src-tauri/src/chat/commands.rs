@@ -3,17 +3,18 @@
 //! comparison, stop, and the cache: its menu, its costs, switching a conversation's and
 //! choosing new chats' (the marker goes back to the caller, which draws it on the timeline).
 
+use kvlab_engine::contract::CompareEvent;
+use kvlab_engine::contract::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
+use kvlab_engine::contract::{ContextCost, SwitchEvent};
 use kvlab_engine::contract::{ConversationId, Event};
-use kvlab_engine::generate::compare::CompareEvent;
-use kvlab_engine::generate::{GenerateRequest, Prompt, PromptPreview};
-use kvlab_engine::kv::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
-use kvlab_engine::memory::{ContextCost, SwitchEvent};
+use kvlab_engine::contract::{Prompt, PromptPreview};
+use kvlab_engine::GenerateRequest;
 use tauri::ipc::Channel;
 use tauri::State;
 
 use crate::blocking::{blocking, Res};
 use crate::state::AppState;
-use kvlab_engine::generate::compare::CompareRequest;
+use kvlab_engine::CompareRequest;
 
 /// Runs one chat turn; the engine's events stream over `on_event`.
 #[tauri::command]

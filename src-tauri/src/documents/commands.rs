@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use kvlab_engine::memory::DocumentFit;
+use kvlab_engine::contract::DocumentFit;
 use serde::Serialize;
 use tauri::State;
 use ts_rs::TS;

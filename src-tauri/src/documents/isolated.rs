@@ -183,7 +183,7 @@ const MEMORY_POLL: Duration = Duration::from_millis(20);
 /// RLIMIT_DATA), but macOS enforces no memory rlimit, so this watch is what bounds it there.
 fn wait_or_kill(child: &mut Child, limits: &Limits) -> std::io::Result<Waited> {
     let started = Instant::now();
-    let mut probe = kvlab_engine::memory::RssProbe::of(child.id());
+    let mut probe = kvlab_engine::host::RssProbe::of(child.id());
     let ended = loop {
         let left = limits.wall.saturating_sub(started.elapsed());
         if left.is_zero() {

@@ -13,11 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvlab_engine::checkpoint::source::gguf_quants::GgufQuant;
-use kvlab_engine::checkpoint::source::hub::{
-    download_model, list_gguf_quants, DownloadProgress, HubOptions,
-};
-use kvlab_engine::checkpoint::source::SourceError;
+use kvlab_engine::hub::GgufQuant;
+use kvlab_engine::hub::SourceError;
+use kvlab_engine::hub::{download_model, list_gguf_quants, DownloadProgress, HubOptions};
 use serde::Serialize;
 use tauri::ipc::Channel;
 use tauri::State;
@@ -167,7 +165,7 @@ type RepoId = (String, Option<String>, Option<String>);
 
 /// `owner/name[:QUANT][@revision]` as (repo, revision, quant), or an `invalid_request` error.
 pub(crate) fn parse_repo(s: &str) -> Result<RepoId, CommandError> {
-    match kvlab_engine::checkpoint::source::hub_id(s.trim()) {
+    match kvlab_engine::hub::hub_id(s.trim()) {
         Some((repo, quant, revision)) => Ok((repo, revision, quant)),
         None => Err(CommandError::new(
             ErrorCode::InvalidRequest,

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use kvlab_engine::contract::Activity;
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::ModelCard;
-use kvlab_engine::kv::CacheSelection;
-use kvlab_engine::{MemoryEstimate, WeightsChoice};
+use kvlab_engine::contract::{MemoryEstimate, WeightsChoice};
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 use tauri_plugin_dialog::DialogExt;

@@ -6,8 +6,8 @@
 use serde::Serialize;
 use ts_rs::TS;
 
+use kvlab_engine::contract::CacheFileInfo;
 pub use kvlab_engine::contract::SavedCache;
-use kvlab_engine::worker::CacheFileInfo;
 
 /// A save or restore of a session's cache.
 #[derive(Debug, Clone, Serialize, PartialEq, TS)]

@@ -128,7 +128,7 @@ pub fn set_kv_budget(state: State<'_, AppState>, bytes: Option<u64>) {
 #[tauri::command]
 pub fn set_parallel(state: State<'_, AppState>, requests: usize) -> usize {
     let mut pool = state.engine.handle().pool_settings();
-    pool.parallel = requests.clamp(1, kvlab_engine::worker::MAX_PARALLEL);
+    pool.parallel = requests.clamp(1, kvlab_engine::contract::MAX_PARALLEL);
     state.engine.handle().set_pool_settings(pool.clone());
     pool.parallel
 }

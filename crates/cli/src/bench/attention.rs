@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
 use clap::Args;
-use kvlab_engine::kv::{new_storage, AttendSpec, CacheSpec, StorageShape};
-use kvlab_engine::KvPrecision;
+use kvlab_engine::lab::KvPrecision;
+use kvlab_engine::lab::{new_storage, AttendSpec, CacheSpec, StorageShape};
 use serde::Serialize;
 
 use crate::bench::memory::parse_contexts;

@@ -6,12 +6,13 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, Event};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::CacheSpec;
+use kvlab_engine::lab::CacheSpec;
 use kvlab_engine::Engine;
+use kvlab_engine::GenerateRequest;
 use serde::Serialize;
 use serde_json::json;
 

@@ -11,13 +11,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::chat::Message;
+use kvlab_engine::contract::Message;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{CacheOrigin, ConversationChoice, ConversationId, Event, GenStats};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::worker::PoolSettings;
-use kvlab_engine::{Engine, EngineHandle, PrecisionPolicy};
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::PrecisionPolicy;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::PoolSettings;
+use kvlab_engine::{Engine, EngineHandle};
 use serde::Serialize;
 
 use crate::model_args::ModelArgs;
@@ -113,7 +115,7 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
     let card = args.model.load_into(
         &engine,
         f16.clone(),
-        kvlab_engine::worker::DEFAULT_LOAD_CONTEXT,
+        kvlab_engine::contract::DEFAULT_LOAD_CONTEXT,
     )?;
     let tokenizer = engine.tokenizer().context("no tokenizer")?;
     // The budget: so many f16 conversations of the size the last round reaches.
@@ -125,20 +127,20 @@ pub fn run(args: BenchConversationsArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     let last_len = longest + args.rounds * (args.answer_tokens + 40);
-    let checkpoint = kvlab_engine::checkpoint::Checkpoint::open(
+    let checkpoint = kvlab_engine::lab::Checkpoint::open(
         &args.model.resolve()?.weights,
         &kvlab_engine::LoadOptions::default(),
     )?;
-    let one = kvlab_engine::memory::estimate_kv_bytes(
+    let one = kvlab_engine::lab::estimate_kv_bytes(
         checkpoint.config(),
         &f16,
         last_len,
-        kvlab_engine::REWIND_MARGIN,
+        kvlab_engine::contract::REWIND_MARGIN,
     )?;
     let budget = (one as f64 * args.budget_conversations) as u64;
     let demote_to = match &args.demote_to {
         Some(s) => CacheSpec::parse(s)?.to_policy(),
-        None => kvlab_engine::kv::suggested_policy(),
+        None => kvlab_engine::contract::suggested_policy(),
     };
     let spill =
         std::env::temp_dir().join(format!("kvlab-bench-conversations-{}", std::process::id()));

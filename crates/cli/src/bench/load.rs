@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::bench::decode::{bench_decode, BenchContext, DecodeBenchSpec};
-use kvlab_engine::card::inspect;
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::memory::{peak_rss_bytes, release_free_memory, RssProbe};
-use kvlab_engine::WeightsChoice;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::WeightsChoice;
+use kvlab_engine::host::{peak_rss_bytes, release_free_memory, RssProbe};
+use kvlab_engine::lab::inspect;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::{bench_decode, BenchContext, DecodeBenchSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::memory::{model_flags, parse_contexts};

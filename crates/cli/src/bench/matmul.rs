@@ -1,5 +1,5 @@
 //! `kvlab bench matmul`: the engine's quantized CPU matmul kernels against candle's, per
-//! weight type, shape and row count (a thin face over `kvlab_engine::bench_matmul`).
+//! weight type, shape and row count (a thin face over `kvlab_engine::lab::bench_matmul`).
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -53,7 +53,8 @@ pub fn run(args: BenchMatmulArgs) -> anyhow::Result<()> {
     if rows.contains(&0) {
         bail!("row counts must be positive");
     }
-    let report = kvlab_engine::bench_matmul(&types, &shapes, &rows, args.seconds, args.cached)?;
+    let report =
+        kvlab_engine::lab::bench_matmul(&types, &shapes, &rows, args.seconds, args.cached)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

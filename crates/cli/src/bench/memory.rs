@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::memory::{
-    peak_rss_bytes, release_free_memory, reset_peak_rss, switch_precision, RssProbe, SwitchEvent,
-};
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::Logits;
+use kvlab_engine::contract::SwitchEvent;
+use kvlab_engine::host::{peak_rss_bytes, release_free_memory, reset_peak_rss, RssProbe};
+use kvlab_engine::lab::switch_precision;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::Logits;
 use serde::{Deserialize, Serialize};
 
 use crate::model_args::ModelArgs;

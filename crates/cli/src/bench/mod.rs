@@ -2,7 +2,7 @@
 //! engine's default sampling), and print prefill and decode throughput plus the KV cache bytes, and with
 //! `--profile` where each phase's time went; with several `--kv` SPECs, one prefill and each
 //! cache's decode side by side in alternating rounds, as ratios to the first. A thin face over
-//! `kvlab_engine::bench::decode`.
+//! `kvlab_engine::lab::bench_decode`.
 
 mod attention;
 mod constrained;
@@ -20,18 +20,19 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Subcommand, ValueEnum};
-use kvlab_engine::bench::decode::{
-    bench_decode, bench_decode_compare, bench_prefill_each, BenchContext, CompareReport,
-    CompareRow, DecodeBenchReport, DecodeBenchSpec, ProfileRow,
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::WeightsChoice;
+use kvlab_engine::hub::find_tokenizer;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::Model;
+use kvlab_engine::lab::{
+    bench_decode, bench_decode_compare, bench_prefill_each, BenchContext, DecodeBenchReport,
+    DecodeBenchSpec, DecodeCompareReport, DecodeCompareRow, ProfileRow,
 };
-use kvlab_engine::bench::golden::{check_golden, GoldenReport};
-use kvlab_engine::checkpoint::source::find_tokenizer;
-use kvlab_engine::device::{preferred_dtype, select_device};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::WeightsChoice;
-use kvlab_engine::{LoadOptions, Model};
+use kvlab_engine::lab::{check_golden, GoldenReport};
+use kvlab_engine::lab::{preferred_dtype, select_device};
+use kvlab_engine::LoadOptions;
 use serde::Serialize;
 
 /// Alice then Paradise Lost, one text: what the benchmarks' prompts and conversations are cut
@@ -368,7 +369,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[derive(Serialize)]
 struct CompareJson<'a> {
     #[serde(flatten)]
-    report: &'a CompareReport,
+    report: &'a DecodeCompareReport,
     kv: Vec<String>,
     /// Each cache's best decode tok/s over the first's.
     speed_vs_first: Vec<f64>,
@@ -380,7 +381,7 @@ struct CompareJson<'a> {
 
 /// A several-SPEC comparison: one row per cache, its best round and the ratio to the first.
 fn print_comparison(
-    r: &CompareReport,
+    r: &DecodeCompareReport,
     prefills: Option<Vec<Vec<f64>>>,
     specs: &[CacheSpec],
     path: &std::path::Path,
@@ -445,7 +446,7 @@ fn print_comparison(
          (and the medians' ratio, which one disturbed round moves less):",
         r.decode_tokens
     );
-    let rates = |row: &CompareRow| -> Vec<f64> {
+    let rates = |row: &DecodeCompareRow| -> Vec<f64> {
         row.decode_secs
             .iter()
             .map(|s| r.decode_tokens as f64 / s.max(1e-9))

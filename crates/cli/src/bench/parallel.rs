@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::CompareEvent;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, Event};
-use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::{CacheSelection, CacheSpec};
-use kvlab_engine::worker::PoolSettings;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::CompareRequest;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::PoolSettings;
 use kvlab_engine::{Engine, EngineHandle};
 use serde::Serialize;
 
@@ -109,8 +112,11 @@ pub fn run(args: BenchParallelArgs) -> anyhow::Result<()> {
         bail!("client counts of at least 1 and at least 8 tokens");
     }
     let most = args.clients.iter().copied().max().unwrap_or(1) + 1;
-    if most > kvlab_engine::worker::MAX_PARALLEL {
-        bail!("at most {} clients", kvlab_engine::worker::MAX_PARALLEL - 1);
+    if most > kvlab_engine::contract::MAX_PARALLEL {
+        bail!(
+            "at most {} clients",
+            kvlab_engine::contract::MAX_PARALLEL - 1
+        );
     }
     CacheSpec::parse(&args.kv)?;
     let text: Vec<char> = super::corpus()?.chars().collect();
@@ -365,7 +371,7 @@ fn compare_row(
             CacheSelection::Spec(args.kv.clone()),
             CacheSelection::Spec(args.compare_kv.clone()),
         ],
-        prefill_chunk: kvlab_engine::generate::PREFILL_CHUNK,
+        prefill_chunk: kvlab_engine::contract::PREFILL_CHUNK,
         sweep: Vec::new(),
         constraint: None,
     };

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_engine::kv::persist::weights_identity;
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::{Logits, Session};
+use kvlab_engine::lab::weights_identity;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::{Logits, Session};
 use serde::Serialize;
 
 use crate::bench::memory::{parse_contexts, tiled_tokens};

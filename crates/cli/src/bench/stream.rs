@@ -39,7 +39,7 @@ pub fn run(args: BenchStreamArgs) -> anyhow::Result<()> {
         args.mib > 0 && args.passes > 0,
         "--mib and --passes must be positive"
     );
-    let threads = kvlab_engine::threads::compute_threads().unwrap_or(1).max(1);
+    let threads = kvlab_engine::host::compute_threads().unwrap_or(1).max(1);
     let n = args.mib * (1 << 20) / 4;
     // Written once before timing, so every page is resident.
     let src: Vec<f32> = (0..n).map(|i| i as f32).collect();

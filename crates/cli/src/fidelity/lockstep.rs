@@ -1,15 +1,15 @@
 //! `kvlab ppl --kv SPEC --reference SPEC`: the text's tokens run through a reference and a
 //! test cache in lockstep (teacher forcing), reporting both perplexities, mean KL(ref ‖ test)
-//! and top-1 agreement per position (engine: `kvlab_engine::generate::fidelity`).
+//! and top-1 agreement per position (engine: `kvlab_engine::lab::compare_many_from`).
 
 use std::time::Instant;
 
 use anyhow::Context;
-use kvlab_engine::budget::MemoryBudget;
-use kvlab_engine::generate::fidelity::{compare_many_from, FidelityReport, PositionFidelity};
-use kvlab_engine::generate::sweep::lockstep_batches;
-use kvlab_engine::kv::{CacheSpec, PrecisionPolicy};
-use kvlab_engine::Model;
+use kvlab_engine::lab::lockstep_batches;
+use kvlab_engine::lab::Model;
+use kvlab_engine::lab::{compare_many_from, FidelityReport, PositionFidelity};
+use kvlab_engine::lab::{CacheSpec, PrecisionPolicy};
+use kvlab_engine::MemoryBudget;
 use serde::Serialize;
 
 /// What `kvlab ppl --reference` prints.

@@ -12,9 +12,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kvlab_engine::generate::sweep::{bits_per_coordinate, quantile, SweepPoint};
-use kvlab_engine::kv::{CacheSpec, KvPrecision};
-use kvlab_engine::Model;
+use kvlab_engine::contract::SweepPoint;
+use kvlab_engine::lab::Model;
+use kvlab_engine::lab::{bits_per_coordinate, quantile};
+use kvlab_engine::lab::{CacheSpec, KvPrecision};
 use serde::{Deserialize, Serialize};
 
 use crate::fidelity::lockstep::{cut_windows, measure_many, Labelled, Windows};
@@ -178,7 +179,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
             let path = crate::ppl_cmd::text_path(&a.text)?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            print!("{}", kvlab_engine::generate::score::normalize_text(&text));
+            print!("{}", kvlab_engine::lab::normalize_text(&text));
             Ok(())
         }
     }
@@ -187,7 +188,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
 /// The per-layer sensitivity scan: `kv` on one cache-owning layer at a time.
 fn layers(args: LayersArgs) -> anyhow::Result<()> {
     let test = CacheSpec::parse(&args.kv).with_context(|| format!("--kv {}", args.kv))?;
-    let CacheSpec::TurboQuant { precision, .. } = test else {
+    let CacheSpec::Split { precision, .. } = test else {
         bail!("--kv must be a TurboQuant SPEC (e.g. tq3, k4v3)");
     };
     let opened = args.protocol.open()?;

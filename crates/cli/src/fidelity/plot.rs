@@ -9,7 +9,7 @@ use plotters::prelude::*;
 
 use crate::bench::memory_plot::register_system_font;
 use crate::fidelity::PeerPoint;
-use kvlab_engine::generate::sweep::SweepPoint as SweepRow;
+use kvlab_engine::contract::SweepPoint as SweepRow;
 
 /// Draws `kvlab fidelity sweep`'s rows (and any peer points) as KL divergence against bits.
 pub fn draw(rows: &[SweepRow], peers: &[PeerPoint], path: &Path) -> anyhow::Result<()> {

@@ -173,7 +173,7 @@ pub struct CompareReport {
 
 /// Decode speed of several cache precisions side by side from one prefill (in the first
 /// policy's precision; `spec.policy` and `spec.profile` are not used): each of `rounds`
-/// rounds switches the cache to each policy in turn ([`crate::KvCache::convert`], as the
+/// rounds switches the cache to each policy in turn ([`crate::kv::KvCache::convert`], as the
 /// app does), rewinds it to the prompt and decodes `spec.decode` tokens from the same first
 /// token, so every run starts at the same depth and the policies alternate in time (a
 /// shared machine's noise falls on all of them). A precision reached by converting another
@@ -295,7 +295,7 @@ fn prefill(
     model: &Model,
     ids: &[u32],
     chunk: usize,
-    cache: &mut crate::KvCache,
+    cache: &mut crate::kv::KvCache,
     sampler: &mut Sampler,
 ) -> Result<u32> {
     let mut last = None;
@@ -313,7 +313,7 @@ fn decode(
     model: &Model,
     mut next: u32,
     n: usize,
-    cache: &mut crate::KvCache,
+    cache: &mut crate::kv::KvCache,
     sampler: &mut Sampler,
 ) -> Result<Vec<u32>> {
     let mut out = Vec::with_capacity(n);

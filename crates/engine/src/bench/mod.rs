@@ -5,4 +5,4 @@
 pub mod decode;
 pub mod golden;
 
-pub use crate::qmatmul::bench::{matmul_bench as bench_matmul, MatmulBenchRow};
+pub use crate::qmatmul::bench::matmul_bench as bench_matmul;

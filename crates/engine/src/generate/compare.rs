@@ -375,8 +375,7 @@ impl CompareRun {
         // The tested pane's cache and every swept one are scored in lockstep against one
         // run of the reference per group of caches that fits in memory.
         self.tests = vec![self.policies[1].clone()];
-        self.tests
-            .extend(self.sweep.iter().map(CacheSpec::to_policy));
+        self.tests.extend(self.sweep.iter().map(|s| s.to_policy()));
         self.batches = sweep::lockstep_batches(
             model,
             &self.policies[0],

@@ -23,13 +23,12 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 pub use error::GenerateError;
-pub use sequence::{Outcome, Sequence};
+pub use sequence::Sequence;
 pub use turn::{Next, Turn};
 
 use crate::chat::{ChatOptions, Message, Tool};
 use crate::contract::ConversationChoice;
 use crate::generate::sampling::SamplingParams;
-use crate::models::common::Model;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
 
 /// Default prefill chunk: bounds activation memory on long prompts.
@@ -220,17 +219,8 @@ impl GenerateRequest {
     }
 }
 
-/// The prompt's token ids, refused when empty or longer than the model's context (a prompt
-/// far too long is refused by its bytes, before it is encoded).
-pub fn render_checked_prompt(
-    model: &Model,
-    tokenizer: &GemmaTokenizer,
-    prompt: &Prompt,
-) -> Result<Vec<u32>, GenerateError> {
-    render_within_context(tokenizer, prompt, model.config().max_position_embeddings)
-}
-
-/// [`render_checked_prompt`] against a context of `max` tokens.
+/// The prompt's token ids against a context of `max` tokens, refused when empty or longer
+/// (a prompt far too long is refused by its bytes, before it is encoded).
 pub fn render_within_context(
     tokenizer: &GemmaTokenizer,
     prompt: &Prompt,

@@ -155,11 +155,6 @@ impl Sequence {
         self.logits = Some(logits);
     }
 
-    /// Whether the sequence has ended.
-    pub fn is_done(&self) -> bool {
-        self.done.is_some()
-    }
-
     /// Ends the sequence as cancelled (a no-op once it has ended).
     pub fn cancel(&mut self) {
         self.done.get_or_insert(DoneReason::Cancelled);
@@ -372,7 +367,7 @@ mod tests {
         // The end of turn (106) stops it.
         seq.fed(peak(106, vocab));
         assert_eq!(seq.sample(&tok, false, 6, &mut emit).unwrap(), None);
-        assert!(seq.is_done());
+        assert!(seq.done.is_some());
         let mut events = Vec::new();
         let out = seq
             .finish(

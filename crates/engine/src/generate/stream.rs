@@ -74,10 +74,6 @@ impl StreamSplitter {
         self
     }
 
-    pub fn is_stopped(&self) -> bool {
-        self.mode == Mode::Stopped
-    }
-
     /// Feeds one generated token.
     pub fn push(&mut self, tok: &GemmaTokenizer, id: u32) -> Result<Step, TokenizerError> {
         let mut step = Step::default();
@@ -354,7 +350,7 @@ mod tests {
         assert!(s.push(&tok, 106).unwrap().stop);
         let step = s.push(&tok, tok.encode("x", false).unwrap()[0]).unwrap();
         assert!(step.stop && step.deltas.is_empty());
-        assert!(s.is_stopped());
+        assert!(s.mode == Mode::Stopped);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
 use crate::error::Result;
-use crate::generate::fidelity::{compare_many_from, FidelityReport};
+use crate::generate::fidelity::FidelityReport;
 use crate::kv::{KvPrecision, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, estimate_kv_bytes_at_once};
 use crate::models::common::Model;
@@ -73,33 +73,6 @@ pub fn point(kv: String, bits_per_coordinate: f64, report: &FidelityReport) -> S
         ppl_reference: report.ppl_reference,
         tokens_scored: report.tokens_scored,
     }
-}
-
-/// Scores each of `tests` (a label and its policy) against `reference` on `ids`, all in
-/// lockstep ([`compare_many_from`]: every position from `score_from` on, teacher-forced,
-/// `chunk` tokens per step), and counts each one's bits at `ids.len()` tokens. `on_chunk`
-/// reports progress and may stop the run, as [`compare_many_from`]'s does.
-pub fn measure_many(
-    model: &Model,
-    ids: &[u32],
-    tests: &[(String, PrecisionPolicy)],
-    reference: &PrecisionPolicy,
-    chunk: usize,
-    score_from: usize,
-    on_chunk: &mut dyn FnMut(usize, usize) -> bool,
-) -> Result<Vec<SweepPoint>> {
-    let policies: Vec<PrecisionPolicy> = tests.iter().map(|(_, p)| p.clone()).collect();
-    let reports = compare_many_from(
-        model, ids, reference, &policies, chunk, score_from, on_chunk,
-    )?;
-    tests
-        .iter()
-        .zip(&reports)
-        .map(|((kv, policy), report)| {
-            let bits = bits_per_coordinate(model, policy, ids.len())?;
-            Ok(point(kv.clone(), bits, report))
-        })
-        .collect()
 }
 
 /// Splits `tests` into consecutive groups to run in lockstep, each group's caches of `tokens`

@@ -11,7 +11,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::session::Session;
-use super::{GenerateError, GenerateRequest, Outcome, Sequence};
+use super::{GenerateError, GenerateRequest, Sequence};
 use crate::constrain::Guide;
 use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
@@ -24,7 +24,7 @@ pub enum Next {
     /// These ids in the session's cache: a prefill chunk or the token just sampled.
     Run(Vec<u32>),
     /// The turn ended: its stats and `done` were emitted.
-    Finished(Outcome),
+    Finished,
 }
 
 fn ended() -> GenerateError {
@@ -137,13 +137,8 @@ impl Turn {
         let Some(seq) = self.seq.take() else {
             return Err(ended());
         };
-        Ok(Next::Finished(seq.finish(
-            tokenizer,
-            session.len(),
-            &memory,
-            &policy,
-            emit,
-        )?))
+        seq.finish(tokenizer, session.len(), &memory, &policy, emit)?;
+        Ok(Next::Finished)
     }
 
     /// The second half of a step: `ids` from [`Turn::next`] ran in `secs` (the session

@@ -20,20 +20,18 @@ use std::collections::BTreeMap;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use attend::attend_dense;
-pub use dense::{allocated_tokens, DenseStorage, BLOCK_TOKENS};
+pub use dense::{allocated_tokens, DenseStorage};
 pub use format::{
-    calibration_rows, DenseType, KvPrecision, LayerPrecision, SideFormat, SideSpec,
-    CALIBRATION_ROWS, MIN_CALIBRATION_ROWS,
+    calibration_rows, KvPrecision, LayerPrecision, SideFormat, SideSpec, MIN_CALIBRATION_ROWS,
 };
 pub use spec::presets::{
-    cache_options, canonical, presets, suggested_policy, CacheChoice, CacheOptions, CachePreset,
-    CacheSelection, FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs, MEASURED_ON,
+    cache_options, presets, suggested_policy, CacheChoice, CacheOptions, CachePreset,
+    CacheSelection, FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs,
 };
 pub use spec::{CacheSpec, LayerScope};
 pub use split::{SplitStorage, SEGMENT_TOKENS};
 pub use storage::{AttendSpec, KvStorage, StorageShape, StorageTraffic};
-pub use switch::{ConvertPlan, LayerChange};
+pub use switch::ConvertPlan;
 
 /// Tokens converted per piece when a layer changes precision (bounds the f32 staging copy).
 pub const CONVERT_CHUNK: usize = 4096;
@@ -471,7 +469,7 @@ impl KvCache {
     /// the model. Storage sizes, layouts and attention cost are exactly those of a real
     /// context of that length; the content is meaningless, so never use it for quality.
     /// Cargo feature `bench` (and this crate's own tests).
-    #[cfg(any(test, feature = "bench"))]
+    #[cfg(any(test, feature = "lab"))]
     pub fn fill_synthetic(&mut self, tokens: usize, seed: u64) -> Result<()> {
         let mut rng = kvlab_turboquant::Rng::new(seed, 0);
         let mut at = 0;

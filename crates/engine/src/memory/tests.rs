@@ -1,5 +1,6 @@
 //! Tests of the byte formulas, the estimate and the timeline against real storages.
 
+use super::estimate::{policy_token_bytes, KindTokenBytes};
 use super::*;
 use crate::checkpoint::config::ModelConfig;
 use crate::contract::AttentionKind;

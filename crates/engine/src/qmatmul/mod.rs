@@ -3,7 +3,7 @@
 //! ([`forward`], [`forward_group`]), run on candle's compute pool ([`CandlePool`]). Other
 //! devices keep candle's own kernels.
 
-#[cfg(feature = "bench")]
+#[cfg(feature = "lab")]
 pub mod bench;
 #[cfg(test)]
 mod tests;

@@ -35,10 +35,10 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-pub use error::{JobError, LoadError};
+pub use error::JobError;
 pub(crate) use places::client_of_id;
-pub use places::{PER_CLIENT_QUEUED, USER_QUEUED};
-pub use submit::{Request, Submission, Ticket};
+pub use places::PER_CLIENT_QUEUED;
+pub use submit::{Submission, Ticket};
 
 pub use crate::budget::MemoryBudget;
 pub use crate::conversations::{PoolSettings, DEFAULT_DISK_BUDGET, DEFAULT_IDLE_TTL};

@@ -125,7 +125,7 @@ impl Worker {
                         &mut emit,
                     ) {
                         Ok(Next::Run(ids)) => Planned::Run(vec![(0, ids)]),
-                        Ok(Next::Finished(_)) => ended(Ended::Turn(done), false),
+                        Ok(Next::Finished) => ended(Ended::Turn(done), false),
                         Err(e) => ended(turn_error(e), false),
                     }
                 }

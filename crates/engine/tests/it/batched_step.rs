@@ -8,10 +8,10 @@
 use crate::common;
 
 use kvlab_assets::require_asset;
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::{
-    BatchItem, KvCache, LoadOptions, Logits, Model, PrecisionPolicy, WeightsChoice,
-};
+use kvlab_engine::contract::WeightsChoice;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::{BatchItem, KvCache, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 fn policy(spec: &str) -> PrecisionPolicy {
     CacheSpec::parse(spec).expect("spec").to_policy()

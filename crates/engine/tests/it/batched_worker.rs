@@ -8,12 +8,15 @@ use crate::common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::StepCounters;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, DoneReason, Event};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::CacheSpec;
-use kvlab_engine::worker::{LoadRequest, PoolSettings, StepCounters};
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
+use kvlab_engine::{LoadRequest, PoolSettings};
 
 struct Setup {
     engine: EngineHandle,
@@ -50,7 +53,7 @@ fn request(id: &str, ids: Vec<u32>, max_tokens: usize, cache: Option<&str>) -> G
         conversation: Some(ConversationChoice::Id {
             id: ConversationId::new(id).expect("id"),
         }),
-        cache: cache.map(|c| kvlab_engine::kv::CacheSelection::Spec(c.into())),
+        cache: cache.map(|c| kvlab_engine::contract::CacheSelection::Spec(c.into())),
         ..GenerateRequest::new(Prompt::Ids { ids })
     }
 }

@@ -9,10 +9,9 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 use common::max_diff;
 use kvlab_engine::contract::AttentionKind;
-use kvlab_engine::kv::KvLayout;
-use kvlab_engine::{
-    EngineError, KvCache, KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy,
-};
+use kvlab_engine::lab::KvLayout;
+use kvlab_engine::lab::{KvCache, KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::{EngineError, LoadOptions};
 
 const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];
 

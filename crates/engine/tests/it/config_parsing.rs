@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use kvlab_engine::checkpoint::config::{hf, KvSource, RopeKind};
 use kvlab_engine::contract::{AttentionKind, Family};
+use kvlab_engine::lab::{KvSource, RopeKind};
 use kvlab_engine::EngineError;
 
 fn cfg_path(name: &str, file: &str) -> PathBuf {
@@ -22,8 +22,10 @@ fn text(name: &str, file: &str) -> String {
 #[test]
 fn both_spellings_resolve_identically() {
     for name in ["tiny_e", "tiny_dense", "tiny_moe"] {
-        let a = hf::load_config(&cfg_path(name, "config.json")).expect("transformers spelling");
-        let b = hf::load_config(&cfg_path(name, "config_hub_style.json")).expect("hub spelling");
+        let a = kvlab_engine::lab::load_hf_config(&cfg_path(name, "config.json"))
+            .expect("transformers spelling");
+        let b = kvlab_engine::lab::load_hf_config(&cfg_path(name, "config_hub_style.json"))
+            .expect("hub spelling");
         assert_eq!(a.layers, b.layers, "{name}");
         assert!(a.warnings.is_empty(), "{name}: {:?}", a.warnings);
         assert!(b.warnings.is_empty(), "{name}: {:?}", b.warnings);
@@ -32,7 +34,7 @@ fn both_spellings_resolve_identically() {
 
 #[test]
 fn tiny_e_sharing_and_double_wide_mlp() {
-    let c = hf::load_config(&cfg_path("tiny_e", "config.json")).expect("config");
+    let c = kvlab_engine::lab::load_hf_config(&cfg_path("tiny_e", "config.json")).expect("config");
     assert_eq!(c.family, Family::Gemma4);
     let sources: Vec<KvSource> = c.layers.iter().map(|l| l.kv_source).collect();
     let shared = |p| KvSource::Shared { producer: p };
@@ -72,7 +74,8 @@ fn tiny_e_sharing_and_double_wide_mlp() {
 
 #[test]
 fn k_eq_v_uses_global_kv_heads_on_full_layers_only() {
-    let c = hf::load_config(&cfg_path("tiny_moe", "config_hub_style.json")).expect("config");
+    let c = kvlab_engine::lab::load_hf_config(&cfg_path("tiny_moe", "config_hub_style.json"))
+        .expect("config");
     let kv: Vec<(usize, bool)> = c.layers.iter().map(|l| (l.n_kv_heads, l.k_eq_v)).collect();
     assert_eq!(
         kv,
@@ -91,7 +94,8 @@ fn k_eq_v_uses_global_kv_heads_on_full_layers_only() {
 
 #[test]
 fn gemma3_scale_rope_and_norm_offset() {
-    let c = hf::load_config(&cfg_path("tiny_gemma3", "config.json")).expect("config");
+    let c =
+        kvlab_engine::lab::load_hf_config(&cfg_path("tiny_gemma3", "config.json")).expect("config");
     assert_eq!(c.family, Family::Gemma3);
     assert_eq!(c.norm_weight_offset, 1.0);
     assert_eq!(c.final_logit_softcap, None);
@@ -119,7 +123,7 @@ fn nested_text_config_and_legacy_rope_fields() {
             "rope_scaling": {"rope_type": "linear", "factor": 8.0}
         }
     }"#;
-    let c = hf::parse_config(json, "inline").expect("config");
+    let c = kvlab_engine::lab::parse_hf_config(json, "inline").expect("config");
     assert_eq!(c.eos_token_ids, vec![1, 106]);
     let kinds: Vec<AttentionKind> = c.layers.iter().map(|l| l.kind).collect();
     assert_eq!(kinds[5], AttentionKind::Full);
@@ -145,18 +149,18 @@ fn contradictions_are_errors() {
     ];
     for (i, c) in cases.iter().enumerate() {
         assert_ne!(c, &base, "case {i} did not apply");
-        match hf::parse_config(c, "case") {
+        match kvlab_engine::lab::parse_hf_config(c, "case") {
             Err(EngineError::ConfigContradiction(_)) => {}
             other => panic!("case {i}: expected ConfigContradiction, got {other:?}"),
         }
     }
     let bad_type = base.replace("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"");
     assert!(matches!(
-        hf::parse_config(&bad_type, "yarn"),
+        kvlab_engine::lab::parse_hf_config(&bad_type, "yarn"),
         Err(EngineError::ConfigParse { .. })
     ));
     assert!(matches!(
-        hf::parse_config("[1, 2]", "array"),
+        kvlab_engine::lab::parse_hf_config("[1, 2]", "array"),
         Err(EngineError::ConfigParse { .. })
     ));
 }

@@ -13,16 +13,19 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use kvlab_engine::budget::MemoryBudget;
+use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{
     CacheOrigin, ConversationChoice, ConversationId, ConversationInfo, DoneReason, ErrorCode,
     Event, GenStats, MarkerKind, Tier,
 };
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::{CacheSelection, CacheSpec};
-use kvlab_engine::worker::{LoadRequest, PoolSettings};
-use kvlab_engine::{Engine, EngineHandle, ModelSource, PrecisionPolicy};
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::PrecisionPolicy;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::MemoryBudget;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
+use kvlab_engine::{LoadRequest, PoolSettings};
 
 /// The rewind margin these engines keep (small, so sliding layers stay small).
 const MARGIN: usize = 16;
@@ -200,11 +203,10 @@ fn a_demoted_conversation_answers_as_one_switched_to_the_preset() {
     let a_bytes = info(&pooled.engine, "a").bytes;
     // The budget counts allocated bytes: room for A as allocated and B's admission, less one.
     let a_allocated = info(&pooled.engine, "a").allocated;
-    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
-        &common::fixture("tiny_gemma3").join("config.json"),
-    )
-    .expect("config");
-    let b_needs = kvlab_engine::memory::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 8, MARGIN)
+    let cfg =
+        kvlab_engine::lab::load_hf_config(&common::fixture("tiny_gemma3").join("config.json"))
+            .expect("config");
+    let b_needs = kvlab_engine::lab::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 8, MARGIN)
         .expect("estimate");
     settings.kv_budget = Some(a_allocated + b_needs - 1);
     pooled.engine.set_pool_settings(settings);
@@ -285,13 +287,11 @@ fn a_generating_conversation_is_never_demoted_or_spilled() {
     let mut settings = l.engine.pool_settings();
     settings.kv_budget = Some(1);
     // Room for A alone, grown to its whole turn.
-    let cfg = kvlab_engine::checkpoint::config::hf::load_config(
-        &common::fixture("tiny_gemma3").join("config.json"),
-    )
-    .expect("config");
-    let a_needs =
-        kvlab_engine::memory::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 100, MARGIN)
-            .expect("estimate");
+    let cfg =
+        kvlab_engine::lab::load_hf_config(&common::fixture("tiny_gemma3").join("config.json"))
+            .expect("config");
+    let a_needs = kvlab_engine::lab::estimate_kv_allocated(&cfg, &policy("f32"), 12 + 100, MARGIN)
+        .expect("estimate");
     settings.kv_budget = Some(a_needs);
     l.engine.set_pool_settings(settings);
     let (tx, rx) = mpsc::channel();
@@ -440,7 +440,7 @@ fn a_quit_saves_each_conversation_its_own_cache() {
                 .join(conversation.replace(':', "%3A") + ".kvc"),
             None => l.spill.join(conversation.to_owned() + ".kvc"),
         };
-        let header = kvlab_engine::kv::persist::peek(&file).expect("header");
+        let header = kvlab_engine::lab::peek_cache_file(&file).expect("header");
         let mut want = p.clone();
         want.extend(&answer[..answer.len() - 1]);
         assert_eq!(header.tokens, want, "{conversation}");

@@ -9,17 +9,22 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use kvlab_engine::chat::Message;
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::Family;
+use kvlab_engine::contract::Message;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::contract::{CompareEvent, CompareFidelity};
 use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
-use kvlab_engine::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{plain_transcript, GenerateRequest, Prompt};
-use kvlab_engine::kv::{CacheSelection, CacheSpec};
-use kvlab_engine::memory::RssProbe;
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::host::RssProbe;
+use kvlab_engine::lab::plain_transcript;
+use kvlab_engine::lab::CacheSpec;
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::CompareRequest;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::LoadRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
 
 fn policy(spec: &str) -> PrecisionPolicy {
     CacheSpec::parse(spec).expect("spec").to_policy()
@@ -444,7 +449,7 @@ fn a_rewind_margin_lets_an_answer_be_regenerated_without_prefilling_again() {
         again.reused_tokens
     };
     // A margin of 16 cannot reach back 20 answer tokens past the window; the default
-    // (kvlab_engine::REWIND_MARGIN, 256, the one every front end gets) can.
+    // (kvlab_engine::contract::REWIND_MARGIN, 256, the one every front end gets) can.
     assert_eq!(regenerate(Some(16)), 0);
     assert_eq!(regenerate(Some(64)), 11);
     assert_eq!(regenerate(None), 11);

@@ -12,14 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use kvlab_engine::chat::Message;
 use kvlab_engine::contract::Family;
+use kvlab_engine::contract::Message;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::LoadRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
 
 const FIXTURES: [(&str, Family); 4] = [
     ("tiny_gemma3", Family::Gemma3),
@@ -467,29 +469,27 @@ const MARGIN: usize = 16;
 /// rewind margin of [`MARGIN`].
 fn kv_at(tokens: usize) -> u64 {
     let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
-    kvlab_engine::memory::estimate_kv_bytes(&tiny_config(), &f32, tokens, MARGIN).expect("estimate")
+    kvlab_engine::lab::estimate_kv_bytes(&tiny_config(), &f32, tokens, MARGIN).expect("estimate")
 }
 
 /// What an f32 cache of the tiny Gemma 3 grown to `tokens` tokens allocates, at most: what
 /// the pool admits against its budget.
 fn kv_allocated_at(tokens: usize) -> u64 {
     let f32 = PrecisionPolicy::uniform(KvPrecision::F32);
-    kvlab_engine::memory::estimate_kv_allocated(&tiny_config(), &f32, tokens, MARGIN)
+    kvlab_engine::lab::estimate_kv_allocated(&tiny_config(), &f32, tokens, MARGIN)
         .expect("estimate")
 }
 
-fn tiny_config() -> kvlab_engine::checkpoint::config::ModelConfig {
-    kvlab_engine::checkpoint::config::hf::load_config(
-        &common::fixture("tiny_gemma3").join("config.json"),
-    )
-    .expect("config")
+fn tiny_config() -> kvlab_engine::lab::ModelConfig {
+    kvlab_engine::lab::load_hf_config(&common::fixture("tiny_gemma3").join("config.json"))
+        .expect("config")
 }
 
 #[test]
 fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
-    use kvlab_engine::budget::MemoryBudget;
-    use kvlab_engine::kv::CacheSelection;
-    use kvlab_engine::memory::format_bytes;
+    use kvlab_engine::contract::format_bytes;
+    use kvlab_engine::contract::CacheSelection;
+    use kvlab_engine::MemoryBudget;
     let s = setup("tiny_gemma3");
     let path = common::fixture("tiny_e").join("model.safetensors");
     let f32 = CacheSelection::Spec("f32".into());
@@ -564,9 +564,9 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
 
 #[test]
 fn hostile_switch_larger_than_memory_is_refused_before_converting() {
-    use kvlab_engine::budget::MemoryBudget;
-    use kvlab_engine::kv::CacheSpec;
-    use kvlab_engine::memory::format_bytes;
+    use kvlab_engine::contract::format_bytes;
+    use kvlab_engine::lab::CacheSpec;
+    use kvlab_engine::MemoryBudget;
     let s = setup("tiny_gemma3");
     s.engine.set_rewind_margin(MARGIN);
     let tq4 = CacheSpec::parse("tq4@all").expect("spec").to_policy();
@@ -638,7 +638,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
 
 #[test]
 fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
-    use kvlab_engine::budget::MemoryBudget;
+    use kvlab_engine::MemoryBudget;
     let s = setup("tiny_gemma3");
     // The margin is the session's from its load: set it, then load again.
     s.engine.set_rewind_margin(MARGIN);
@@ -712,13 +712,13 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
     // A comparison's two fresh caches are checked too.
     let refused = s
         .engine
-        .submit(kvlab_engine::generate::compare::CompareRequest {
+        .submit(kvlab_engine::CompareRequest {
             prompt: Prompt::Ids { ids: history },
             sampling: SamplingParams::greedy(),
             max_tokens: 200,
             caches: [
-                kvlab_engine::kv::CacheSelection::Spec("f32".into()),
-                kvlab_engine::kv::CacheSelection::Spec("f16".into()),
+                kvlab_engine::contract::CacheSelection::Spec("f32".into()),
+                kvlab_engine::contract::CacheSelection::Spec("f16".into()),
             ],
             prefill_chunk: 512,
             sweep: Vec::new(),
@@ -727,7 +727,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         .expect("send");
     let last = refused.events().last().expect("an answer");
     match last {
-        kvlab_engine::generate::compare::CompareEvent::Error { code, message } => {
+        kvlab_engine::contract::CompareEvent::Error { code, message } => {
             let _ = std::io::stderr().lock().write_all(
                 format!(
                     "{}\n",
@@ -743,7 +743,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
 
 #[test]
 fn requests_wait_their_turn_in_order_and_a_full_queue_is_refused() {
-    use kvlab_engine::worker::MAX_QUEUED;
+    use kvlab_engine::contract::MAX_QUEUED;
     let s = setup("tiny_gemma3");
     let expect = common::ids(&common::golden("tiny_gemma3")["greedy_ids"]);
     let prompt = || Prompt::Ids {

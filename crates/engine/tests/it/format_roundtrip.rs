@@ -13,10 +13,11 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::max_diff;
-use kvlab_engine::checkpoint::config::{hf, KvSource};
 use kvlab_engine::contract::AttentionKind;
-use kvlab_engine::gguf_name;
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_engine::lab::gguf_name;
+use kvlab_engine::lab::KvSource;
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 fn dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -98,7 +99,7 @@ fn sharded_multimodal_safetensors_load() {
 
 /// Writes fixture `name` as a `gemma4` GGUF (all tensors f32) with llama.cpp's key names.
 fn write_gemma4_gguf(name: &str, path: &std::path::Path, rope_freqs: Option<&[f32]>) {
-    let cfg = hf::load_config(&dir(name).join("config.json")).expect("config");
+    let cfg = kvlab_engine::lab::load_hf_config(&dir(name).join("config.json")).expect("config");
     let tensors = candle_core::safetensors::load(dir(name).join("model.safetensors"), &Device::Cpu)
         .expect("load");
     let n = cfg.num_layers();
@@ -235,7 +236,8 @@ fn gemma4_gguf_matches_the_safetensors_model() {
         let p = tmp.path().join(format!("{name}.gguf"));
         write_gemma4_gguf(name, &p, None);
         let model = Model::load(&p, &LoadOptions::default()).expect("load gguf");
-        let from_hf = hf::load_config(&dir(name).join("config.json")).expect("config");
+        let from_hf =
+            kvlab_engine::lab::load_hf_config(&dir(name).join("config.json")).expect("config");
         assert_eq!(
             model.config().layers,
             from_hf.layers,
@@ -278,7 +280,7 @@ fn gemma4_gguf_reads_proportional_rope_from_freq_factors() {
         .expect("full");
     assert_eq!(
         full.rope.kind,
-        kvlab_engine::checkpoint::config::RopeKind::Proportional {
+        kvlab_engine::lab::RopeKind::Proportional {
             partial_rotary_factor: 0.5
         }
     );

@@ -4,13 +4,15 @@
 
 use std::sync::atomic::AtomicBool;
 
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{DoneReason, Event};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::score::{next_token_logprobs, normalize_text, Perplexity};
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::tokenizer::GemmaTokenizer;
-use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::{Engine, KvPrecision, LoadOptions, Model, ModelSource, PrecisionPolicy};
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::{next_token_logprobs, normalize_text, Perplexity};
+use kvlab_engine::lab::{KvPrecision, Model, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::LoadRequest;
+use kvlab_engine::{Engine, LoadOptions, ModelSource};
 
 use kvlab_assets::require_asset;
 

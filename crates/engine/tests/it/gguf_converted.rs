@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use common::{fixture, golden, ids, max_diff};
-use kvlab_engine::checkpoint::config::KvSource;
 use kvlab_engine::contract::AttentionKind;
 use kvlab_engine::contract::Family as TokFamily;
-use kvlab_engine::tokenizer::{gguf as gguf_tok, GemmaTokenizer};
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_engine::lab::GemmaTokenizer;
+use kvlab_engine::lab::KvSource;
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 const GEMMA4: [&str; 3] = ["tiny_e", "tiny_dense", "tiny_moe"];
 /// f32 files hold the reference's own weights: the engine's usual parity bound.
@@ -28,7 +29,7 @@ fn gguf(name: &str, outtype: &str) -> PathBuf {
     fixture("gguf").join(format!("{name}.{outtype}.gguf"))
 }
 
-fn f32_cache(model: &Model) -> kvlab_engine::KvCache {
+fn f32_cache(model: &Model) -> kvlab_engine::lab::KvCache {
     model
         .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
         .expect("cache")
@@ -123,7 +124,7 @@ fn converted_gemma4_vocabulary_is_a_working_tokenizer() {
     // merges (make_gguf.py's: `▁ t`, `h e`, `▁t he`, …), byte fallback for the rest.
     let path = gguf("tiny_e", "f32");
     let tok = GemmaTokenizer::from_tokenizer(
-        gguf_tok::tokenizer_from_file(&path).expect("tokenizer from the GGUF"),
+        kvlab_engine::lab::gguf_tokenizer_from_file(&path).expect("tokenizer from the GGUF"),
         TokFamily::Gemma4,
     )
     .expect("wrap");

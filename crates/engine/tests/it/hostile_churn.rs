@@ -19,18 +19,19 @@ use std::path::Path;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
+use kvlab_engine::contract::presets;
+use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::CompareEvent;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{DoneReason, ErrorCode, Event};
-use kvlab_engine::generate::compare::{CompareEvent, CompareRequest};
-use kvlab_engine::generate::sampling::{Sampler, SamplingParams};
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::kv::presets;
-use kvlab_engine::kv::CacheSelection;
-use kvlab_engine::memory::RssProbe;
-use kvlab_engine::worker::{LoadRequest, Submission, Ticket};
-use kvlab_engine::{
-    Engine, EngineHandle, KvPrecision, LoadOptions, Logits, Model, ModelSource, PrecisionPolicy,
-    Session,
-};
+use kvlab_engine::host::RssProbe;
+use kvlab_engine::lab::Sampler;
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy, Session};
+use kvlab_engine::CompareRequest;
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::{Engine, EngineHandle, LoadOptions, ModelSource};
+use kvlab_engine::{LoadRequest, Submission, Ticket};
 
 const FIXTURE: &str = "tiny_dense";
 const ACTIONS: usize = 200;
@@ -58,7 +59,7 @@ impl Dice {
 /// what fits, `memory::token_costs`).
 fn policies(path: &Path) -> Vec<PrecisionPolicy> {
     let model = Model::load(path, &LoadOptions::default()).expect("model");
-    let fits: Vec<String> = kvlab_engine::memory::token_costs(model.config())
+    let fits: Vec<String> = kvlab_engine::lab::token_costs(model.config())
         .into_iter()
         .map(|c| c.spec)
         .collect();
@@ -375,7 +376,7 @@ fn replay(path: &Path, start: &PrecisionPolicy, turns: &[Turn]) -> (usize, Sessi
     let model = Model::load(path, &LoadOptions::default()).expect("model");
     let mut session = Session::new(&model, start).expect("session");
     session.set_rewind_margin(MARGIN);
-    let mut probe = kvlab_engine::memory::RssProbe::new();
+    let mut probe = kvlab_engine::host::RssProbe::new();
     let mut checked = 0;
     for (n, turn) in turns.iter().enumerate() {
         let mut switches = turn.switches.iter().peekable();

@@ -14,11 +14,13 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ErrorCode, Event};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::worker::{JobError, LoadRequest};
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
+use kvlab_engine::{JobError, LoadRequest};
 
 /// An engine with the tiny dense fixture loaded: what the user had before the hostile file.
 struct Lab {

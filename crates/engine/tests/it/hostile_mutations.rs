@@ -22,7 +22,8 @@ use std::io::Write as _;
 use std::path::Path;
 
 use kvlab_engine::contract::ErrorCode;
-use kvlab_engine::{LoadOptions, Model};
+use kvlab_engine::lab::Model;
+use kvlab_engine::LoadOptions;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
@@ -208,7 +209,7 @@ fn allocation_cap(file_len: usize) -> usize {
 fn try_load(path: &Path, file_len: usize) -> Result<Option<ErrorCode>, TestCaseError> {
     let opts = LoadOptions::default();
     let ((inspect, load), largest) = watched(|| {
-        let inspect = kvlab_engine::card::inspect(path, &opts).map(|_| ());
+        let inspect = kvlab_engine::lab::inspect(path, &opts).map(|_| ());
         let load = Model::load(path, &opts).map(|_| ());
         (inspect, load)
     });
@@ -230,13 +231,13 @@ fn try_load(path: &Path, file_len: usize) -> Result<Option<ErrorCode>, TestCaseE
         load
     );
     if path.extension().is_some_and(|e| e == "gguf") {
-        let (tok, largest) = watched(|| kvlab_engine::tokenizer::gguf::tokenizer_from_file(path));
+        let (tok, largest) = watched(|| kvlab_engine::lab::gguf_tokenizer_from_file(path));
         prop_assert!(
             largest <= allocation_cap(file_len),
             "tokenizer: {largest} bytes"
         );
         if let Err(e) = tok {
-            let load = matches!(e, kvlab_engine::tokenizer::TokenizerError::Load { .. });
+            let load = matches!(e, kvlab_engine::lab::TokenizerError::Load { .. });
             prop_assert!(load, "tokenizer: {e:?}");
         }
     }
@@ -378,7 +379,7 @@ fn hostile_mutated_real_gguf_headers_are_refused_or_inspect() {
                     .expect("len");
             }
             drop(f);
-            let (r, largest) = watched(|| kvlab_engine::card::inspect(&p, &LoadOptions::default()));
+            let (r, largest) = watched(|| kvlab_engine::lab::inspect(&p, &LoadOptions::default()));
             prop_assert!(
                 largest <= allocation_cap(mutant.len()),
                 "one allocation of {largest} bytes for a header of {}",

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common;
-use kvlab_engine::checkpoint::source::hub::{download_repo, DownloadProgress, HubOptions};
-use kvlab_engine::checkpoint::source::hub_retry::RetryPolicy;
-use kvlab_engine::checkpoint::source::SourceError;
 use kvlab_engine::contract::ErrorCode;
+use kvlab_engine::hub::RetryPolicy;
+use kvlab_engine::hub::SourceError;
+use kvlab_engine::hub::{download_repo, DownloadProgress, HubOptions};
 use sha2::{Digest, Sha256};
 
 const REPO: &str = "tiny/gemma3";

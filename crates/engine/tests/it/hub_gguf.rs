@@ -12,10 +12,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use crate::common;
-use kvlab_engine::checkpoint::source::hub::{download_model, list_gguf_quants, HubOptions};
-use kvlab_engine::checkpoint::source::{find_tokenizer, SourceError};
 use kvlab_engine::contract::ErrorCode;
-use kvlab_engine::{LoadOptions, Model};
+use kvlab_engine::hub::{download_model, list_gguf_quants, HubOptions};
+use kvlab_engine::hub::{find_tokenizer, SourceError};
+use kvlab_engine::lab::Model;
+use kvlab_engine::LoadOptions;
 use sha2::{Digest, Sha256};
 
 const REPO: &str = "tiny/gemma-4-tiny-it-GGUF";

@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use common::{fixture, golden, ids, max_diff};
-use kvlab_engine::card::inspect;
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
-use kvlab_engine::{WeightsChoice, WEIGHTS_CHOICES};
+use kvlab_engine::contract::{WeightsChoice, WEIGHTS_CHOICES};
+use kvlab_engine::lab::inspect;
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];
 /// Q8_0 against dense f32, max |Δ logit| over the 40 × 512 golden positions (logits reach

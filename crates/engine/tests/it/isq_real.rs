@@ -11,8 +11,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use kvlab_assets::require_asset;
-use kvlab_engine::{gguf_name, WeightsChoice};
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_engine::contract::WeightsChoice;
+use kvlab_engine::lab::gguf_name;
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 /// Q8_0 against the dense model, max |Δ logit| over 24 greedy steps × 262144 ids (decode
 /// steps: candle's Q8_0 kernels also round the activations to 8 bits). Measured 1.16, with
@@ -86,7 +88,7 @@ fn write_checkpoint(gguf: &Path, dir: &Path) {
     std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
 }
 
-fn cache(m: &Model) -> kvlab_engine::KvCache {
+fn cache(m: &Model) -> kvlab_engine::lab::KvCache {
     m.new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
         .expect("cache")
 }

@@ -11,9 +11,10 @@ use crate::common;
 use std::io::Write as _;
 
 use kvlab_engine::contract::ErrorCode;
-use kvlab_engine::kv::persist::weights_identity;
-use kvlab_engine::kv::{CacheSpec, KvLayout};
-use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy, Session};
+use kvlab_engine::lab::weights_identity;
+use kvlab_engine::lab::{CacheSpec, KvLayout};
+use kvlab_engine::lab::{Logits, Model, PrecisionPolicy, Session};
+use kvlab_engine::LoadOptions;
 
 const SPECS: [&str; 8] = [
     "f32",
@@ -105,7 +106,7 @@ fn a_restored_cache_gives_the_logits_of_the_cache_it_was_saved_from() {
             // 16 dims the norms and offsets weigh more than on a real model's 256).
             if spec == "tq4@all" {
                 let sections = |f: &str| -> u64 {
-                    let h = kvlab_engine::kv::persist::peek(&dir.path().join(f)).expect("peek");
+                    let h = kvlab_engine::lab::peek_cache_file(&dir.path().join(f)).expect("peek");
                     h.layers.iter().map(|l| l.bytes).sum()
                 };
                 let (tq, f16) = (

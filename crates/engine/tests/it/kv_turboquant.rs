@@ -6,10 +6,12 @@
 use std::path::PathBuf;
 
 use kvlab_engine::contract::AttentionKind;
-use kvlab_engine::generate::fidelity::compare_caches;
-use kvlab_engine::kv::{CacheSpec, KvCache, SideSpec};
-use kvlab_engine::memory::{KvBytes, MemorySample, RssProbe};
-use kvlab_engine::{LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_engine::contract::{KvBytes, MemorySample};
+use kvlab_engine::host::RssProbe;
+use kvlab_engine::lab::compare_caches;
+use kvlab_engine::lab::{CacheSpec, KvCache, SideSpec};
+use kvlab_engine::lab::{Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 use kvlab_turboquant::bytes_per_vector;
 
 fn load(name: &str) -> Model {
@@ -161,7 +163,7 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                 let cfg = &model.config().layers[l.layer];
                 let prec = cache.storage(l.layer).expect("owning layer").precision();
                 let (bk, bv) = match prec {
-                    kvlab_engine::KvPrecision::Split(p) => {
+                    kvlab_engine::lab::KvPrecision::Split(p) => {
                         let b = |s: &SideSpec| match *s {
                             SideSpec::F16 | SideSpec::BF16 => 2 * cfg.head_dim,
                             SideSpec::F32 => 4 * cfg.head_dim,
@@ -172,13 +174,13 @@ fn memory_samples_add_up_and_follow_the_codec_formula() {
                         };
                         (b(&p.key), b(&p.value))
                     }
-                    kvlab_engine::KvPrecision::F32 => (4 * cfg.head_dim, 4 * cfg.head_dim),
+                    kvlab_engine::lab::KvPrecision::F32 => (4 * cfg.head_dim, 4 * cfg.head_dim),
                     _ => (2 * cfg.head_dim, 2 * cfg.head_dim),
                 };
                 // Plus, per centered coded side (the default), one f32 offset per kv head, and
                 // with `+qw` one f32 row of key weights per kv head.
                 let offsets = match prec {
-                    kvlab_engine::KvPrecision::Split(p) => {
+                    kvlab_engine::lab::KvPrecision::Split(p) => {
                         let coded = [p.key, p.value]
                             .iter()
                             .filter(|s| matches!(s, SideSpec::Codes(_)))
@@ -259,16 +261,9 @@ fn scoring_from_a_position_equals_the_full_comparison_filtered() {
     let ids = prompt(40);
     let (f32p, tq) = (policy("f32"), policy("tq2@all"));
     let full = compare_caches(&model, &ids, &f32p, &tq, 7, &mut |_, _| {}).expect("full");
-    let tail = kvlab_engine::generate::fidelity::compare_caches_from(
-        &model,
-        &ids,
-        &f32p,
-        &tq,
-        7,
-        21,
-        &mut |_, _| {},
-    )
-    .expect("from 21");
+    let tail =
+        kvlab_engine::lab::compare_caches_from(&model, &ids, &f32p, &tq, 7, 21, &mut |_, _| {})
+            .expect("from 21");
     // Chunks wholly before position 21 (0..7, 7..14, 14..21) run without logits.
     assert_eq!(tail.positions.first().map(|p| p.pos), Some(21));
     let want: Vec<_> = full.positions.iter().filter(|p| p.pos >= 21).collect();
@@ -286,7 +281,7 @@ fn caches_scored_in_lockstep_equal_each_scored_alone() {
     let reference = policy("f32");
     let tests = [policy("tq2@all"), policy("f32"), policy("k4v3@all")];
     let mut steps = Vec::new();
-    let together = kvlab_engine::generate::fidelity::compare_many_from(
+    let together = kvlab_engine::lab::compare_many_from(
         &model,
         &ids,
         &reference,
@@ -309,7 +304,7 @@ fn caches_scored_in_lockstep_equal_each_scored_alone() {
     assert_eq!(together[1].mean_kld, 0.0);
     assert!(together[0].mean_kld > together[2].mean_kld && together[2].mean_kld > 0.0);
     // Stopped after the second chunk: the positions scored so far.
-    let stopped = kvlab_engine::generate::fidelity::compare_many_from(
+    let stopped = kvlab_engine::lab::compare_many_from(
         &model,
         &ids,
         &reference,
@@ -338,7 +333,7 @@ fn metal_shaped_decode_crosses_with_queries_only_and_never_converts_to_dense() {
         let opts = LoadOptions {
             device: Device::Cpu,
             dtype: DType::F16,
-            weights: kvlab_engine::WeightsChoice::F16,
+            weights: kvlab_engine::contract::WeightsChoice::F16,
         };
         let model = Model::load(&dir, &opts).expect("load fixture in f16");
         // Every layer attends once per step, shared layers into their producer's storage.
@@ -397,8 +392,8 @@ fn metal_shaped_decode_crosses_with_queries_only_and_never_converts_to_dense() {
                 .iter()
                 .filter(|l| {
                     let owner = match l.kv_source {
-                        kvlab_engine::checkpoint::config::KvSource::Shared { producer } => producer,
-                        kvlab_engine::checkpoint::config::KvSource::Own => l.index,
+                        kvlab_engine::lab::KvSource::Shared { producer } => producer,
+                        kvlab_engine::lab::KvSource::Own => l.index,
                     };
                     !apart
                         .storage(owner)

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use kvlab_engine::{EngineError, LoadOptions, Model};
+use kvlab_engine::lab::Model;
+use kvlab_engine::{EngineError, LoadOptions};
 
 use crate::common::{self, fixture};
 
@@ -166,12 +167,12 @@ fn minimal_gguf_loads_and_runs() {
     common::write_tiny_gguf(&p, 1);
     let model = Model::load(&p, &LoadOptions::default()).expect("load");
     let mut cache = model
-        .new_cache(&kvlab_engine::PrecisionPolicy::uniform(
-            kvlab_engine::KvPrecision::F32,
+        .new_cache(&kvlab_engine::lab::PrecisionPolicy::uniform(
+            kvlab_engine::lab::KvPrecision::F32,
         ))
         .expect("cache");
     let l = model
-        .forward(&[2, 5, 7], &mut cache, kvlab_engine::Logits::All)
+        .forward(&[2, 5, 7], &mut cache, kvlab_engine::lab::Logits::All)
         .expect("forward");
     assert_eq!(l.dims(), &[3, 64]);
 }

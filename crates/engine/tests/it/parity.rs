@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use common::max_diff;
-use kvlab_engine::kv::PrecisionPolicy;
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model};
+use kvlab_engine::lab::PrecisionPolicy;
+use kvlab_engine::lab::{KvPrecision, Logits, Model};
+use kvlab_engine::LoadOptions;
 
 const FIXTURES: [&str; 4] = ["tiny_e", "tiny_dense", "tiny_moe", "tiny_gemma3"];
 const TOL: f32 = 1e-3;

@@ -13,7 +13,8 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor, D};
 use kvlab_assets::require_asset;
-use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 fn model(gguf: &Path) -> Model {
     Model::load(gguf, &LoadOptions::default()).expect("load 270M")
@@ -126,14 +127,14 @@ fn alice_perplexity_is_low() {
 fn the_card_names_a_ggufs_own_type_and_block_mix() {
     let tiny =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/tiny_gemma3.f32.gguf");
-    let card = kvlab_engine::card::inspect(&tiny, &LoadOptions::default())
+    let card = kvlab_engine::lab::inspect(&tiny, &LoadOptions::default())
         .expect("inspect tiny")
         .card;
     assert_eq!(card.weights_dtype, "F32");
     let Some(gguf) = require_asset!("gemma3-270m") else {
         return;
     };
-    let card = kvlab_engine::card::inspect(&gguf, &LoadOptions::default())
+    let card = kvlab_engine::lab::inspect(&gguf, &LoadOptions::default())
         .expect("inspect 270M")
         .card;
     let label = card.weights_dtype;

@@ -5,8 +5,9 @@
 use crate::common;
 
 use candle_core::{Tensor, D};
-use kvlab_engine::generate::score::{chunked_logits, next_token_logprobs, ChunkSchedule};
-use kvlab_engine::{KvPrecision, LoadOptions, Model, PrecisionPolicy};
+use kvlab_engine::lab::{chunked_logits, next_token_logprobs, ChunkSchedule};
+use kvlab_engine::lab::{KvPrecision, Model, PrecisionPolicy};
+use kvlab_engine::LoadOptions;
 
 fn reference_logprobs(logits: &Tensor, ids: &[u32]) -> Vec<f32> {
     let n = ids.len() - 1;

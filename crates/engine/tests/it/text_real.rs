@@ -5,10 +5,10 @@
 //! Needs the offline assets (see `kvlab_assets::require_or_skip`).
 
 use kvlab_assets::require_asset;
-use kvlab_engine::chat::{ChatOptions, Message};
 use kvlab_engine::contract::Family;
-use kvlab_engine::generate::detok::Detokenizer;
-use kvlab_engine::tokenizer::GemmaTokenizer;
+use kvlab_engine::contract::{ChatOptions, Message};
+use kvlab_engine::lab::Detokenizer;
+use kvlab_engine::lab::GemmaTokenizer;
 
 fn tokenizer(family: Family) -> Option<GemmaTokenizer> {
     let path = require_asset!("gemma-tokenizer")?;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use candle_core::quantized::gguf_file;
 use kvlab_assets::require_asset;
 use kvlab_engine::contract::Family;
-use kvlab_engine::tokenizer::GemmaTokenizer;
+use kvlab_engine::lab::GemmaTokenizer;
 
 fn json(tok: &GemmaTokenizer) -> serde_json::Value {
     let text = tok.inner().to_string(false).expect("serialize");
@@ -29,7 +29,7 @@ fn the_gguf_vocabulary_builds_the_asset_tokenizer() {
     let file = std::fs::File::open(&gguf).expect("open");
     let content = gguf_file::Content::read(&mut std::io::BufReader::new(file)).expect("header");
     let read = started.elapsed();
-    let inner = kvlab_engine::tokenizer::gguf::build(&content, &gguf).expect("build");
+    let inner = kvlab_engine::lab::build_gguf_tokenizer(&content, &gguf).expect("build");
     let total = started.elapsed();
     let built = GemmaTokenizer::from_tokenizer(inner, Family::Gemma3).expect("wrap");
     let started = Instant::now();

@@ -9,13 +9,15 @@ use crate::common;
 
 use std::sync::mpsc;
 
-use kvlab_engine::chat::{Message, Tool};
-use kvlab_engine::constrain::Constraint;
+use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, DoneReason, ErrorCode, Event};
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::worker::LoadRequest;
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::contract::{Message, Tool};
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::LoadRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
 use serde_json::{json, Value};
 
 /// The tiny Gemma 4 with its tool vocabulary and template, in a temporary folder.
@@ -156,7 +158,7 @@ fn a_required_call_is_forced_and_read_back_from_random_weights() {
     }
     // The answer goes on from the tool's answer: the conversation renders the call and the
     // tool message (the template's own rendering), and the model answers in text.
-    let call = kvlab_engine::chat::ToolCall {
+    let call = kvlab_engine::contract::ToolCall {
         id: "call_1".into(),
         name: "get_weather".into(),
         arguments: json!({"city": "Paris", "unit": "c"}),
@@ -203,7 +205,7 @@ fn json_answers_hold_to_their_schema_on_every_cache_at_once() {
                 }),
                 &format!("json-{i}"),
             );
-            req.cache = Some(kvlab_engine::kv::CacheSelection::Spec((*spec).into()));
+            req.cache = Some(kvlab_engine::contract::CacheSelection::Spec((*spec).into()));
             req.max_tokens = 60;
             let tx = tx.clone();
             let spec = spec.to_string();

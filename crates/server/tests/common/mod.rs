@@ -9,10 +9,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvlab_engine::contract::Event;
-use kvlab_engine::generate::sampling::SamplingParams;
-use kvlab_engine::generate::{GenerateRequest, Prompt};
-use kvlab_engine::worker::{LoadRequest, Ticket};
-use kvlab_engine::{Engine, EngineHandle, KvPrecision, ModelSource, PrecisionPolicy};
+use kvlab_engine::contract::Prompt;
+use kvlab_engine::contract::SamplingParams;
+use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::GenerateRequest;
+use kvlab_engine::{Engine, EngineHandle, ModelSource};
+use kvlab_engine::{LoadRequest, Ticket};
 use kvlab_server::ServerConfig;
 use serde_json::{json, Value};
 use std::sync::mpsc;

@@ -175,8 +175,9 @@ pub enum CacheSpec {
         /// Which layers get it (never `All`: that is [`CacheSpec::Dense`]).
         scope: LayerScope,
     },
-    /// TurboQuant on the layers of `scope`, dense f16 elsewhere.
-    TurboQuant {
+    /// Keys and values each in their own format (TurboQuant, llama.cpp's blocks or dense) on the
+    /// layers of `scope`, dense f16 elsewhere.
+    Split {
         /// Key and value formats.
         precision: LayerPrecision,
         /// Which layers are quantized.
@@ -191,13 +192,11 @@ impl CacheSpec {
     }
 
     /// The per-layer precision policy this SPEC stands for.
-    pub fn to_policy(&self) -> PrecisionPolicy {
-        match *self {
+    pub fn to_policy(self) -> PrecisionPolicy {
+        match self {
             CacheSpec::Dense(p) => PrecisionPolicy::uniform(p),
             CacheSpec::DenseScoped { precision, scope } => scoped(precision, scope),
-            CacheSpec::TurboQuant { precision, scope } => {
-                scoped(KvPrecision::Split(precision), scope)
-            }
+            CacheSpec::Split { precision, scope } => scoped(KvPrecision::Split(precision), scope),
         }
     }
 
@@ -213,7 +212,7 @@ impl CacheSpec {
 
     /// True for TurboQuant SPECs.
     pub fn is_turboquant(&self) -> bool {
-        matches!(self, CacheSpec::TurboQuant { .. })
+        matches!(self, CacheSpec::Split { .. })
     }
 }
 
@@ -250,7 +249,7 @@ impl fmt::Display for CacheSpec {
             CacheSpec::DenseScoped { precision, scope } => {
                 write!(f, "{precision}@{}", scope.name())
             }
-            CacheSpec::TurboQuant { precision, scope } => {
+            CacheSpec::Split { precision, scope } => {
                 write!(f, "{precision}")?;
                 if *scope != precision.default_scope() {
                     write!(f, "@{}", scope.name())?;
@@ -585,7 +584,7 @@ fn parse_spec(input: &str) -> Result<CacheSpec> {
     if let Some(why) = precision.refusal() {
         return Err(bad(input, why));
     }
-    Ok(CacheSpec::TurboQuant {
+    Ok(CacheSpec::Split {
         scope: scope.unwrap_or(precision.default_scope()),
         precision,
     })

@@ -52,7 +52,7 @@ impl CacheChoice {
             };
             return Ok(CacheSpec::dense(precision, self.scope));
         }
-        Ok(CacheSpec::TurboQuant {
+        Ok(CacheSpec::Split {
             precision,
             scope: self.scope,
         })
@@ -324,11 +324,6 @@ pub fn suggested_policy() -> PrecisionPolicy {
         .unwrap_or_default()
 }
 
-/// The canonical SPEC of any SPEC string (`TQ3.5@ALL` → `tq3.5@all`, `tq4@full` → `tq4`).
-pub fn canonical(spec: &str) -> Result<String> {
-    Ok(CacheSpec::parse(spec)?.to_string())
-}
-
 impl PrecisionPolicy {
     /// The policy as the SPEC that stands for it, in canonical form; a policy no SPEC can
     /// express (per-layer overrides, two different non-f16 kinds) reads
@@ -355,7 +350,7 @@ impl PrecisionPolicy {
             return None;
         };
         Some(match (p, scope) {
-            (KvPrecision::Split(precision), scope) => CacheSpec::TurboQuant { precision, scope },
+            (KvPrecision::Split(precision), scope) => CacheSpec::Split { precision, scope },
             (dense, LayerScope::All) => CacheSpec::Dense(dense),
             (precision, scope) => CacheSpec::DenseScoped { precision, scope },
         })
@@ -489,7 +484,7 @@ mod tests {
             for spec in [&p.specs.all, &p.specs.full, &p.specs.sliding] {
                 let policy = CacheSpec::parse(spec).unwrap().to_policy();
                 assert_eq!(&policy.spec_string(), spec, "{}", p.label);
-                assert_eq!(&canonical(spec).unwrap(), spec);
+                assert_eq!(&CacheSpec::parse(spec).unwrap().to_string(), spec);
             }
         }
         // The old UI compared "tq3.5" with "tq3.5@all": distinct scopes stay distinct.

@@ -24,26 +24,26 @@ fn parses_the_documented_examples() -> Result<()> {
     );
     assert_eq!(
         CacheSpec::parse("tq3.5@all")?,
-        CacheSpec::TurboQuant {
+        CacheSpec::Split {
             precision: LayerPrecision::new(tk(Bits::B3_5), tq(Bits::B3_5)),
             scope: LayerScope::All
         }
     );
     assert_eq!(
         CacheSpec::parse("k4v3")?,
-        CacheSpec::TurboQuant {
+        CacheSpec::Split {
             precision: LayerPrecision::new(tk(Bits::B4), tq(Bits::B3)),
             scope: LayerScope::Full
         }
     );
     assert_eq!(
         CacheSpec::parse("k4vf16@sliding")?,
-        CacheSpec::TurboQuant {
+        CacheSpec::Split {
             precision: LayerPrecision::new(tk(Bits::B4), SideSpec::F16),
             scope: LayerScope::Sliding
         }
     );
-    let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("tq3@all+haar+nc+s9")? else {
+    let CacheSpec::Split { precision, .. } = CacheSpec::parse("tq3@all+haar+nc+s9")? else {
         panic!("not turboquant");
     };
     let s = precision.key.spec().copied();
@@ -58,7 +58,7 @@ fn parses_the_documented_examples() -> Result<()> {
             seed: 9
         })
     );
-    let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("tq4+prod")? else {
+    let CacheSpec::Split { precision, .. } = CacheSpec::parse("tq4+prod")? else {
         panic!("not turboquant");
     };
     assert_eq!(
@@ -131,7 +131,7 @@ fn llama_cpp_types_take_the_key_value_form() -> Result<()> {
     use BlockType::*;
     let pair = |s: &str| -> Result<(LayerPrecision, LayerScope)> {
         match CacheSpec::parse(s)? {
-            CacheSpec::TurboQuant { precision, scope } => Ok((precision, scope)),
+            CacheSpec::Split { precision, scope } => Ok((precision, scope)),
             other => Err(EngineError::invalid(format!("{other} is dense"))),
         }
     };

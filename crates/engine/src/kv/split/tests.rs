@@ -7,9 +7,9 @@ use kvlab_turboquant::ggml::BlockType;
 use kvlab_turboquant::{bytes_per_vector, Bits, RotationKind, Spec, Variant};
 
 use super::*;
-use crate::kv::attend_dense;
+use crate::kv::attend::attend_dense;
+use crate::kv::format::CALIBRATION_ROWS;
 use crate::kv::spec::CacheSpec;
-use crate::kv::CALIBRATION_ROWS;
 
 /// Deterministic roughly-normal values (sum of 4 uniforms), with a per-row offset so
 /// vectors are not centred (the case a sign-less rotation would get wrong).
@@ -231,7 +231,7 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         "f16/q4_0+sink",
         "q8_0/tq3+sink",
     ] {
-        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+        let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
         };
         let bpv = |s: &SideSpec| match *s {
@@ -824,7 +824,7 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         "q4_0+sink",
         "q8_0/q4_0+sink",
     ] {
-        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+        let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
         };
         let mut s = SplitStorage::new(precision, shape(n_kv, d))?;
@@ -843,7 +843,7 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         assert_eq!(max_abs(&(&a.0 - &b.0)?)?, 0.0, "{text}");
         assert_eq!(max_abs(&(&a.1 - &b.1)?)?, 0.0, "{text}");
         // A file of another format is refused, not misread.
-        let CacheSpec::TurboQuant {
+        let CacheSpec::Split {
             precision: other, ..
         } = CacheSpec::parse("q4_1")?
         else {
@@ -862,7 +862,7 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
 
 #[test]
 fn block_types_refuse_heads_that_are_not_whole_blocks() {
-    let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse("q8_0").expect("spec") else {
+    let CacheSpec::Split { precision, .. } = CacheSpec::parse("q8_0").expect("spec") else {
         panic!("q8_0 is dense");
     };
     let e = SplitStorage::new(precision, shape(1, 16))
@@ -915,7 +915,7 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
         "q4_0/f16+sink",
         "f16/q4_0+sink",
     ] {
-        let CacheSpec::TurboQuant { precision, .. } = CacheSpec::parse(text)? else {
+        let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
         };
         let d = 256;
@@ -951,7 +951,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     let (n_kv, d) = (2, 64);
     let parse = |text: &str| -> Result<LayerPrecision> {
         match CacheSpec::parse(text)? {
-            CacheSpec::TurboQuant { precision, .. } => Ok(precision),
+            CacheSpec::Split { precision, .. } => Ok(precision),
             _ => panic!("{text} is dense"),
         }
     };

@@ -30,11 +30,6 @@ impl Linear {
         Self(matrix)
     }
 
-    /// Applies the layer to `x` `[.., inp]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_as(self.0.profile_label(), x)
-    }
-
     /// Whether each output row depends on its own input row alone, bit for bit whatever the
     /// other rows: our kernels quantize and multiply each row by itself. candle's kernels
     /// choose their blocking (and a dequantized GEMM past [`DEQUANT_MIN_ROWS`]) by the row
@@ -138,11 +133,6 @@ impl Linear {
 pub struct Splits(pub Vec<usize>);
 
 impl Splits {
-    /// One sequence of `rows` rows.
-    pub fn one(rows: usize) -> Self {
-        Self(vec![rows])
-    }
-
     /// `f` over each sequence's rows of `x` `[t, ..]`, the results stacked back along rows.
     pub fn each(&self, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let mut at = 0;
