@@ -3,7 +3,8 @@
 //! positions' logits.
 //!
 //! ```no_run
-//! use kvlab_engine::{KvPrecision, LoadOptions, Logits, Model, PrecisionPolicy};
+//! use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy};
+//! use kvlab_engine::LoadOptions;
 //! # fn main() -> kvlab_engine::Result<()> {
 //! let model = Model::load("gemma-3-270m-q4_k_m.gguf".as_ref(), &LoadOptions::default())?;
 //! let mut cache = model.new_cache(&PrecisionPolicy::uniform(KvPrecision::F16))?;
