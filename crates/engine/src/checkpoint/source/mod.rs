@@ -4,6 +4,8 @@
 //! [`SourceError`] with a code. Offline test assets are named by the CLI, which resolves them
 //! to paths itself (crate `kvlab-assets`); the engine knows nothing of them.
 
+// Without `hub` nothing picks among a repository's quantizations but the tests.
+#[cfg_attr(not(feature = "hub"), allow(dead_code))]
 pub mod gguf_quants;
 #[cfg(feature = "hub")]
 pub mod hub;

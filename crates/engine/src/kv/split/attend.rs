@@ -67,7 +67,7 @@ impl Side {
     pub(super) fn prepare_queries(&self, queries: &[f32]) -> Result<Option<Prepared>> {
         let d = self.dim;
         let g = queries.len() / d;
-        if let Some(b) = &self.block {
+        if let Some(b) = self.store.block() {
             let qb = b.ty.query_bytes(d)?;
             let mut qq = vec![0u8; qb * g];
             for (q, out) in queries.chunks_exact(d).zip(qq.chunks_exact_mut(qb)) {
@@ -75,7 +75,7 @@ impl Side {
             }
             return Ok(Some(Prepared::Block(qq)));
         }
-        match &self.codec {
+        match self.store.codec() {
             Some(c) if g >= BLOCK_GEMM_MIN_ROWS && c.works_by_products() => {
                 let mut rq = vec![0f32; g * d];
                 c.rotated_queries(queries, &mut rq)?;
@@ -105,7 +105,7 @@ impl Side {
         out: &mut [f32],
     ) -> Result<()> {
         let d = self.dim;
-        match (&self.heads[h][s], &self.codec) {
+        match (&self.heads[h][s], self.store.codec()) {
             (Seg::Codes(b), Some(c)) => {
                 let n = b.len();
                 let (lo, hi) = (cols.start.min(n), cols.end.min(n));
@@ -193,13 +193,13 @@ impl Side {
     /// segments and taken back once by [`Side::finish_raw`]: TurboQuant codes without QJL
     /// summed by the kernels (fewer than [`BLOCK_GEMM_MIN_ROWS`] rows).
     pub(super) fn sums_raw(&self, g: usize) -> bool {
-        g < BLOCK_GEMM_MIN_ROWS && self.codec.as_ref().is_some_and(|c| c.works_by_products())
+        g < BLOCK_GEMM_MIN_ROWS && self.store.codec().is_some_and(|c| c.works_by_products())
     }
 
     /// Sums of [`Side::accumulate`] left in the raw domain ([`Side::sums_raw`]), added up
     /// over the segments, as the values' rotated-back sums.
     pub(super) fn finish_raw(&self, out: &mut [f32]) -> Result<()> {
-        if let Some(c) = &self.codec {
+        if let Some(c) = self.store.codec() {
             let raw = out.to_vec();
             c.finish_sums(&raw, out)?;
         }
@@ -211,7 +211,7 @@ impl Side {
     /// raw, [`Side::sums_raw`]) can be cut into key ranges summed apart; codes with QJL are
     /// summed whole.
     pub(super) fn sums_by_range(&self) -> bool {
-        self.codec.as_ref().is_none_or(|c| c.works_by_products())
+        self.store.codec().is_none_or(|c| c.works_by_products())
     }
 
     /// `out[qi] = Σ_t w[qi·n + t] · x̂_t` over segment `s` of head `h` (`out` is `g × dim`),
@@ -228,7 +228,7 @@ impl Side {
         out: &mut [f32],
     ) -> Result<()> {
         let d = self.dim;
-        match (&self.heads[h][s], &self.codec) {
+        match (&self.heads[h][s], self.store.codec()) {
             (Seg::Codes(b), Some(c)) => {
                 let n = b.len();
                 let g = out.len() / d;
@@ -409,7 +409,7 @@ impl SplitStorage {
                     self.attend_rows(hk, &qm, group, &ranges)?
                 } else {
                     // Block keys are stored rotated: rotate the queries once, here.
-                    if let Some(b) = &self.key.block {
+                    if let Some(b) = self.key.store.block() {
                         for row in qm.chunks_exact_mut(d) {
                             b.rotate(row)?;
                         }
@@ -458,7 +458,7 @@ impl SplitStorage {
         // (lookup tables, query tiles) is paid per unit. Prefill's matrix products go by
         // whole segments.
         let spans: Vec<_> = self.segment_spans(hk, lo, hi).collect();
-        let codes = self.key.codec.is_some() || self.value.codec.is_some();
+        let codes = self.key.store.codec().is_some() || self.value.store.codec().is_some();
         let by_range = g < BLOCK_GEMM_MIN_ROWS
             && self.key.sums_by_range()
             && self.value.sums_by_range()
@@ -553,7 +553,7 @@ impl SplitStorage {
     pub(super) fn finish_values(&self, hk: usize, out: &mut [f32]) -> Result<()> {
         let d = self.shape.head_dim;
         // Block values were summed in their rotated domain: rotate the total back.
-        if let Some(b) = &self.value.block {
+        if let Some(b) = self.value.store.block() {
             for row in out.chunks_exact_mut(d) {
                 b.rotate(row)?;
             }

@@ -284,7 +284,7 @@ impl KvStorage for SplitStorage {
     }
 
     fn calibrating(&self) -> bool {
-        self.key.waiting.is_some() || self.value.waiting.is_some()
+        self.key.store.waiting().is_some() || self.value.store.waiting().is_some()
     }
 
     fn calibrate_now(&mut self) -> Result<()> {

@@ -112,8 +112,8 @@ impl Side {
             if self.center || self.weigh {
                 let calibrated = self.offsets[h].is_some() || self.weights[h].is_some();
                 if h == 0 && calibrated {
-                    self.codec = self.waiting.take();
-                } else if calibrated != self.waiting.is_none() {
+                    self.store.set_calibrated(true);
+                } else if calibrated != self.store.waiting().is_none() {
                     return Err(corrupt("kv heads saved both calibrated and not"));
                 }
             }
@@ -124,13 +124,13 @@ impl Side {
                 let len = r.len(r.remaining(), "a segment's size")?;
                 let bytes = r.take(len)?;
                 let row = self.bytes_per_vector();
-                let seg = match (kind, &self.codec) {
+                let seg = match (kind, self.store.codec()) {
                     (SEG_CODES, Some(codec)) => Seg::Codes(CodeBlock::from_bytes(codec, bytes)?),
-                    (SEG_BLOCKS, None) if self.block.is_some() && len % row == 0 => {
+                    (SEG_BLOCKS, None) if self.store.block().is_some() && len % row == 0 => {
                         Seg::Blocks(bytes.to_vec())
                     }
-                    (SEG_DENSE, None) if self.block.is_none() && len % row == 0 => {
-                        Seg::Dense(DenseRows::from_bytes(self.dense, bytes))
+                    (SEG_DENSE, None) if self.store.block().is_none() && len % row == 0 => {
+                        Seg::Dense(DenseRows::from_bytes(self.store.dense(), bytes))
                     }
                     _ => {
                         return Err(corrupt(format!(

@@ -42,7 +42,7 @@ impl Side {
     /// without QJL, any dense side, block values, and block keys whose query is q8_0 (the
     /// products of its floats are ggml's; a q8_1 query's dot also uses its f16-rounded sum).
     fn reads_as_rows(&self, is_key: bool) -> bool {
-        match (&self.codec, &self.block) {
+        match (self.store.codec(), self.store.block()) {
             (Some(c), _) => c.works_by_products(),
             (None, Some(b)) => !is_key || !b.ty.query_is_q8_1(),
             (None, None) => true,
@@ -54,14 +54,14 @@ impl Side {
     /// attention has them, for block keys; as they are for dense keys.
     fn scoring_queries(&self, qm: &[f32]) -> Result<Vec<f32>> {
         let d = self.dim;
-        if let Some(c) = &self.codec {
+        if let Some(c) = self.store.codec() {
             let mut rq = vec![0f32; qm.len()];
             if !c.rotated_queries(qm, &mut rq)? {
                 return Err(EngineError::invalid("rows of a codec with QJL"));
             }
             return Ok(rq);
         }
-        if let Some(b) = &self.block {
+        if let Some(b) = self.store.block() {
             let mut qq = vec![0u8; b.ty.query_bytes(d)?];
             let mut out = vec![0f32; qm.len()];
             let mut row = vec![0f32; d];
@@ -79,7 +79,7 @@ impl Side {
     /// Stored tokens `range` of segment `s` of head `h`.
     fn rows(&self, h: usize, s: usize, range: std::ops::Range<usize>) -> Result<Rows<'_>> {
         let d = self.dim;
-        match (&self.heads[h][s], &self.codec) {
+        match (&self.heads[h][s], self.store.codec()) {
             (Seg::Codes(b), Some(c)) => {
                 let mut out = vec![0f32; range.len() * d];
                 c.rotated_rows(b, range, &mut out)?;
@@ -170,7 +170,7 @@ impl SplitStorage {
             .collect();
         let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
         let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-        let value_codec = self.value.codec.as_deref();
+        let value_codec = self.value.store.codec().map(|c| &**c);
         for (s, a, b) in self.segment_spans(hk, lo, hi) {
             if a == b {
                 continue;

@@ -186,20 +186,74 @@ impl BlockSide {
     }
 }
 
+/// How a side stores its rows, by format: one variant per kind of storage, so a side is
+/// exactly one of them.
+pub(super) enum SideStore {
+    /// Dense rows in this dtype (f16, bf16 or f32).
+    Dense(DType),
+    /// TurboQuant codes under `codec`. Until `calibrated` (a centered side, or `+qw` keys,
+    /// waiting for its first rows: [`Side::append_heads`]) it holds f16 rows, a dense f16
+    /// side in every respect.
+    Codes { codec: Arc<Codec>, calibrated: bool },
+    /// One of llama.cpp's block types, rotated as upstream rotates it.
+    Blocks(BlockSide),
+}
+
+impl SideStore {
+    /// The codec whose codes the segments hold: a coded side that has calibrated.
+    pub(super) fn codec(&self) -> Option<&Arc<Codec>> {
+        match self {
+            SideStore::Codes {
+                codec,
+                calibrated: true,
+            } => Some(codec),
+            _ => None,
+        }
+    }
+
+    /// A coded side's codec while it waits to calibrate (its rows f16 until then).
+    pub(super) fn waiting(&self) -> Option<&Arc<Codec>> {
+        match self {
+            SideStore::Codes {
+                codec,
+                calibrated: false,
+            } => Some(codec),
+            _ => None,
+        }
+    }
+
+    /// The block type and rotation of a block side.
+    pub(super) fn block(&self) -> Option<&BlockSide> {
+        match self {
+            SideStore::Blocks(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The dtype of the dense rows a side holds: a dense side's own, f16 for a coded side
+    /// still waiting to calibrate.
+    pub(super) fn dense(&self) -> DType {
+        match self {
+            SideStore::Dense(d) => *d,
+            _ => DType::F16,
+        }
+    }
+
+    /// Marks a coded side calibrated (its segments now codes) or waiting again; nothing for
+    /// the other formats.
+    pub(super) fn set_calibrated(&mut self, on: bool) {
+        if let SideStore::Codes { calibrated, .. } = self {
+            *calibrated = on;
+        }
+    }
+}
+
 /// Keys or values of every kv head.
 pub(super) struct Side {
-    /// The codec a coded side's segments hold codes of; `None` for block and dense sides,
-    /// and for a calibrating side until it calibrates (`waiting` holds it then).
-    pub(super) codec: Option<Arc<Codec>>,
-    /// A calibrating side's codec (centered, or `+qw` keys) while it holds its first rows as
-    /// f16 ([`Side::append_heads`]): until then it is a dense f16 side in every respect.
-    pub(super) waiting: Option<Arc<Codec>>,
+    /// How it stores its rows: dense, TurboQuant codes or ggml blocks.
+    pub(super) store: SideStore,
     /// Rows it waits for ([`StorageShape::calibration_rows`]).
     pub(super) calibration_rows: usize,
-    /// Set for a side in one of llama.cpp's block types (then `codec` is `None`).
-    pub(super) block: Option<BlockSide>,
-    /// The dtype of a dense side (neither `codec` nor `block`).
-    pub(super) dense: DType,
     pub(super) dim: usize,
     pub(super) heads: Vec<Vec<Seg>>,
     /// Whether coded vectors are stored relative to a per-head offset.
@@ -227,8 +281,8 @@ impl fmt::Debug for Side {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the codes themselves.
         f.debug_struct("Side")
-            .field("spec", &self.codec.as_ref().map(|c| *c.spec()))
-            .field("waiting", &self.waiting.is_some())
+            .field("spec", &self.store.codec().map(|c| *c.spec()))
+            .field("waiting", &self.store.waiting().is_some())
             .field("dim", &self.dim)
             .field("heads", &self.heads.len())
             .field("segments", &self.heads.first().map_or(0, Vec::len))
@@ -247,12 +301,13 @@ impl Side {
     ) -> Result<Self> {
         let (n_heads, dim) = (shape.n_kv_heads, shape.head_dim);
         let (center, weigh) = (p.center, p.weigh_keys && is_key);
-        let mut codec = match side {
-            SideSpec::Codes(spec) => Some(Arc::new(Codec::new(dim, spec)?)),
-            _ => None,
-        };
-        let block = match side {
-            SideSpec::Blocks(ty) => Some(BlockSide {
+        let store = match side {
+            SideSpec::Dense(d) => SideStore::Dense(d.dtype()),
+            SideSpec::Codes(spec) => SideStore::Codes {
+                codec: Arc::new(Codec::new(dim, spec)?),
+                calibrated: !p.calibrates(is_key),
+            },
+            SideSpec::Blocks(ty) => SideStore::Blocks(BlockSide {
                 ty,
                 row_bytes: ty.row_bytes(dim)?,
                 rot: if !p.rotate {
@@ -263,21 +318,13 @@ impl Side {
                     ggml::value_rotation_width(dim)
                 },
             }),
-            _ => None,
         };
-        let center = center && codec.is_some();
-        let weigh = weigh && codec.is_some();
-        let waiting = if p.calibrates(is_key) {
-            codec.take()
-        } else {
-            None
-        };
+        let coded = matches!(store, SideStore::Codes { .. });
+        let (center, weigh) = (center && coded, weigh && coded);
+        let sink = p.sink && store.block().is_some();
         Ok(Self {
-            codec,
-            waiting,
+            store,
             calibration_rows: shape.calibration_rows.min(SEGMENT_TOKENS),
-            block,
-            dense: side.dense_dtype().unwrap_or(DType::F16),
             dim,
             heads: (0..n_heads).map(|_| Vec::new()).collect(),
             center,
@@ -285,7 +332,7 @@ impl Side {
             weigh,
             weights: vec![None; n_heads],
             query_energy: vec![vec![0.0; dim]; n_heads],
-            sink: p.sink && block.is_some(),
+            sink,
             sinks: vec![None; n_heads],
             sink_dropped: false,
         })
@@ -294,7 +341,7 @@ impl Side {
     /// Keeps head `h`'s first token (the first row of `rows`) as its sink when this is a
     /// `+sink` side that holds nothing yet.
     pub(super) fn keep_sink(&mut self, h: usize, rows: &[f32]) -> Result<()> {
-        let (Some(b), Some(first)) = (&self.block, rows.get(..self.dim)) else {
+        let (Some(b), Some(first)) = (self.store.block(), rows.get(..self.dim)) else {
             return Ok(());
         };
         if !self.sink || self.sinks[h].is_some() || !self.heads[h].is_empty() {
@@ -343,10 +390,10 @@ impl Side {
     }
 
     pub(super) fn bytes_per_vector(&self) -> usize {
-        match (&self.codec, &self.block) {
+        match (self.store.codec(), self.store.block()) {
             (Some(c), _) => c.bytes_per_vector(),
             (None, Some(b)) => b.row_bytes,
-            (None, None) => self.dense.size_in_bytes() * self.dim,
+            (None, None) => self.store.dense().size_in_bytes() * self.dim,
         }
     }
 
@@ -359,15 +406,15 @@ impl Side {
     }
 
     pub(super) fn new_seg(&self) -> Seg {
-        match (&self.codec, &self.block) {
+        match (self.store.codec(), self.store.block()) {
             (Some(c), _) => Seg::Codes(c.new_block()),
             (None, Some(_)) => Seg::Blocks(Vec::new()),
-            (None, None) => Seg::Dense(DenseRows::new(self.dense)),
+            (None, None) => Seg::Dense(DenseRows::new(self.store.dense())),
         }
     }
 
     pub(super) fn scratch(&self) -> Scratch {
-        self.codec.as_ref().map(|c| c.scratch()).unwrap_or_default()
+        self.store.codec().map(|c| c.scratch()).unwrap_or_default()
     }
 
     /// Appends `t` rows of every head (`rows`: `heads × t × dim`). A calibrating side holds
@@ -375,7 +422,7 @@ impl Side {
     /// offset and weights on all of them and codes them in place ([`Side::calibrate`]).
     pub(super) fn append_heads(&mut self, rows: &[f32], t: usize) -> Result<()> {
         let per_head = t * self.dim;
-        if self.waiting.is_some() {
+        if self.store.waiting().is_some() {
             let held = self.heads.first().map_or(0, |segs| {
                 segs.iter().map(|s| self.seg_len(s)).sum::<usize>()
             });
@@ -421,12 +468,12 @@ impl Side {
     /// head's offset (their mean, [`MIN_CALIBRATION_ROWS`] at least) and weights, then every row
     /// coded in the same places. All or nothing: on an error the side is as it was.
     pub(super) fn calibrate(&mut self, rows: &[f32], t: usize) -> Result<()> {
-        if self.waiting.is_none() {
+        if self.store.waiting().is_none() {
             return Ok(());
         }
         let d = self.dim;
         let n_heads = self.heads.len();
-        self.codec = self.waiting.take();
+        self.store.set_calibrated(true);
         let built = (|| {
             let mut heads = Vec::with_capacity(n_heads);
             let mut offsets = Vec::with_capacity(n_heads);
@@ -469,7 +516,7 @@ impl Side {
                 Ok(())
             }
             Err(e) => {
-                self.waiting = self.codec.take();
+                self.store.set_calibrated(false);
                 Err(e)
             }
         }
@@ -477,8 +524,8 @@ impl Side {
 
     /// Holds a calibrating side's rows as f16 again, waiting, once it holds none.
     pub(super) fn restage(&mut self) {
-        if self.waiting.is_none() && (self.center || self.weigh) {
-            self.waiting = self.codec.take();
+        if self.store.waiting().is_none() && (self.center || self.weigh) {
+            self.store.set_calibrated(false);
         }
     }
 
@@ -517,11 +564,11 @@ impl Side {
             };
             let take = (SEGMENT_TOKENS - have).min(rows.len() / d);
             let (now, rest) = rows.split_at(take * d);
-            match (seg, &self.codec) {
+            match (seg, self.store.codec()) {
                 (Seg::Codes(b), Some(codec)) => codec.encode_batch(now, b)?,
                 (Seg::Dense(v), _) => v.extend(now, d),
                 (Seg::Blocks(v), _) => {
-                    let Some(b) = &self.block else {
+                    let Some(b) = self.store.block() else {
                         return Err(EngineError::invalid("block segment without a block type"));
                     };
                     let row = b.row_bytes;
@@ -599,8 +646,8 @@ impl Side {
 
     /// The block type of a block side.
     pub(super) fn block_side(&self) -> Result<&BlockSide> {
-        self.block
-            .as_ref()
+        self.store
+            .block()
             .ok_or_else(|| EngineError::invalid("block segment without a block type"))
     }
 
@@ -614,7 +661,7 @@ impl Side {
                 .get(j / SEGMENT_TOKENS)
                 .ok_or_else(|| EngineError::invalid(format!("token {j} is not stored")))?;
             let i = j % SEGMENT_TOKENS;
-            match (seg, &self.codec) {
+            match (seg, self.store.codec()) {
                 (Seg::Codes(b), Some(c)) => {
                     c.decode(b, i, row, &mut scratch)?;
                     if let Some(w) = self.weights(h) {
