@@ -88,7 +88,7 @@ impl EngineBridge {
             },
             tokenizer: None,
             options: load_options(weights)?,
-            policy: cache.policy()?,
+            cache: cache.clone(),
             context,
         };
         self.handle
@@ -142,14 +142,14 @@ impl EngineBridge {
         cache: &CacheSelection,
     ) -> Res<SwitchEvent> {
         self.handle
-            .switch_cache(conversation, cache.policy()?)
+            .switch_cache(conversation, cache)
             .map_err(CommandError::from)
     }
 
     /// The cache new conversations get (the user's choice for new chats).
     pub fn set_default_cache(&self, cache: &CacheSelection) -> Res<SwitchEvent> {
         self.handle
-            .set_default_policy(cache.policy()?)
+            .set_default_cache(cache)
             .map_err(CommandError::from)
     }
 

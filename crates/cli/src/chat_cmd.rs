@@ -140,7 +140,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                 let marker = engine
                     .switch_cache(
                         &kvlab_engine::contract::ConversationId::default_id(),
-                        policy.clone(),
+                        &kvlab_engine::contract::CacheSelection::Spec(policy.spec_string()),
                     )
                     .map_err(|e| anyhow::anyhow!("converting the cache to {kv}: {e}"))?;
                 eprintln!(
@@ -227,7 +227,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                     let marker = engine
                         .switch_cache(
                             &kvlab_engine::contract::ConversationId::default_id(),
-                            p.clone(),
+                            &kvlab_engine::contract::CacheSelection::Spec(p.spec_string()),
                         )
                         .map_err(|e| anyhow::anyhow!("switching the cache to {to}: {e}"))?;
                     eprintln!(

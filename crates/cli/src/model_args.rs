@@ -80,7 +80,7 @@ impl ModelArgs {
             source: self.source()?,
             tokenizer: self.tokenizer.clone(),
             options: self.load_options()?,
-            policy,
+            cache: kvlab_engine::contract::CacheSelection::Spec(policy.spec_string()),
             context,
         };
         let card = engine

@@ -10,6 +10,7 @@ use crate::card::inspect;
 use crate::checkpoint::source::ModelSource;
 use crate::contract::ModelCard;
 use crate::contract::{Event, LoadPhase};
+use crate::kv::PrecisionPolicy;
 use crate::models::common::Model;
 use crate::tokenizer::GemmaTokenizer;
 
@@ -19,6 +20,7 @@ impl Worker {
     pub(super) fn load(
         &mut self,
         request: LoadRequest,
+        policy: PrecisionPolicy,
         sink: &mut EventSink,
         cancel: &CancelToken,
     ) -> Result<ModelCard, LoadError> {
@@ -30,7 +32,7 @@ impl Worker {
         )?;
         sink(loading(LoadPhase::Weights));
         let inspection = inspect(&resolved.weights, &request.options).map_err(LoadError::Model)?;
-        self.admit_load(&inspection, &request, &resolved.name)?;
+        self.admit_load(&inspection, &request, &policy, &resolved.name)?;
         let model = Model::from_checkpoint(&inspection.checkpoint).map_err(LoadError::Model)?;
         let mut card = inspection.card;
         card.name = resolved.name.clone();
@@ -52,7 +54,7 @@ impl Worker {
         // conversations' caches go to their files first, each its own.
         self.save_all(true);
         self.pool.clear();
-        self.policy = request.policy.clone();
+        self.policy = policy;
         self.loaded = Some(Loaded {
             weights: resolved.weights.clone(),
             config: Arc::new(model.config().clone()),
@@ -69,6 +71,7 @@ impl Worker {
         &self,
         inspection: &crate::card::Inspection,
         request: &LoadRequest,
+        policy: &PrecisionPolicy,
         name: &str,
     ) -> Result<(), LoadError> {
         let max = inspection.card.max_context;
@@ -83,7 +86,7 @@ impl Worker {
             weights_bytes: inspection.card.weights_bytes,
             held_kv_bytes: 0,
             context,
-            policy: &request.policy,
+            policy,
             rewind_margin: self.rewind_margin(),
         }
         .fit(&lock(&self.shared.budget))

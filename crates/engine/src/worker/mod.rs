@@ -102,7 +102,7 @@ pub struct LoadRequest {
     /// Device and dtype.
     pub options: LoadOptions,
     /// The KV cache new conversations get.
-    pub policy: PrecisionPolicy,
+    pub cache: CacheSelection,
     /// Tokens the caller means to hold (clipped to the model's context): the load is refused,
     /// before any weight is read, when the weights and the KV cache of this context do not
     /// fit the memory available ([`MemoryBudget`]).
@@ -120,7 +120,7 @@ impl LoadRequest {
             source,
             tokenizer: None,
             options: LoadOptions::default(),
-            policy: PrecisionPolicy::default(),
+            cache: CacheSelection::Spec("f16".into()),
             context: DEFAULT_LOAD_CONTEXT,
         }
     }
@@ -197,6 +197,8 @@ pub(crate) enum Job {
     /// Load a model (replacing the current one only once the new one is ready).
     Load {
         request: LoadRequest,
+        /// The policy `request.cache` selects (checked when submitted).
+        policy: PrecisionPolicy,
         sink: EventSink,
         cancel: CancelToken,
     },
@@ -550,14 +552,15 @@ impl EngineHandle {
         })
     }
 
-    /// Re-encodes `conversation`'s cache in `policy` (applied between two tokens if it is
-    /// generating; for a conversation not in memory, the policy of its next turn) and returns
-    /// the switch marker for a memory timeline.
+    /// Re-encodes `conversation`'s cache as `cache` selects (applied between two tokens if
+    /// it is generating; for a conversation not in memory, the cache of its next turn) and
+    /// returns the switch marker for a memory timeline.
     pub fn switch_cache(
         &self,
         conversation: &ConversationId,
-        policy: PrecisionPolicy,
+        cache: &CacheSelection,
     ) -> Result<SwitchEvent, JobError> {
+        let policy = cache.policy()?;
         self.control(|reply| Control::SwitchCache {
             conversation: conversation.clone(),
             policy,
@@ -566,7 +569,8 @@ impl EngineHandle {
     }
 
     /// Sets the cache new conversations get (and, with no model loaded, the next load's).
-    pub fn set_default_policy(&self, policy: PrecisionPolicy) -> Result<SwitchEvent, JobError> {
+    pub fn set_default_cache(&self, cache: &CacheSelection) -> Result<SwitchEvent, JobError> {
+        let policy = cache.policy()?;
         self.control(|reply| Control::SetDefaultPolicy { policy, reply })
     }
 

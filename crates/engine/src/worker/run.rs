@@ -275,6 +275,7 @@ impl Worker {
         match job {
             Job::Load {
                 request,
+                policy,
                 mut sink,
                 cancel,
             } => {
@@ -284,7 +285,7 @@ impl Worker {
                 }
                 let source = source_label(&request.source);
                 self.tell_activity(Activity::Loading { source });
-                let result = self.load(request, &mut sink, &cancel);
+                let result = self.load(request, policy, &mut sink, &cancel);
                 self.failure = match (&result, &self.loaded) {
                     (Err(e), None) => Some(e.to_string()),
                     _ => None,

@@ -189,6 +189,7 @@ impl Request {
                 })
             }
             Request::Load(request, sink) => Job::Load {
+                policy: request.cache.policy()?,
                 request,
                 sink,
                 cancel,

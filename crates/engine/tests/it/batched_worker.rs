@@ -8,12 +8,11 @@ use crate::common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::StepCounters;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, DoneReason, Event};
-use kvlab_engine::lab::CacheSpec;
-use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
 use kvlab_engine::GenerateRequest;
 use kvlab_engine::{Engine, EngineHandle, ModelSource};
 use kvlab_engine::{LoadRequest, PoolSettings};
@@ -30,7 +29,7 @@ fn setup() -> Setup {
     engine
         .submit(LoadRequest {
             tokenizer: Some(tokenizer),
-            policy: PrecisionPolicy::uniform(KvPrecision::F32),
+            cache: CacheSelection::Spec("f32".into()),
             ..LoadRequest::new(ModelSource::Local {
                 path: common::fixture("tiny_gemma3").join("model.safetensors"),
             })
@@ -212,8 +211,7 @@ fn one_that_ends_leaves_or_is_cancelled_leaves_the_others_going() {
                 engine.cancel(Some(&ConversationId::new("d").expect("id")));
                 let idle = ConversationId::new("idle").expect("id");
                 let spec = if round % 2 == 0 { "tq3@all" } else { "f32" };
-                let switched =
-                    engine.switch_cache(&idle, CacheSpec::parse(spec).expect("spec").to_policy());
+                let switched = engine.switch_cache(&idle, &CacheSelection::Spec(spec.into()));
                 let _ = engine.forget(&ConversationId::new("gone").expect("id"), true);
                 switched.is_ok()
             });

@@ -56,7 +56,7 @@ fn lab(default: &str) -> Lab {
     engine
         .submit(LoadRequest {
             tokenizer: Some(tokenizer),
-            policy: policy(default),
+            cache: CacheSelection::Spec(default.into()),
             ..LoadRequest::new(ModelSource::Local {
                 path: common::fixture("tiny_gemma3").join("model.safetensors"),
             })
@@ -231,7 +231,7 @@ fn a_demoted_conversation_answers_as_one_switched_to_the_preset() {
     assert_eq!(a1_again, a1);
     switched
         .engine
-        .switch_cache(&id("a"), policy(preset))
+        .switch_cache(&id("a"), &CacheSelection::Spec(preset.into()))
         .expect("switch");
     let (a2_switched, _) = ok_turn(&switched.engine, "a", &next(&prompt(1), &a1), 8);
     assert_eq!(a2, a2_switched);
@@ -392,10 +392,10 @@ fn rows_once_coded_are_read_again_for_a_dense_cache() {
     let l = lab("f32");
     let (a1, _) = ok_turn(&l.engine, "a", &prompt(1), 8);
     l.engine
-        .switch_cache(&id("a"), policy("tq4@all"))
+        .switch_cache(&id("a"), &CacheSelection::Spec("tq4@all".into()))
         .expect("to tq4");
     l.engine
-        .switch_cache(&id("a"), policy("f32"))
+        .switch_cache(&id("a"), &CacheSelection::Spec("f32".into()))
         .expect("back to f32");
     let p2 = next(&prompt(1), &a1);
     let (a2, st) = ok_turn(&l.engine, "a", &p2, 8);
@@ -408,7 +408,7 @@ fn rows_once_coded_are_read_again_for_a_dense_cache() {
     assert_eq!(a2, fresh);
     // A request that names f32 for a coded conversation reads it again too.
     l.engine
-        .switch_cache(&id("c"), policy("tq4@all"))
+        .switch_cache(&id("c"), &CacheSelection::Spec("tq4@all".into()))
         .expect("c to tq4");
     let (_, st) = turn(
         &l.engine,

@@ -20,7 +20,7 @@ use kvlab_engine::host::RssProbe;
 use kvlab_engine::lab::plain_transcript;
 use kvlab_engine::lab::CacheSpec;
 use kvlab_engine::lab::GemmaTokenizer;
-use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
+use kvlab_engine::lab::PrecisionPolicy;
 use kvlab_engine::CompareRequest;
 use kvlab_engine::GenerateRequest;
 use kvlab_engine::LoadRequest;
@@ -33,7 +33,7 @@ fn policy(spec: &str) -> PrecisionPolicy {
 fn load(engine: &EngineHandle, model: &Path, tokenizer: &Path) {
     let request = LoadRequest {
         tokenizer: Some(tokenizer.to_path_buf()),
-        policy: PrecisionPolicy::uniform(KvPrecision::F32),
+        cache: CacheSelection::Spec("f32".into()),
         ..LoadRequest::new(ModelSource::Local {
             path: model.to_path_buf(),
         })
@@ -329,7 +329,7 @@ fn tokens_are_counted_on_the_shared_tokenizer_and_memory_follows_the_cache() {
         .engine
         .switch_cache(
             &kvlab_engine::contract::ConversationId::default_id(),
-            policy("f16"),
+            &CacheSelection::Spec("f16".into()),
         )
         .expect("switch");
     assert_eq!(marker.tokens, 17);

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::Family;
 use kvlab_engine::contract::Message;
 use kvlab_engine::contract::Prompt;
@@ -40,7 +41,7 @@ fn load_request(name: &str, tokenizer: &Path) -> LoadRequest {
     LoadRequest {
         tokenizer: Some(tokenizer.to_path_buf()),
         // f32: the golden ids come from an f32 reference.
-        policy: PrecisionPolicy::uniform(KvPrecision::F32),
+        cache: CacheSelection::Spec("f32".into()),
         ..LoadRequest::new(ModelSource::Local {
             path: common::fixture(name).join("model.safetensors"),
         })
@@ -388,8 +389,7 @@ fn cache_switches_apply_between_tokens_and_other_jobs_are_refused() {
                         std::thread::spawn(move || {
                             let id = ConversationId::default_id();
                             let _ = switch_tx.send(
-                                handle
-                                    .switch_cache(&id, PrecisionPolicy::uniform(KvPrecision::F16)),
+                                handle.switch_cache(&id, &CacheSelection::Spec("f16".into())),
                             );
                             let _ = reset_tx.send(handle.forget(&id, false));
                         });
@@ -509,7 +509,7 @@ fn hostile_load_larger_than_memory_is_refused_with_what_would_fit() {
         .set_memory_budget(MemoryBudget::fixed(available, margin));
     let request = |spec: &str| LoadRequest {
         tokenizer: Some(s.tokenizer.clone()),
-        policy: CacheSelection::Spec(spec.into()).policy().expect("policy"),
+        cache: CacheSelection::Spec(spec.into()),
         context: 200,
         ..LoadRequest::new(ModelSource::Local { path: path.clone() })
     };
@@ -572,7 +572,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
     let tq4 = CacheSpec::parse("tq4@all").expect("spec").to_policy();
     s.engine
         .submit(LoadRequest {
-            policy: tq4.clone(),
+            cache: CacheSelection::Spec(tq4.spec_string()),
             ..load_request("tiny_gemma3", &s.tokenizer)
         })
         .and_then(|t| t.wait(|_| true))
@@ -600,7 +600,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
         .engine
         .switch_cache(
             &ConversationId::default_id(),
-            PrecisionPolicy::uniform(KvPrecision::F32),
+            &CacheSelection::Spec("f32".into()),
         )
         .unwrap_err();
     let _ = std::io::stderr().lock().write_all(
@@ -630,7 +630,7 @@ fn hostile_switch_larger_than_memory_is_refused_before_converting() {
         .engine
         .switch_cache(
             &ConversationId::default_id(),
-            PrecisionPolicy::uniform(KvPrecision::F32),
+            &CacheSelection::Spec("f32".into()),
         )
         .expect("switch fits");
     assert_eq!(marker.kv_after.used, f32_bytes);

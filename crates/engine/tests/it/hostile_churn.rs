@@ -178,7 +178,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
     engine
         .submit(LoadRequest {
             tokenizer: Some(tokenizer.clone()),
-            policy: start.clone(),
+            cache: CacheSelection::Spec(start.spec_string()),
             ..LoadRequest::new(ModelSource::Local { path: path.clone() })
         })
         .and_then(|t| t.wait(|_| true))
@@ -229,7 +229,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     let ev = engine
                         .switch_cache(
                             &kvlab_engine::contract::ConversationId::default_id(),
-                            policy.clone(),
+                            &CacheSelection::Spec(policy.spec_string()),
                         )
                         .expect("switch");
                     assert_eq!(ev.to, policy.spec_string());

@@ -14,10 +14,10 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ErrorCode, Event};
-use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
 use kvlab_engine::GenerateRequest;
 use kvlab_engine::{Engine, EngineHandle, ModelSource};
 use kvlab_engine::{JobError, LoadRequest};
@@ -32,7 +32,7 @@ struct Lab {
 fn request(path: &Path, tokenizer: &Path) -> LoadRequest {
     LoadRequest {
         tokenizer: Some(tokenizer.to_path_buf()),
-        policy: PrecisionPolicy::uniform(KvPrecision::F32),
+        cache: CacheSelection::Spec("f32".into()),
         ..LoadRequest::new(ModelSource::Local {
             path: path.to_path_buf(),
         })

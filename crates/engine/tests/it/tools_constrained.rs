@@ -9,12 +9,12 @@ use crate::common;
 
 use std::sync::mpsc;
 
+use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::Constraint;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, DoneReason, ErrorCode, Event};
 use kvlab_engine::contract::{Message, Tool};
-use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
 use kvlab_engine::GenerateRequest;
 use kvlab_engine::LoadRequest;
 use kvlab_engine::{Engine, EngineHandle, ModelSource};
@@ -45,7 +45,7 @@ fn tool_model() -> (EngineHandle, tempfile::TempDir) {
     engine
         .submit(LoadRequest {
             tokenizer: Some(src.join("tokenizer_tools.json")),
-            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            cache: CacheSelection::Spec("f16".into()),
             ..LoadRequest::new(ModelSource::Local {
                 path: dir.path().join("model.safetensors"),
             })

@@ -11,7 +11,6 @@ use std::time::Duration;
 use kvlab_engine::contract::Event;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
-use kvlab_engine::lab::{KvPrecision, PrecisionPolicy};
 use kvlab_engine::GenerateRequest;
 use kvlab_engine::{Engine, EngineHandle, ModelSource};
 use kvlab_engine::{LoadRequest, Ticket};
@@ -40,7 +39,7 @@ pub fn start(config: ServerConfig) -> Server {
     let engine = Engine::spawn().expect("engine");
     engine
         .submit(LoadRequest {
-            policy: PrecisionPolicy::uniform(KvPrecision::F16),
+            cache: kvlab_engine::contract::CacheSelection::Spec("f16".into()),
             ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
         })
         .and_then(|t| t.wait(|_| true))
