@@ -153,7 +153,7 @@ pub(crate) fn supported_architectures() -> String {
 pub(crate) fn gguf_config(
     header: crate::checkpoint::config::gguf::GgufHeader<'_>,
 ) -> crate::error::Result<crate::checkpoint::config::resolve::RawConfig> {
-    match header.family {
+    match header.family() {
         Family::Gemma3 => gemma3::gguf::raw_config(header),
         Family::Gemma4 => gemma4::gguf::raw_config(header),
     }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use super::resolve::LayerOverride;
-use super::{Family, ModelConfig};
+use super::resolve::{LayerOverride, RawConfig};
+use super::{Family, ModelConfig, RopeKind, RopeSpec};
 use crate::error::{EngineError, Result};
 
 /// `{arch}.*` keys this parser reads or knowingly ignores.
@@ -40,32 +40,127 @@ const KNOWN_SUFFIXES: &[&str] = &[
     "expert_feed_forward_length",
 ];
 
+#[derive(Clone)]
 pub(crate) struct Meta<'a> {
     pub(crate) md: &'a HashMap<String, Value>,
     arch: String,
 }
 
 /// What every family's GGUF metadata says alike, read once by [`config_from_gguf`]; a
-/// family's own keys and rules are read by its `gguf::raw_config` (in `models/<family>/`).
+/// family's own keys and rules are read by its `gguf::raw_config` (in `models/<family>/`),
+/// through these accessors, onto the config [`GgufHeader::into_config`] makes of the rest.
 pub(crate) struct GgufHeader<'a> {
-    pub(crate) m: Meta<'a>,
-    pub(crate) content: &'a Content,
-    pub(crate) family: Family,
+    m: Meta<'a>,
+    content: &'a Content,
+    family: Family,
     /// Layers.
-    pub(crate) n: usize,
-    pub(crate) hidden: usize,
-    pub(crate) heads: usize,
+    n: usize,
+    hidden: usize,
+    heads: usize,
     /// KV heads per layer.
-    pub(crate) kv: Vec<usize>,
+    kv: Vec<usize>,
     /// Feed-forward width per layer.
-    pub(crate) ff: Vec<usize>,
-    pub(crate) vocab: usize,
-    pub(crate) window: usize,
-    pub(crate) eps: f64,
-    pub(crate) theta_full: f64,
-    pub(crate) theta_swa: f64,
-    pub(crate) overrides: BTreeMap<usize, LayerOverride>,
-    pub(crate) warnings: Vec<String>,
+    ff: Vec<usize>,
+    vocab: usize,
+    window: usize,
+    eps: f64,
+    theta_full: f64,
+    theta_swa: f64,
+    overrides: BTreeMap<usize, LayerOverride>,
+    warnings: Vec<String>,
+}
+
+impl<'a> GgufHeader<'a> {
+    /// The `{arch}.*` keys.
+    pub(crate) fn meta(&self) -> &Meta<'a> {
+        &self.m
+    }
+
+    /// The whole header: every key, and the tensor directory.
+    pub(crate) fn content(&self) -> &'a Content {
+        self.content
+    }
+
+    /// The family `general.architecture` names.
+    pub(crate) fn family(&self) -> Family {
+        self.family
+    }
+
+    /// Layers (`block_count`).
+    pub(crate) fn layers(&self) -> usize {
+        self.n
+    }
+
+    /// The residual width (`embedding_length`).
+    pub(crate) fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Query heads (`attention.head_count`).
+    pub(crate) fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// The vocabulary, as the token embedding's rows.
+    pub(crate) fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The sliding window (0: none).
+    pub(crate) fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Notes a warning the card will show.
+    pub(crate) fn warn(&mut self, warning: String) {
+        self.warnings.push(warning);
+    }
+
+    /// The configuration of what every family's file says alike: the family's own fields at
+    /// their plainest (no layer kinds, `hidden / heads` per head, default RoPE on both kinds
+    /// of layer, no PLE, experts or KV sharing), which its `raw_config` then sets.
+    pub(crate) fn into_config(self) -> Result<RawConfig> {
+        let m = &self.m;
+        let md = &self.content.metadata;
+        Ok(RawConfig {
+            family: self.family,
+            vocab_size: self.vocab,
+            hidden_size: self.hidden,
+            num_heads: self.heads,
+            num_kv_heads: self.kv.first().copied().unwrap_or(self.heads),
+            head_dim: self.hidden / self.heads.max(1),
+            global_head_dim: None,
+            num_global_kv_heads: None,
+            overrides: self.overrides,
+            layer_types: Vec::new(),
+            num_layers: self.n,
+            sliding_window: self.window,
+            intermediate_size: self.ff,
+            double_wide_mlp: false,
+            k_eq_v: false,
+            num_kv_shared_layers: 0,
+            ple: None,
+            moe: None,
+            rope_sliding: RopeSpec {
+                theta: self.theta_swa,
+                kind: RopeKind::Default,
+            },
+            rope_full: RopeSpec {
+                theta: self.theta_full,
+                kind: RopeKind::Default,
+            },
+            rms_norm_eps: self.eps,
+            final_logit_softcap: m.f64_opt("final_logit_softcapping")?.filter(|c| *c > 0.0),
+            query_pre_attn_scalar: None,
+            max_position_embeddings: m.usize_opt("context_length")?.unwrap_or(0),
+            tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
+            // llama.cpp's converter already added Gemma 3's +1 to the norms.
+            norm_weight_offset: 0.0,
+            bos_token_id: token_id(md, "tokenizer.ggml.bos_token_id"),
+            eos_token_ids: end_ids(md),
+            warnings: self.warnings,
+        })
+    }
 }
 
 pub(crate) fn num(v: &Value) -> Option<f64> {

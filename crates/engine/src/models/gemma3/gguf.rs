@@ -2,102 +2,58 @@
 //! 270M file) and what they cannot (layer types, `query_pre_attn_scalar`), assumed as
 //! llama.cpp assumes it, with a warning.
 
-use crate::checkpoint::config::gguf::{end_ids, num, token_id, GgufHeader, Meta};
+use crate::checkpoint::config::gguf::{num, GgufHeader, Meta};
 use crate::checkpoint::config::resolve::RawConfig;
-use crate::checkpoint::config::{RopeKind, RopeSpec};
+use crate::checkpoint::config::RopeKind;
 use crate::contract::AttentionKind;
 use crate::error::{EngineError, Result};
 use candle_core::quantized::gguf_file::Value;
 
 /// The configuration a Gemma 3 GGUF file describes, from what every family's metadata says
 /// alike (`h`) and Gemma 3's own keys and rules.
-pub(crate) fn raw_config(h: GgufHeader<'_>) -> Result<RawConfig> {
-    let GgufHeader {
-        m,
-        content,
-        family,
-        n,
-        hidden,
-        heads,
-        kv,
-        ff,
-        vocab,
-        window,
-        eps,
-        theta_full,
-        theta_swa,
-        overrides,
-        mut warnings,
-    } = h;
-    Ok({
-        let layer_types = gemma3_layer_types(&m, n, window, &mut warnings)?;
-        let head_dim = m
-            .usize_opt("attention.key_length")?
-            .unwrap_or(hidden / heads.max(1));
-        let full_kind = match content.metadata.get(&m.key("rope.scaling.type")) {
-            Some(Value::String(t)) if t == "linear" => RopeKind::Linear {
-                factor: m.f64_opt("rope.scaling.factor")?.unwrap_or(1.0),
-            },
-            Some(Value::String(t)) if t == "none" => RopeKind::Default,
-            None => RopeKind::Default,
-            Some(other) => {
-                return Err(m.err("rope.scaling.type", &format!("unsupported value {other:?}")))
-            }
-        };
-        // llama.cpp's rule: query_pre_attn_scalar is head_dim, except for the 27B model
-        // (62 layers) where it is hidden/heads. GGUF carries no key for it.
-        let qpas = if n == 62 {
-            warnings.push(
-                "GGUF carries no query_pre_attn_scalar: attention scale 1/√(hidden/heads) \
-                 assumed for the 62-layer Gemma 3 27B, as llama.cpp does"
-                    .into(),
-            );
-            (hidden / heads.max(1)) as f64
-        } else {
-            warnings.push(format!(
-                "GGUF carries no query_pre_attn_scalar: attention scale 1/√head_dim \
-                 (1/√{head_dim}) assumed, as llama.cpp does"
-            ));
-            head_dim as f64
-        };
-        RawConfig {
-            family,
-            vocab_size: vocab,
-            hidden_size: hidden,
-            num_heads: heads,
-            num_kv_heads: kv[0],
-            head_dim,
-            global_head_dim: None,
-            num_global_kv_heads: None,
-            overrides,
-            layer_types,
-            num_layers: n,
-            sliding_window: window,
-            intermediate_size: ff,
-            double_wide_mlp: false,
-            k_eq_v: false,
-            num_kv_shared_layers: 0,
-            ple: None,
-            moe: None,
-            rope_sliding: RopeSpec {
-                theta: theta_swa,
-                kind: RopeKind::Default,
-            },
-            rope_full: RopeSpec {
-                theta: theta_full,
-                kind: full_kind,
-            },
-            rms_norm_eps: eps,
-            final_logit_softcap: m.f64_opt("final_logit_softcapping")?.filter(|c| *c > 0.0),
-            query_pre_attn_scalar: Some(qpas),
-            max_position_embeddings: m.usize_opt("context_length")?.unwrap_or(0),
-            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-            norm_weight_offset: 0.0, // llama.cpp's converter already added Gemma 3's +1
-            bos_token_id: token_id(&content.metadata, "tokenizer.ggml.bos_token_id"),
-            eos_token_ids: end_ids(&content.metadata),
-            warnings,
+pub(crate) fn raw_config(mut h: GgufHeader<'_>) -> Result<RawConfig> {
+    let m = h.meta().clone();
+    let (n, hidden, heads) = (h.layers(), h.hidden(), h.heads());
+    let mut warnings = Vec::new();
+    let layer_types = gemma3_layer_types(&m, n, h.window(), &mut warnings)?;
+    let head_dim = m
+        .usize_opt("attention.key_length")?
+        .unwrap_or(hidden / heads.max(1));
+    let full_kind = match h.content().metadata.get(&m.key("rope.scaling.type")) {
+        Some(Value::String(t)) if t == "linear" => RopeKind::Linear {
+            factor: m.f64_opt("rope.scaling.factor")?.unwrap_or(1.0),
+        },
+        Some(Value::String(t)) if t == "none" => RopeKind::Default,
+        None => RopeKind::Default,
+        Some(other) => {
+            return Err(m.err("rope.scaling.type", &format!("unsupported value {other:?}")))
         }
-    })
+    };
+    // llama.cpp's rule: query_pre_attn_scalar is head_dim, except for the 27B model
+    // (62 layers) where it is hidden/heads. GGUF carries no key for it.
+    let qpas = if n == 62 {
+        warnings.push(
+            "GGUF carries no query_pre_attn_scalar: attention scale 1/√(hidden/heads) \
+             assumed for the 62-layer Gemma 3 27B, as llama.cpp does"
+                .into(),
+        );
+        (hidden / heads.max(1)) as f64
+    } else {
+        warnings.push(format!(
+            "GGUF carries no query_pre_attn_scalar: attention scale 1/√head_dim \
+             (1/√{head_dim}) assumed, as llama.cpp does"
+        ));
+        head_dim as f64
+    };
+    for w in warnings {
+        h.warn(w);
+    }
+    let mut c = h.into_config()?;
+    c.layer_types = layer_types;
+    c.head_dim = head_dim;
+    c.rope_full.kind = full_kind;
+    c.query_pre_attn_scalar = Some(qpas);
+    Ok(c)
 }
 
 /// Gemma 3's layer kinds as llama.cpp's loader reads them: no sliding window means every layer
