@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use kvlab_engine::contract::CompareFidelity;
 use kvlab_engine::contract::Constraint;
 use kvlab_engine::contract::MemoryEstimate;
 use kvlab_engine::contract::SamplingParams;
@@ -24,7 +25,6 @@ use kvlab_engine::contract::{
     CacheChoice, CacheOptions, CachePreset, CacheSelection, FormatOption, LabeledSpec, LayerScope,
     PresetFidelity, ScopedSpecs, SideFormat,
 };
-use kvlab_engine::contract::{CompareEvent, CompareFidelity};
 use kvlab_engine::contract::{FitOption, MemoryFit};
 use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
 use kvlab_engine::contract::{Message, Role, TemplateSource, Tool, ToolCall};
@@ -69,7 +69,6 @@ pub fn typescript() -> String {
         decl::<CachePreset>(&cfg),
         decl::<PresetFidelity>(&cfg),
         decl::<CacheSelection>(&cfg),
-        decl::<CompareEvent>(&cfg),
         decl::<CompareFidelity>(&cfg),
         decl::<CompareRequest>(&cfg),
         decl::<Constraint>(&cfg),

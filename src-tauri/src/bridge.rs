@@ -5,7 +5,6 @@
 //! there), never Tauri's async workers.
 
 use kvlab_engine::contract::CacheSelection;
-use kvlab_engine::contract::CompareEvent;
 use kvlab_engine::contract::DeviceChoice;
 use kvlab_engine::contract::ModelCard;
 use kvlab_engine::contract::{Activity, ConversationId, Event};
@@ -115,7 +114,7 @@ impl EngineBridge {
     pub fn compare(
         &self,
         req: CompareRequest,
-        mut on_event: impl FnMut(CompareEvent) -> bool + Send + 'static,
+        mut on_event: impl FnMut(Event) -> bool + Send + 'static,
     ) -> Res<()> {
         let request = CompareRequest {
             max_tokens: req.max_tokens.max(1),

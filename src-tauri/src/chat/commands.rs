@@ -3,7 +3,6 @@
 //! comparison, stop, and the cache: its menu, its costs, switching a conversation's and
 //! choosing new chats' (the marker goes back to the caller, which draws it on the timeline).
 
-use kvlab_engine::contract::CompareEvent;
 use kvlab_engine::contract::{cache_options as engine_cache_options, CacheOptions, CacheSelection};
 use kvlab_engine::contract::{ContextCost, SwitchEvent};
 use kvlab_engine::contract::{ConversationId, Event};
@@ -46,7 +45,7 @@ pub async fn preview_prompt(state: State<'_, AppState>, prompt: Prompt) -> Res<P
 pub async fn compare(
     state: State<'_, AppState>,
     request: CompareRequest,
-    on_event: Channel<CompareEvent>,
+    on_event: Channel<Event>,
 ) -> Res<()> {
     let engine = state.engine.clone();
     blocking(move || engine.compare(request, move |ev| on_event.send(ev).is_ok())).await

@@ -9,7 +9,6 @@ import type {
   CacheOptions,
   CacheSelection,
   CacheTransfer,
-  CompareEvent,
   CompareRequest,
   ContextCost,
   DefaultModel,
@@ -150,8 +149,8 @@ export const previewPrompt = (prompt: Prompt) => invoke<PromptPreview>("preview_
 
 /** Runs one prompt through two caches; both panes stream, then fidelity. Resolves once the
  * comparison's `finished` or `error` has been received. */
-export const compare = (request: CompareRequest, onEvent: (e: CompareEvent) => void): Promise<void> =>
-  streaming<CompareEvent>(
+export const compare = (request: CompareRequest, onEvent: (e: Event) => void): Promise<void> =>
+  streaming<Event>(
     (channel) => invoke<void>("compare", { request, onEvent: channel }),
     onEvent,
     (e) => e.type === "finished" || e.type === "error",

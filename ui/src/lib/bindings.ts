@@ -145,40 +145,6 @@ code: Code,
  */
 message: string, };
 
-export type CompareEvent = { "type": "pane", 
-/**
- * Which pane.
- */
-pane: number, 
-/**
- * Its event.
- */
-event: Event, } | { "type": "sweep_point", 
-/**
- * Its figures.
- */
-point: SweepPoint, } | { "type": "scoring", 
-/**
- * Token steps run.
- */
-done: number, 
-/**
- * Token steps in all.
- */
-total: number, } | { "type": "finished", 
-/**
- * The scores.
- */
-fidelity: CompareFidelity | null, } | { "type": "error", 
-/**
- * Machine-readable code.
- */
-code: ErrorCode, 
-/**
- * Human-readable message.
- */
-message: string, };
-
 export type CompareFidelity = { 
 /**
  * Mean KL(reference ‖ test) per position, nats.
@@ -424,7 +390,31 @@ code: ErrorCode,
 /**
  * Human-readable message.
  */
-message: string, };
+message: string, } | { "type": "pane", 
+/**
+ * Which pane.
+ */
+pane: number, 
+/**
+ * Its event.
+ */
+event: Event, } | { "type": "sweep_point", 
+/**
+ * Its figures.
+ */
+point: SweepPoint, } | { "type": "scoring", 
+/**
+ * Token steps run.
+ */
+done: number, 
+/**
+ * Token steps in all.
+ */
+total: number, } | { "type": "finished", 
+/**
+ * The scores.
+ */
+fidelity: CompareFidelity | null, };
 
 export type Family = "gemma3" | "gemma4";
 

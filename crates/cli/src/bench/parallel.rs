@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use kvlab_engine::contract::CacheSelection;
-use kvlab_engine::contract::CompareEvent;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{ConversationChoice, ConversationId, Event};
@@ -379,12 +378,13 @@ fn compare_row(
     let ticket = engine.submit(req)?;
     for ev in ticket.events() {
         match ev {
-            CompareEvent::Pane {
-                pane,
-                event: Event::Stats(s),
-            } if pane < 2 => panes[pane] = s.decode_tok_per_s,
-            CompareEvent::Finished { .. } => break,
-            CompareEvent::Error { code, message } => {
+            Event::Pane { pane, event } if pane < 2 => {
+                if let Event::Stats(s) = *event {
+                    panes[pane] = s.decode_tok_per_s;
+                }
+            }
+            Event::Finished { .. } => break,
+            Event::Error { code, message } => {
                 bail!("the comparison failed [{code}]: {message}")
             }
             _ => {}

@@ -9,6 +9,7 @@ use ts_rs::TS;
 
 use super::card::ModelCard;
 use super::code::ErrorCode;
+use super::compare::{CompareFidelity, SweepPoint};
 
 /// One thing that happened in the engine, sent to the sink of the job that caused it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
@@ -66,6 +67,34 @@ pub enum Event {
         code: ErrorCode,
         /// Human-readable message.
         message: String,
+    },
+    /// A comparison's event of pane 0 (reference) or 1 (test): `token`, `thinking`, `stats`,
+    /// `done`.
+    Pane {
+        /// Which pane.
+        pane: usize,
+        /// Its event.
+        event: Box<Event>,
+    },
+    /// One cache of a comparison's sweep, scored on the reference's tokens (after the panes'
+    /// fidelity, before `finished`).
+    SweepPoint {
+        /// Its figures.
+        point: SweepPoint,
+    },
+    /// Progress of a comparison's teacher-forced scoring after the panes: `done` of `total`
+    /// token steps (the reference's tokens, once per group of caches scored together).
+    Scoring {
+        /// Token steps run.
+        done: usize,
+        /// Token steps in all.
+        total: usize,
+    },
+    /// Both panes of a comparison are done; fidelity is absent when cancelled or nothing was
+    /// generated. Every comparison ends with exactly one `finished` or `error`.
+    Finished {
+        /// The scores.
+        fidelity: Option<CompareFidelity>,
     },
 }
 

@@ -10,11 +10,13 @@
 
 mod card;
 mod code;
+mod compare;
 mod conversation;
 mod events;
 
 pub use card::*;
 pub use code::ErrorCode;
+pub use compare::*;
 pub use conversation::*;
 pub use events::*;
 
@@ -31,12 +33,9 @@ pub use crate::checkpoint::weights::WeightsChoice;
 pub use crate::checkpoint::weights::WEIGHTS_CHOICES;
 pub use crate::constrain::Constraint;
 pub use crate::device::DeviceChoice;
-pub use crate::generate::compare::CompareEvent;
-pub use crate::generate::compare::CompareFidelity;
 pub use crate::generate::sampling::SamplingParams;
 pub use crate::generate::session::REWIND_MARGIN;
 pub use crate::generate::stop::MAX_STOPS;
-pub use crate::generate::sweep::SweepPoint;
 pub use crate::generate::Prompt;
 pub use crate::generate::PromptPreview;
 pub use crate::generate::StopToken;

@@ -15,10 +15,10 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::contract::{ErrorCode, Event};
+use crate::contract::{CompareFidelity, Event};
 use crate::generate::fidelity::{FidelityReport, Lockstep};
 use crate::generate::sampling::SamplingParams;
-use crate::generate::sweep::{self, SweepPoint};
+use crate::generate::sweep;
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
 use crate::kv::{CacheSelection, CacheSpec, KvCache, PrecisionPolicy};
 use crate::memory::estimate_kv_bytes;
@@ -70,65 +70,6 @@ impl CompareRequest {
     fn policies(&self) -> Result<[PrecisionPolicy; 2], GenerateError> {
         Ok([self.caches[0].policy()?, self.caches[1].policy()?])
     }
-}
-
-/// Fidelity of the tested cache against the reference, and both caches' bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
-pub struct CompareFidelity {
-    /// Mean KL(reference ‖ test) per position, nats.
-    pub mean_kld: f64,
-    /// Largest per-position KL.
-    pub max_kld: f64,
-    /// Fraction of positions whose top token agrees.
-    pub top1_agreement: f64,
-    /// Positions scored.
-    pub tokens_scored: usize,
-    /// Perplexity of the reference's tokens under the test cache.
-    pub ppl: f64,
-    /// Perplexity under the reference cache.
-    pub ppl_reference: f64,
-    /// KV bytes each pane's cache held at its end.
-    pub kv_bytes: [u64; 2],
-}
-
-/// One thing a comparison reports. Every comparison ends with exactly one `finished` or
-/// `error`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum CompareEvent {
-    /// An event of pane 0 (reference) or 1 (test): `token`, `thinking`, `stats`, `done`.
-    Pane {
-        /// Which pane.
-        pane: usize,
-        /// Its event.
-        event: Event,
-    },
-    /// One cache of the request's sweep, scored on the reference's tokens (after the panes'
-    /// fidelity, before `finished`).
-    SweepPoint {
-        /// Its figures.
-        point: SweepPoint,
-    },
-    /// Progress of the teacher-forced scoring after the panes: `done` of `total` token steps
-    /// (the reference's tokens, once per group of caches scored together).
-    Scoring {
-        /// Token steps run.
-        done: usize,
-        /// Token steps in all.
-        total: usize,
-    },
-    /// Both panes are done; fidelity is absent when cancelled or nothing was generated.
-    Finished {
-        /// The scores.
-        fidelity: Option<CompareFidelity>,
-    },
-    /// The comparison failed; the engine is still usable.
-    Error {
-        /// Machine-readable code.
-        code: ErrorCode,
-        /// Human-readable message.
-        message: String,
-    },
 }
 
 /// What a comparison runs next ([`CompareRun::next`]).
@@ -259,7 +200,7 @@ impl CompareRun {
         cancelled: bool,
         limit: Option<usize>,
         kv_room: &mut dyn FnMut() -> u64,
-        emit: &mut dyn FnMut(CompareEvent),
+        emit: &mut dyn FnMut(Event),
     ) -> Result<CompareNext, GenerateError> {
         if !self.panes.iter().any(|p| p.seq.is_some()) {
             return self.step_scoring(model, cancelled, emit);
@@ -287,7 +228,12 @@ impl CompareRun {
                 continue;
             };
             let index = pane.index;
-            let mut pane_emit = |event| emit(CompareEvent::Pane { pane: index, event });
+            let mut pane_emit = |event: Event| {
+                emit(Event::Pane {
+                    pane: index,
+                    event: Box::new(event),
+                })
+            };
             if let Some(id) = seq.sample(tokenizer, cancelled, cache.seq_len(), &mut pane_emit)? {
                 runs.push((index, vec![id]));
             }
@@ -348,7 +294,7 @@ impl CompareRun {
         tokenizer: &GemmaTokenizer,
         cancelled: bool,
         kv_room: &mut dyn FnMut() -> u64,
-        emit: &mut dyn FnMut(CompareEvent),
+        emit: &mut dyn FnMut(Event),
     ) -> Result<CompareNext, GenerateError> {
         for pane in &mut self.panes {
             let (Some(seq), Some(cache)) = (pane.seq.take(), pane.cache.take()) else {
@@ -360,7 +306,12 @@ impl CompareRun {
             let memory = cache.memory();
             self.kv_bytes[pane.index] = memory.total.0 as u64;
             let index = pane.index;
-            let mut pane_emit = |event| emit(CompareEvent::Pane { pane: index, event });
+            let mut pane_emit = |event: Event| {
+                emit(Event::Pane {
+                    pane: index,
+                    event: Box::new(event),
+                })
+            };
             seq.finish(
                 tokenizer,
                 cache.seq_len(),
@@ -390,7 +341,7 @@ impl CompareRun {
         &mut self,
         model: &Model,
         cancelled: bool,
-        emit: &mut dyn FnMut(CompareEvent),
+        emit: &mut dyn FnMut(Event),
     ) -> Result<CompareNext, GenerateError> {
         if cancelled {
             return Ok(CompareNext::Finished(None));
@@ -414,7 +365,7 @@ impl CompareRun {
         };
         run.step(model)?;
         let len = self.reference.len();
-        emit(CompareEvent::Scoring {
+        emit(Event::Scoring {
             done: self.batch * len + run.tokens_run(),
             total: self.batches.len() * len,
         });
@@ -433,7 +384,7 @@ impl CompareRun {
             };
             let bits = sweep::bits_per_coordinate(model, &self.tests[i], len)?;
             let point = sweep::point(self.sweep[s].to_string(), bits, &report);
-            emit(CompareEvent::SweepPoint { point });
+            emit(Event::SweepPoint { point });
         }
         self.batch += 1;
         if self.batch < self.batches.len() {
@@ -459,6 +410,7 @@ impl CompareRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::ErrorCode;
     use crate::kv::KvPrecision;
     use serde_json::json;
 
@@ -484,19 +436,19 @@ mod tests {
         };
         assert!(matches!(bad.policies(), Err(GenerateError::Engine(_))));
         assert_eq!(
-            serde_json::to_value(CompareEvent::Pane {
+            serde_json::to_value(Event::Pane {
                 pane: 1,
-                event: Event::Token { text: "hi".into() }
+                event: Box::new(Event::Token { text: "hi".into() })
             })
             .unwrap(),
             json!({"type": "pane", "pane": 1, "event": {"type": "token", "text": "hi"}})
         );
         assert_eq!(
-            serde_json::to_value(CompareEvent::Finished { fidelity: None }).unwrap(),
+            serde_json::to_value(Event::Finished { fidelity: None }).unwrap(),
             json!({"type": "finished", "fidelity": null})
         );
         assert_eq!(
-            serde_json::to_value(CompareEvent::Error {
+            serde_json::to_value(Event::Error {
                 code: ErrorCode::Busy,
                 message: "m".into()
             })

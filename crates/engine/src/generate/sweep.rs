@@ -5,35 +5,12 @@
 
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
-use ts_rs::TS;
-
+use crate::contract::SweepPoint;
 use crate::error::Result;
 use crate::generate::fidelity::FidelityReport;
 use crate::kv::{KvPrecision, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, estimate_kv_bytes_at_once};
 use crate::models::common::Model;
-
-/// One cache's point of a sweep.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
-pub struct SweepPoint {
-    /// The cache (its canonical SPEC, or a label for a per-layer policy).
-    pub kv: String,
-    /// Bits per coordinate as held at the scored context (32 × bytes / f32 bytes).
-    pub bits_per_coordinate: f64,
-    /// Mean KL(reference ‖ cache) per scored position, nats.
-    pub mean_kld: f64,
-    /// The 99th percentile of the per-position KL divergence.
-    pub p99_kld: f64,
-    /// Fraction of positions whose top token agrees with the reference's.
-    pub top1_agreement: f64,
-    /// Perplexity of the text under this cache.
-    pub ppl: f64,
-    /// Perplexity under the reference cache.
-    pub ppl_reference: f64,
-    /// Positions scored.
-    pub tokens_scored: usize,
-}
 
 /// Bits per coordinate `policy` holds at `tokens` tokens once calibrated (as a comparison's
 /// caches are, `Lockstep::calibrating_on_first_chunk`, and any cache past the model's

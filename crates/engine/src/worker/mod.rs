@@ -50,7 +50,7 @@ use crate::checkpoint::LoadOptions;
 use crate::contract::ModelCard;
 use crate::contract::{Activity, ErrorCode, Event};
 use crate::contract::{ConversationId, ConversationInfo, SavedCache};
-use crate::generate::compare::CompareEvent;
+
 use crate::generate::session::REWIND_MARGIN;
 use crate::generate::{self, Prompt, PromptPreview};
 use crate::kv::{CacheSelection, PrecisionPolicy};
@@ -64,7 +64,7 @@ use crate::tokenizer::GemmaTokenizer;
 pub type EventSink = Box<dyn FnMut(Event) + Send + 'static>;
 
 /// Where a comparison's events go (on the engine thread, like [`EventSink`]).
-pub type CompareSink = Box<dyn FnMut(CompareEvent) + Send + 'static>;
+pub type CompareSink = Box<dyn FnMut(Event) + Send + 'static>;
 
 /// A shared flag that stops a running job before its next step (or download chunk).
 #[derive(Debug, Clone, Default)]

@@ -21,7 +21,7 @@ use crate::contract::ModelCard;
 use crate::contract::{Activity, DoneReason, ErrorCode, Event};
 use crate::contract::{ConversationChoice, ConversationId, MarkerKind};
 use crate::conversations::{Host, Need, Pool, PoolSettings, Purpose, SpillDir};
-use crate::generate::compare::{CompareEvent, CompareRun};
+use crate::generate::compare::CompareRun;
 use crate::generate::Turn;
 use crate::kv::PrecisionPolicy;
 use crate::memory::{RssProbe, SwitchEvent};
@@ -73,7 +73,7 @@ impl Task {
         );
         match self {
             Task::Turn { .. } => Ended::Turn(Some(e.to_event())),
-            Task::Compare { .. } => Ended::Compare(CompareEvent::Error {
+            Task::Compare { .. } => Ended::Compare(Event::Error {
                 code: e.code,
                 message: e.message,
             }),
@@ -259,7 +259,7 @@ impl Worker {
                     let _ = catch_unwind(AssertUnwindSafe(|| sink(ev)));
                 }
                 Task::Compare { mut sink, .. } => {
-                    let ev = CompareEvent::Error {
+                    let ev = Event::Error {
                         code: error.code,
                         message: error.message.clone(),
                     };
@@ -321,7 +321,7 @@ impl Worker {
                     self.pool.set_busy(&id, false);
                     sink(never_ran());
                 }
-                Task::Compare { mut sink, .. } => sink(CompareEvent::Error {
+                Task::Compare { mut sink, .. } => sink(Event::Error {
                     code: ErrorCode::Cancelled,
                     message: "the engine stopped".into(),
                 }),
@@ -335,7 +335,7 @@ impl Worker {
                 }
                 Job::Compare(mut q) => {
                     q.slot.start();
-                    (q.job.sink)(CompareEvent::Error {
+                    (q.job.sink)(Event::Error {
                         code: ErrorCode::Cancelled,
                         message: "the engine stopped".into(),
                     });
@@ -409,7 +409,7 @@ impl Worker {
                 Job::Compare(q) if q.cancel.is_cancelled() => {
                     if q.slot.start() {
                         let mut sink = q.job.sink;
-                        sink(CompareEvent::Error {
+                        sink(Event::Error {
                             code: ErrorCode::Cancelled,
                             message: "cancelled before it started".into(),
                         });
@@ -641,7 +641,7 @@ impl Worker {
 /// How a request ended: the last event to send once the status is current.
 pub(super) enum Ended {
     Turn(Option<Event>),
-    Compare(CompareEvent),
+    Compare(Event),
 }
 
 /// The conversation a request names, if it names one.

@@ -8,9 +8,9 @@ use super::error::JobError;
 use super::lock;
 use super::submit::{CompareJob, GenerateJob, Queued};
 use crate::constrain::Guide;
-use crate::contract::{CacheOrigin, ConversationChoice, ConversationId};
+use crate::contract::{CacheOrigin, ConversationChoice, ConversationId, Event};
 use crate::conversations::{Need, Purpose, TurnAsk};
-use crate::generate::compare::{CompareEvent, CompareRun};
+use crate::generate::compare::CompareRun;
 use crate::generate::Turn;
 use crate::kv::PrecisionPolicy;
 use crate::tokenizer::GemmaTokenizer;
@@ -173,7 +173,7 @@ impl Worker {
                 cancel,
                 reserved,
             }),
-            Err(e) => sink(CompareEvent::Error {
+            Err(e) => sink(Event::Error {
                 code: e.code,
                 message: e.message,
             }),

@@ -11,7 +11,7 @@ use super::error::JobError;
 use super::lock;
 use super::run::{panic_message, Ended, Task, Worker};
 use crate::contract::{ErrorCode, Event};
-use crate::generate::compare::{CompareEvent, CompareNext};
+use crate::generate::compare::CompareNext;
 use crate::generate::{GenerateError, Next};
 use crate::models::common::{BatchItem, Logits};
 
@@ -148,7 +148,7 @@ impl Worker {
                         Ok(CompareNext::Run(runs)) => Planned::Run(runs),
                         Ok(CompareNext::Working) => Planned::Wait,
                         Ok(CompareNext::Finished(fidelity)) => {
-                            ended(Ended::Compare(CompareEvent::Finished { fidelity }), false)
+                            ended(Ended::Compare(Event::Finished { fidelity }), false)
                         }
                         Err(e) => ended(compare_error(e), false),
                     }
@@ -311,7 +311,7 @@ fn turn_error(e: GenerateError) -> Ended {
 /// A comparison's step error as its last event.
 fn compare_error(e: GenerateError) -> Ended {
     let e = JobError::from(e);
-    Ended::Compare(CompareEvent::Error {
+    Ended::Compare(Event::Error {
         code: e.code,
         message: e.message,
     })

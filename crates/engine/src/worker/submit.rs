@@ -14,9 +14,10 @@ use std::time::Instant;
 use super::places::{client_of, PlaceGuard};
 use super::{lock, CancelToken, EngineHandle, Job, JobError, LoadRequest, Shared};
 use crate::constrain::Guide;
+use crate::contract::CompareFidelity;
 use crate::contract::Event;
 use crate::contract::ModelCard;
-use crate::generate::compare::{CompareEvent, CompareFidelity, CompareRequest};
+use crate::generate::compare::CompareRequest;
 use crate::generate::{self, GenerateError, GenerateRequest, Prompt};
 use crate::tokenizer::GemmaTokenizer;
 
@@ -252,19 +253,19 @@ impl Submission for GenerateRequest {
 }
 
 impl Submission for CompareRequest {
-    type Event = CompareEvent;
+    type Event = Event;
     /// The tested cache's fidelity (absent when cancelled or nothing was generated).
     type Output = Option<CompareFidelity>;
 
-    fn end(event: &CompareEvent) -> Option<Result<Option<CompareFidelity>, JobError>> {
+    fn end(event: &Event) -> Option<Result<Option<CompareFidelity>, JobError>> {
         match event {
-            CompareEvent::Finished { fidelity } => Some(Ok(fidelity.clone())),
-            CompareEvent::Error { code, message } => Some(Err(JobError::new(*code, message))),
+            Event::Finished { fidelity } => Some(Ok(fidelity.clone())),
+            Event::Error { code, message } => Some(Err(JobError::new(*code, message))),
             _ => None,
         }
     }
 
-    fn with_sink(self, sink: Box<dyn FnMut(CompareEvent) + Send>) -> Request {
+    fn with_sink(self, sink: Box<dyn FnMut(Event) + Send>) -> Request {
         Request::Compare(self, sink)
     }
 }

@@ -10,11 +10,11 @@ use crate::common;
 use std::path::{Path, PathBuf};
 
 use kvlab_engine::contract::CacheSelection;
+use kvlab_engine::contract::CompareFidelity;
 use kvlab_engine::contract::Family;
 use kvlab_engine::contract::Message;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
-use kvlab_engine::contract::{CompareEvent, CompareFidelity};
 use kvlab_engine::contract::{ConversationId, DoneReason, ErrorCode, Event, GenStats};
 use kvlab_engine::host::RssProbe;
 use kvlab_engine::lab::plain_transcript;
@@ -71,11 +71,7 @@ fn golden_ids() -> Vec<u32> {
 }
 
 /// Everything one comparison sent, until `finished` or `error`.
-fn compare(
-    engine: &EngineHandle,
-    policies: [PrecisionPolicy; 2],
-    ids: &[u32],
-) -> Vec<CompareEvent> {
+fn compare(engine: &EngineHandle, policies: [PrecisionPolicy; 2], ids: &[u32]) -> Vec<Event> {
     compare_sweeping(engine, policies, ids, Vec::new())
 }
 
@@ -85,7 +81,7 @@ fn compare_sweeping(
     policies: [PrecisionPolicy; 2],
     ids: &[u32],
     sweep: Vec<CacheSpec>,
-) -> Vec<CompareEvent> {
+) -> Vec<Event> {
     let request = CompareRequest {
         prompt: Prompt::Ids { ids: ids.to_vec() },
         sampling: SamplingParams::greedy(),
@@ -102,7 +98,7 @@ fn compare_sweeping(
         Ok(rx) => rx,
         // Refused as submitted: the one error, as an event.
         Err(e) => {
-            return vec![CompareEvent::Error {
+            return vec![Event::Error {
                 code: e.code,
                 message: e.message,
             }]
@@ -110,10 +106,7 @@ fn compare_sweeping(
     };
     let mut events = Vec::new();
     for ev in rx.events() {
-        let end = matches!(
-            ev,
-            CompareEvent::Finished { .. } | CompareEvent::Error { .. }
-        );
+        let end = matches!(ev, Event::Finished { .. } | Event::Error { .. });
         events.push(ev);
         if end {
             break;
@@ -122,35 +115,35 @@ fn compare_sweeping(
     events
 }
 
-fn pane_done(events: &[CompareEvent], pane: usize) -> (DoneReason, Vec<u32>) {
+fn pane_done(events: &[Event], pane: usize) -> (DoneReason, Vec<u32>) {
     events
         .iter()
         .find_map(|e| match e {
-            CompareEvent::Pane {
-                pane: p,
-                event: Event::Done { reason, token_ids },
-            } if *p == pane => Some((*reason, token_ids.clone())),
+            Event::Pane { pane: p, event } if *p == pane => match &**event {
+                Event::Done { reason, token_ids } => Some((*reason, token_ids.clone())),
+                _ => None,
+            },
             _ => None,
         })
         .expect("pane done")
 }
 
-fn pane_stats(events: &[CompareEvent], pane: usize) -> GenStats {
+fn pane_stats(events: &[Event], pane: usize) -> GenStats {
     events
         .iter()
         .find_map(|e| match e {
-            CompareEvent::Pane {
-                pane: p,
-                event: Event::Stats(s),
-            } if *p == pane => Some(s.clone()),
+            Event::Pane { pane: p, event } if *p == pane => match &**event {
+                Event::Stats(s) => Some(s.clone()),
+                _ => None,
+            },
             _ => None,
         })
         .expect("pane stats")
 }
 
-fn fidelity(events: &[CompareEvent]) -> CompareFidelity {
+fn fidelity(events: &[Event]) -> CompareFidelity {
     match events.last() {
-        Some(CompareEvent::Finished { fidelity: Some(f) }) => f.clone(),
+        Some(Event::Finished { fidelity: Some(f) }) => f.clone(),
         other => panic!("comparison did not finish with fidelity: {other:?}"),
     }
 }
@@ -175,7 +168,7 @@ fn both_panes_stream_in_lockstep_and_equal_policies_score_exactly() {
         events
             .iter()
             .enumerate()
-            .filter(|(_, e)| matches!(e, CompareEvent::Pane { pane: p, event: Event::Token { .. } } if *p == pane))
+            .filter(|(_, e)| matches!(e, Event::Pane { pane: p, event } if *p == pane && matches!(**event, Event::Token { .. })))
             .map(|(i, _)| i)
             .collect::<Vec<_>>()
     };
@@ -222,7 +215,7 @@ fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
     let points: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
-            CompareEvent::SweepPoint { point } => Some(point.clone()),
+            Event::SweepPoint { point } => Some(point.clone()),
             _ => None,
         })
         .collect();
@@ -244,7 +237,7 @@ fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
     let scoring: Vec<(usize, usize)> = events
         .iter()
         .filter_map(|e| match e {
-            CompareEvent::Scoring { done, total } => Some((*done, *total)),
+            Event::Scoring { done, total } => Some((*done, *total)),
             _ => None,
         })
         .collect();
@@ -253,10 +246,10 @@ fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
     assert!(scoring.windows(2).all(|w| w[0].0 < w[1].0));
     let last_progress = events
         .iter()
-        .rposition(|e| matches!(e, CompareEvent::Scoring { .. }));
+        .rposition(|e| matches!(e, Event::Scoring { .. }));
     let first_point = events
         .iter()
-        .position(|e| matches!(e, CompareEvent::SweepPoint { .. }));
+        .position(|e| matches!(e, Event::SweepPoint { .. }));
     assert!(
         last_progress < first_point,
         "{last_progress:?} {first_point:?}"
@@ -270,7 +263,7 @@ fn compare_without_a_model_is_a_coded_error() {
     assert!(
         matches!(
             events.as_slice(),
-            [CompareEvent::Error {
+            [Event::Error {
                 code: ErrorCode::NoModel,
                 ..
             }]

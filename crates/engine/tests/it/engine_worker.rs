@@ -727,7 +727,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
         .expect("send");
     let last = refused.events().last().expect("an answer");
     match last {
-        kvlab_engine::contract::CompareEvent::Error { code, message } => {
+        kvlab_engine::contract::Event::Error { code, message } => {
             let _ = std::io::stderr().lock().write_all(
                 format!(
                     "{}\n",

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use kvlab_engine::contract::presets;
 use kvlab_engine::contract::CacheSelection;
-use kvlab_engine::contract::CompareEvent;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::{DoneReason, ErrorCode, Event};
@@ -143,16 +142,17 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
     let mut seen = 0;
     loop {
         match rx.recv_timeout(Duration::from_secs(60)).expect("compare") {
-            CompareEvent::Pane { .. } => {
+            Event::Pane { .. } => {
                 seen += 1;
                 if seen == rounds {
                     cancel.cancel();
                 }
             }
-            CompareEvent::Finished { .. } => break,
-            CompareEvent::Scoring { .. } => {}
-            CompareEvent::SweepPoint { .. } => panic!("no sweep was asked for"),
-            CompareEvent::Error { code, message } => panic!("compare failed: {code} {message}"),
+            Event::Finished { .. } => break,
+            Event::Scoring { .. } => {}
+            Event::SweepPoint { .. } => panic!("no sweep was asked for"),
+            Event::Error { code, message } => panic!("compare failed: {code} {message}"),
+            other => panic!("not a comparison's event: {other:?}"),
         }
     }
     assert_closed(&rx, "compare");
@@ -266,14 +266,15 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                     let rx2 = engine.submit(req).expect("send");
                     loop {
                         match rx2.recv_timeout(Duration::from_secs(60)).expect("reply") {
-                            CompareEvent::Error { code, .. } => {
+                            Event::Error { code, .. } => {
                                 assert_eq!(code, ErrorCode::Busy);
                                 break;
                             }
-                            CompareEvent::Finished { .. } => break,
-                            CompareEvent::Pane { .. }
-                            | CompareEvent::SweepPoint { .. }
-                            | CompareEvent::Scoring { .. } => {}
+                            Event::Finished { .. } => break,
+                            Event::Pane { .. }
+                            | Event::SweepPoint { .. }
+                            | Event::Scoring { .. } => {}
+                            other => panic!("not a comparison's event: {other:?}"),
                         }
                     }
                     assert_closed(&rx2, "busy compare");
