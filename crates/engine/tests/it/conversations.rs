@@ -679,6 +679,67 @@ fn the_engine_is_the_one_store_of_cache_files() {
     }
     assert!(e.saved_caches().expect("list").is_empty());
     assert!(!new.path.exists() && planted.exists());
+    hostile("saved cache the engine did not write, dropped 3x -> left_in_place".into());
     assert!(info(e, "s-new").tokens > 0, "its memory stays");
     ok_turn(e, "s-new", &prompt(3), 2);
+}
+
+/// A cache selection that names no cache, at every entry point that takes one (a load, a
+/// switch, the default for new conversations), is refused with `invalid_request` before any job
+/// runs, twenty times over; the conversation keeps its cache and its policy, the default stays,
+/// no conversation appears, and the next turn answers as before.
+#[test]
+fn hostile_a_bad_cache_selection_is_refused_at_every_entry_point_and_changes_nothing() {
+    let lab = lab("tq4@all");
+    let e = &lab.engine;
+    let (a1, _) = ok_turn(e, "a", &prompt(1), 4);
+    let before = info(e, "a");
+    let bad = [
+        "tq9",
+        "q4_0+nocenter+sink@middle",
+        "",
+        "f16@all@all",
+        "k4v",
+        "tq4+seed=99999999999999999999999",
+    ];
+    for round in 0..20 {
+        let spec = bad[round % bad.len()];
+        let sel = CacheSelection::Spec(spec.into());
+        let switch = e.switch_cache(&id("a"), &sel).expect_err("a bad switch");
+        let default = e.set_default_cache(&sel).expect_err("a bad default");
+        let load = e
+            .submit(LoadRequest {
+                cache: sel.clone(),
+                ..LoadRequest::new(ModelSource::Local {
+                    path: common::fixture("tiny_gemma3").join("model.safetensors"),
+                })
+            })
+            .err()
+            .expect("a bad load is refused at submit");
+        for err in [&switch, &default, &load] {
+            assert_eq!(
+                err.code,
+                ErrorCode::InvalidRequest,
+                "{spec:?}: {}",
+                err.message
+            );
+        }
+    }
+    for what in ["cache switch", "default cache", "model load"] {
+        hostile(format!(
+            "{what} to a SPEC that names no cache, 20x -> invalid_request"
+        ));
+    }
+    let after = info(e, "a");
+    assert_eq!((after.tokens, after.bytes), (before.tokens, before.bytes));
+    assert_eq!(
+        e.status().conversations.len(),
+        1,
+        "no conversation appeared"
+    );
+    // The default is still tq4@all: a new conversation holds it.
+    ok_turn(e, "b", &prompt(2), 2);
+    assert_eq!(info(e, "b").spec, info(e, "a").spec);
+    let (a2, _) = ok_turn(e, "a", &next(&prompt(1), &a1), 4);
+    assert_eq!(a2.len(), 4);
 }
