@@ -22,6 +22,7 @@ mod hub_download;
 mod hub_gguf;
 mod isq;
 mod isq_real;
+mod kv_layers;
 mod kv_persist;
 mod kv_turboquant;
 mod loading_errors;
