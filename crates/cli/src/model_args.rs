@@ -183,11 +183,10 @@ pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
     Ok(out)
 }
 
-/// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …) into a cache policy.
+/// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …, or with layers of their own:
+/// `tq3@all,0-1=q8_0`) into a cache policy.
 pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {
-    Ok(CacheSpec::parse(spec)
-        .with_context(|| format!("bad --kv `{spec}`"))?
-        .to_policy())
+    kvlab_engine::lab::parse_policy(spec).with_context(|| format!("bad --kv `{spec}`"))
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ pub use crate::generate::sweep::bits_per_coordinate;
 pub use crate::generate::sweep::lockstep_batches;
 pub use crate::generate::sweep::quantile;
 pub use crate::kv::new_storage;
+pub use crate::kv::parse_policy;
 pub use crate::kv::persist::peek as peek_cache_file;
 pub use crate::kv::persist::weights_identity;
 pub use crate::kv::AttendSpec;

@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 use crate::contract::{ConversationId, ErrorCode, SavedCache};
 use crate::error::{EngineError, Result};
 use crate::generate::session::Session;
-use crate::kv::{CacheSpec, PrecisionPolicy};
+use crate::kv::PrecisionPolicy;
 use crate::models::common::Model;
 
 /// The extension of cache files.
@@ -162,7 +162,7 @@ impl SpillDir {
     pub fn peek(&self, id: &ConversationId) -> Option<FileInfo> {
         let path = self.path(id);
         let header = crate::kv::persist::peek(&path).ok()?;
-        let policy = CacheSpec::parse(&header.spec).ok()?.to_policy();
+        let policy = crate::kv::parse_policy(&header.spec).ok()?;
         Some(FileInfo {
             policy,
             tokens: header.seq_len,

@@ -150,9 +150,8 @@ impl Session {
         identity: &str,
     ) -> Result<crate::kv::persist::CacheHeader> {
         let spec = crate::kv::persist::peek(path)?.spec;
-        let policy = crate::kv::CacheSpec::parse(&spec)
-            .map_err(|e| crate::kv::wire::corrupt(format!("the cache's SPEC `{spec}`: {e}")))?
-            .to_policy();
+        let policy = crate::kv::parse_policy(&spec)
+            .map_err(|e| crate::kv::wire::corrupt(format!("the cache's SPEC `{spec}`: {e}")))?;
         if policy.spec_string() != spec {
             return Err(crate::kv::wire::corrupt(format!(
                 "the cache's SPEC `{spec}` is not canonical"

@@ -28,7 +28,7 @@ pub use spec::presets::{
     cache_options, presets, suggested_policy, CacheChoice, CacheOptions, CachePreset,
     CacheSelection, FormatOption, LabeledSpec, PresetFidelity, ScopedSpecs,
 };
-pub use spec::{CacheSpec, LayerScope};
+pub use spec::{parse_policy, CacheSpec, LayerScope};
 pub use split::{SplitStorage, SEGMENT_TOKENS};
 pub use storage::{AttendSpec, KvStorage, StorageShape, StorageTraffic};
 pub use switch::ConvertPlan;

@@ -10,7 +10,7 @@ use crate::contract::ErrorCode;
 use crate::contract::{ConversationId, MarkerKind};
 use crate::conversations::{Need, Purpose};
 use crate::generate::session::Session;
-use crate::kv::{CacheSpec, KvMemoryReport, PrecisionPolicy};
+use crate::kv::{KvMemoryReport, PrecisionPolicy};
 use crate::memory::{estimate_kv_bytes, SwitchEvent};
 
 use super::run::{named, Task, Worker};
@@ -290,8 +290,7 @@ impl Worker {
         let path = self.cache_path(conversation, path)?;
         let identity = self.identity()?;
         let header = crate::kv::persist::peek(&path)?;
-        let policy = CacheSpec::parse(&header.spec)
-            .map(|s| s.to_policy())
+        let policy = crate::kv::parse_policy(&header.spec)
             .map_err(|e| JobError::new(ErrorCode::CacheCorrupt, e.to_string()))?;
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         let needed = estimate_kv_bytes(

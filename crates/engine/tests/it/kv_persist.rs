@@ -12,11 +12,13 @@ use std::io::Write as _;
 
 use kvlab_engine::contract::ErrorCode;
 use kvlab_engine::lab::weights_identity;
-use kvlab_engine::lab::{CacheSpec, KvLayout};
+use kvlab_engine::lab::KvLayout;
 use kvlab_engine::lab::{Logits, Model, PrecisionPolicy, Session};
 use kvlab_engine::LoadOptions;
 
-const SPECS: [&str; 8] = [
+const SPECS: [&str; 9] = [
+    // Layers of their own formats (per-layer SPEC): a saved file names them all.
+    "tq4@all,0=f32,2-3=k4v3+qw,5=bf16",
     "f32",
     "f16",
     "bf16",
@@ -30,7 +32,7 @@ const SPECS: [&str; 8] = [
 const MARGIN: usize = 4;
 
 fn policy(s: &str) -> PrecisionPolicy {
-    CacheSpec::parse(s).expect("spec").to_policy()
+    kvlab_engine::lab::parse_policy(s).expect("spec")
 }
 
 fn prompt(n: usize, seed: u64) -> Vec<u32> {
@@ -80,6 +82,15 @@ fn a_restored_cache_gives_the_logits_of_the_cache_it_was_saved_from() {
             let file = dir.path().join(format!("{name}-{spec}.kvc"));
             let bytes = saved.save_cache(&file, &identity).expect("save");
             assert_eq!(bytes, std::fs::metadata(&file).expect("file").len());
+            // The file names its cache by its canonical SPEC, per-layer parts included, and
+            // a restore in the precision it was saved in reads that SPEC back.
+            let header = kvlab_engine::lab::peek_cache_file(&file).expect("peek");
+            assert_eq!(header.spec, policy(spec).spec_string(), "{name} {spec}");
+            let mut as_saved = Session::new(&model, &PrecisionPolicy::default()).expect("session");
+            as_saved
+                .restore_cache_as_saved(&model, &file, &identity)
+                .expect("restore as saved");
+            assert_eq!(as_saved.policy(), saved.policy(), "{name} {spec}");
 
             let mut restored = Session::new(&model, &policy(spec)).expect("session");
             let header = restored

@@ -47,7 +47,10 @@
 //! Examples: `tq4` (4-bit K and V on full-attention layers), `tq3.5@all`, `k4v3`,
 //! `k3.5v2.5@all`, `k4vf16`, `tq4+prod`, `tq3+nc`, `tq3+haar+seed=7`.
 
+pub(crate) mod layers;
 pub mod presets;
+
+pub use layers::parse_policy;
 
 use std::fmt;
 use std::str::FromStr;

@@ -79,9 +79,13 @@ impl CacheSelection {
         }
     }
 
-    /// The policy selected.
+    /// The policy selected: a SPEC string may give layers their own formats
+    /// (`tq3@all,0-1=q8_0`, [`super::parse_policy`]).
     pub fn policy(&self) -> Result<PrecisionPolicy> {
-        Ok(self.spec()?.to_policy())
+        match self {
+            CacheSelection::Spec(s) => super::parse_policy(s),
+            CacheSelection::Choice(c) => Ok(c.spec()?.to_policy()),
+        }
     }
 }
 
@@ -325,12 +329,13 @@ pub fn suggested_policy() -> PrecisionPolicy {
 }
 
 impl PrecisionPolicy {
-    /// The policy as the SPEC that stands for it, in canonical form; a policy no SPEC can
-    /// express (per-layer overrides, two different non-f16 kinds) reads
-    /// `full <p> · sliding <p>`.
+    /// The policy as the SPEC that stands for it, in canonical form (per-layer overrides as
+    /// `,LAYERS=FORMAT` parts, `kv::spec::layers`); a policy no SPEC can express (two
+    /// different non-f16 kinds) reads `full <p> · sliding <p>`.
     pub fn spec_string(&self) -> String {
         self.to_spec()
             .map(|s| s.to_string())
+            .or_else(|| super::layers::policy_spec(self))
             .unwrap_or_else(|| format!("full {} · sliding {}", self.full, self.sliding))
     }
 
