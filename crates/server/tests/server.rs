@@ -76,6 +76,21 @@ fn answers_whole_and_streamed_agree_and_carry_the_caches_bytes() {
     assert_eq!(f32["usage"]["kv_bytes"].as_u64(), Some(2 * f16_bytes));
     assert_eq!(f32["choices"][0]["message"]["content"], content.as_str());
 
+    // Layers of their own formats: two of the six in f32, the rest f16. It says its SPEC
+    // canonically and holds more than f16 and less than f32 everywhere.
+    let layered = post(
+        server.addr,
+        "/v1/chat/completions",
+        chat(json!({"kv_cache": "F16, 1=f32, 0=f32"})),
+    )
+    .json();
+    assert_eq!(layered["usage"]["kv_cache"], "f16,0-1=f32");
+    let bytes = layered["usage"]["kv_bytes"].as_u64().expect("kv_bytes");
+    assert!(
+        f16_bytes < bytes && bytes < 2 * f16_bytes,
+        "{bytes} vs {f16_bytes}"
+    );
+
     // The next request without one runs in the server's default cache again.
     let again = post(server.addr, "/v1/chat/completions", chat(json!({}))).json();
     assert_eq!(again["usage"]["kv_cache"], "f16");
@@ -117,7 +132,7 @@ fn answers_whole_and_streamed_agree_and_carry_the_caches_bytes() {
     );
     let metrics = request(server.addr, "GET", "/metrics", "localhost", "").body;
     assert!(
-        metrics.contains("kvlab_requests_total{endpoint=\"chat\"} 5"),
+        metrics.contains("kvlab_requests_total{endpoint=\"chat\"} 6"),
         "{metrics}"
     );
     assert!(metrics.contains("kvlab_queue_depth 0"), "{metrics}");
