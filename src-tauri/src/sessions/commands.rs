@@ -101,9 +101,8 @@ pub async fn restore_session_cache(
             .status()
             .conversations
             .into_iter()
-            .find(|c| c.id == conversation && c.bytes > 0);
-        let saved = engine.handle().saved_caches()?;
-        if held.is_some() || !saved.iter().any(|(c, _)| *c == conversation) {
+            .any(|c| c.id == conversation && c.bytes > 0);
+        if held || engine.handle().saved_cache(&conversation)?.is_none() {
             return Ok(None);
         }
         let info = engine.handle().restore_cache(&conversation, None)?;

@@ -218,28 +218,19 @@ impl SpillDir {
             .iter()
             .filter_map(|name| {
                 let path = self.dir.join(name);
-                let id = id_of(&path)?;
-                let meta = std::fs::symlink_metadata(&path).ok()?;
-                if !meta.is_file() {
-                    return None;
-                }
-                let header = crate::kv::persist::peek(&path).ok()?;
-                let saved_ms = meta
-                    .modified()
-                    .ok()
-                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_millis() as u64);
-                let cache = SavedCache {
-                    bytes: meta.len(),
-                    tokens: header.seq_len,
-                    spec: header.spec,
-                    saved_ms,
-                };
-                Some((id, cache))
+                Some((id_of(&path)?, saved_cache(&path)?))
             })
             .collect();
         out.sort_by(|a, b| (a.1.saved_ms, &a.0).cmp(&(b.1.saved_ms, &b.0)));
         out
+    }
+
+    /// `id`'s file as [`SpillDir::list`] lists it, reading that header alone.
+    pub fn saved(&self, id: &ConversationId) -> Option<SavedCache> {
+        let name = Self::listed(id);
+        self.manifest()
+            .contains(&name)
+            .then(|| saved_cache(&self.dir.join(&name)))?
     }
 
     /// Removes `id`'s file, when the directory wrote it.
@@ -291,6 +282,32 @@ impl SpillDir {
         }
         removed
     }
+}
+
+/// When the file at `path` was last written, in ms since the Unix epoch (0 when the file
+/// system does not say).
+pub(crate) fn modified_ms(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The cache file at `path` (a plain file, never through a link) as the store lists it,
+/// from its header alone.
+fn saved_cache(path: &Path) -> Option<SavedCache> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let header = crate::kv::persist::peek(path).ok()?;
+    Some(SavedCache {
+        bytes: meta.len(),
+        tokens: header.seq_len,
+        spec: header.spec,
+        saved_ms: modified_ms(path),
+    })
 }
 
 /// Moves a corrupt file to `<name>.corrupt` beside it.

@@ -23,7 +23,7 @@ use crate::kv::PrecisionPolicy;
 use crate::memory::{unix_ms, ByteCount, KvBytes, RssProbe, SwitchEvent};
 use crate::models::common::Model;
 
-pub(crate) use files::SpillDir;
+pub(crate) use files::{modified_ms, SpillDir};
 
 /// Most conversations the pool keeps track of; past it the least recently used idle one is
 /// forgotten (its file too).

@@ -119,9 +119,14 @@ impl Worker {
                 self.publish();
                 let _ = reply.send(saved);
             }
-            Control::SavedCaches { reply } => {
+            Control::SavedCaches { only, reply } => {
                 let (_, spill) = self.settings();
-                let _ = reply.send(Ok(spill.map(|d| d.list()).unwrap_or_default()));
+                let files = match (spill, only) {
+                    (None, _) => Vec::new(),
+                    (Some(d), None) => d.list(),
+                    (Some(d), Some(id)) => d.saved(&id).map(|c| (id, c)).into_iter().collect(),
+                };
+                let _ = reply.send(Ok(files));
             }
             Control::DropSavedCache {
                 conversation,

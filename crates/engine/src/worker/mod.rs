@@ -173,7 +173,9 @@ pub(crate) enum Control {
     /// Write every conversation in memory to its spill file (a quit).
     SaveAll { reply: Sender<Vec<SaveOutcome>> },
     /// The cache files the engine wrote that are there, with whose they are.
+    /// (`only`: that conversation's alone, its header the only one read.)
     SavedCaches {
+        only: Option<ConversationId>,
         reply: Sender<Result<Vec<(ConversationId, SavedCache)>, JobError>>,
     },
     /// Remove a conversation's own cache file (what it holds in memory stays).
@@ -237,16 +239,11 @@ pub struct CacheFileInfo {
 impl CacheFileInfo {
     /// The file as the store lists it ([`EngineHandle::saved_caches`]).
     pub fn saved_cache(&self) -> SavedCache {
-        let saved_ms = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_millis() as u64);
         SavedCache {
             bytes: self.bytes,
             tokens: self.tokens,
             spec: self.spec.clone(),
-            saved_ms,
+            saved_ms: crate::conversations::modified_ms(&self.path),
         }
     }
 }
@@ -678,7 +675,20 @@ impl EngineHandle {
     /// are there and read, oldest first: the one list of saved caches, which the disk budget
     /// keeps. Empty without a folder.
     pub fn saved_caches(&self) -> Result<Vec<(ConversationId, SavedCache)>, JobError> {
-        self.control(|reply| Control::SavedCaches { reply })
+        self.control(|reply| Control::SavedCaches { only: None, reply })
+    }
+
+    /// `conversation`'s own cache file, as [`EngineHandle::saved_caches`] lists it, reading
+    /// that file's header alone; `None` when the engine wrote none (or it is gone).
+    pub fn saved_cache(
+        &self,
+        conversation: &ConversationId,
+    ) -> Result<Option<SavedCache>, JobError> {
+        let one = self.control(|reply| Control::SavedCaches {
+            only: Some(conversation.clone()),
+            reply,
+        })?;
+        Ok(one.into_iter().next().map(|(_, cache)| cache))
     }
 
     /// Removes `conversation`'s own cache file, if the engine wrote one; what it holds in

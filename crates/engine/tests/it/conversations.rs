@@ -653,6 +653,12 @@ fn the_engine_is_the_one_store_of_cache_files() {
     assert_eq!(cache.bytes, old.bytes);
     assert_eq!(cache.spec, "f16");
     assert_eq!(&old.saved_cache(), cache);
+    // One conversation's file, its header alone read: ours is there, the planted one not.
+    assert_eq!(
+        e.saved_cache(&id("s-old")).expect("one").as_ref(),
+        Some(cache)
+    );
+    assert_eq!(e.saved_cache(&id("s-user")).expect("not ours"), None);
 
     // A budget one file fits: the next save drops the older file, never the planted one.
     let mut settings = e.pool_settings();
@@ -678,6 +684,7 @@ fn the_engine_is_the_one_store_of_cache_files() {
             .expect("not ours: nothing");
     }
     assert!(e.saved_caches().expect("list").is_empty());
+    assert_eq!(e.saved_cache(&id("s-new")).expect("dropped"), None);
     assert!(!new.path.exists() && planted.exists());
     hostile("saved cache the engine did not write, dropped 3x -> left_in_place".into());
     assert!(info(e, "s-new").tokens > 0, "its memory stays");
