@@ -401,8 +401,8 @@ fn unrotated_sums_of_rotated_rows_equal_the_kernels_sums() {
 }
 
 /// Queries prepared once score every block as `scores_multi_range` does, and sums left raw
-/// over two blocks (each in two record ranges), scaled and added, come back (`finish_sums`)
-/// as the same combination of
+/// over two blocks (each in two record ranges), scaled and added, with a row added raw
+/// (`add_raw`), come back (`finish_sums`) as the same combination of that row and
 /// each block's `accumulate_multi`: narrow, fractional, 5-bit (AVX2's byte planes) and
 /// 8-bit codebooks, whole and with a tail. A codec with QJL declines raw sums.
 #[test]
@@ -466,6 +466,15 @@ fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
                     codec.accumulate_raw(&w[0], &blocks[0], 30..n + 1, &mut scratch, &mut raw),
                     Err(Error::IndexOutOfRange { .. })
                 ));
+                // A row held beside the codes, added raw, comes back as itself.
+                let x = rng.gaussian_vec(d);
+                let xw: Vec<f32> = (0..g).map(|qi| 0.25 * qi as f32).collect();
+                codec.add_raw(&x, &xw, &mut raw).unwrap();
+                for (qi, row) in want.chunks_exact_mut(d).enumerate() {
+                    row.iter_mut()
+                        .zip(&x)
+                        .for_each(|(a, &b)| *a += xw[qi] as f64 * b as f64);
+                }
                 let mut got = vec![0.0; g * d];
                 codec.finish_sums(&raw, &mut got).unwrap();
                 let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -480,6 +489,10 @@ fn prepared_queries_and_raw_sums_equal_the_per_block_calls() {
                 let mut sums = vec![0.0; g * d];
                 assert!(matches!(
                     codec.accumulate_raw(&w[0], &blocks[0], 0..n, &mut scratch, &mut sums),
+                    Err(Error::UnsupportedSpec(_))
+                ));
+                assert!(matches!(
+                    codec.add_raw(&vec![1.0; d], &vec![1.0; g], &mut sums),
                     Err(Error::UnsupportedSpec(_))
                 ));
             }

@@ -47,7 +47,7 @@ values: SideFormat,
  */
 scope: LayerScope, 
 /**
- * Whether llama.cpp's types keep the first token as f16 too (`+sink`, docs/cache-options.md).
+ * Whether compressed sides keep the first token as f16 too (`+sink`, docs/cache-options.md).
  */
 sink: boolean, };
 
@@ -438,9 +438,14 @@ format: SideFormat,
  */
 label: string, 
 /**
- * One of llama.cpp's types (a side in one may keep its first token, `sink`).
+ * One of llama.cpp's types.
  */
-llama_cpp: boolean, };
+llama_cpp: boolean, 
+/**
+ * Dense floats: holds every token as it came (a cache with a side that is not dense may
+ * keep its first token as f16, `sink`).
+ */
+dense: boolean, };
 
 export type GenStats = { 
 /**

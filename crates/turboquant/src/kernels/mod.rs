@@ -669,6 +669,29 @@ impl Codec {
         Ok(())
     }
 
+    /// Adds `weights[qi] · x` to row `qi` of `sums` (`g × dim`, as [`Self::accumulate_raw`]
+    /// forms them), `x` given in the coordinates the codec encodes: rotated and put in the
+    /// kernels' order here, so [`Self::finish_sums`] gives `x` back in its own. For a row
+    /// held beside the codes (a `+sink` first token) that a raw sum must count.
+    pub fn add_raw(&self, x: &[f32], weights: &[f32], sums: &mut [f32]) -> Result<()> {
+        self.raw_sums_served()?;
+        self.check_len(self.dim, x.len())?;
+        let g = self.sum_rows(sums.len())?;
+        self.check_len(g, weights.len())?;
+        let mut rotated = vec![0f32; self.dim];
+        self.rotation.forward(x, &mut rotated);
+        let raw: Vec<f32> = match self.order(self.sums_backend()) {
+            Some(perm) => perm.iter().map(|&p| rotated[p as usize]).collect(),
+            None => rotated,
+        };
+        for (row, &w) in sums.chunks_exact_mut(self.dim).zip(weights) {
+            if w != 0.0 {
+                row.iter_mut().zip(&raw).for_each(|(s, r)| *s += w * r);
+            }
+        }
+        Ok(())
+    }
+
     fn raw_sums_served(&self) -> Result<()> {
         if self.qjl.is_some() {
             return Err(Error::UnsupportedSpec(

@@ -81,6 +81,11 @@ impl SideSpec {
         }
     }
 
+    /// Whether this side holds dense floats (every token as it came).
+    pub fn is_dense(&self) -> bool {
+        matches!(self, SideSpec::Dense(_))
+    }
+
     /// The dtype of a dense side.
     pub fn dense_dtype(&self) -> Option<candle_core::DType> {
         match self {
@@ -108,8 +113,8 @@ pub struct LayerPrecision {
     /// (`+norot` turns it off; docs/cache-options.md). TurboQuant sides always rotate.
     #[serde(default = "rotate_by_default")]
     pub rotate: bool,
-    /// Whether block-type sides keep their first token as an f16 row as well (`+sink`;
-    /// docs/cache-options.md).
+    /// Whether compressed sides (blocks or TurboQuant codes) keep their first token as an
+    /// f16 row as well (`+sink`; docs/cache-options.md).
     #[serde(default)]
     pub sink: bool,
 }
@@ -143,22 +148,23 @@ impl LayerPrecision {
     }
 
     /// Bytes a layer of `n_kv_heads × head_dim` holds for its first token as f16 rows, one
-    /// per `+sink` block side and head.
+    /// per `+sink` side that is not dense (blocks or codes) and head.
     pub(crate) fn sink_bytes(&self, n_kv_heads: usize, head_dim: usize) -> usize {
         if !self.sink {
             return 0;
         }
         let sides = [self.key, self.value]
             .iter()
-            .filter(|s| s.block().is_some())
+            .filter(|s| !s.is_dense())
             .count();
         sides * n_kv_heads * head_dim * std::mem::size_of::<half::f16>()
     }
 
-    /// Why a precision cannot be: `+sink` with no block side to keep a token of.
+    /// Why a precision cannot be: `+sink` with only dense sides, which hold every token
+    /// as it is already.
     pub(crate) fn refusal(&self) -> Option<&'static str> {
-        (self.sink && !self.has_block())
-            .then_some("`+sink` keeps the first token of llama.cpp's types; this cache has none")
+        (self.sink && !self.has_block() && !self.has_codes())
+            .then_some("`+sink` keeps the first token of compressed sides; this cache has none")
     }
 
     /// Whether a side is one of llama.cpp's block types (the SPEC then takes the

@@ -31,7 +31,8 @@
 //!          | "hadamard" (default) | "haar"            rotation
 //!          | "seed=" N  | "s" N                       rotation seed (u64, default 0)
 //!          | "norot"                                  TYPE sides stored unrotated
-//!          | "sink"                                   TYPE sides keep their first token
+//!          | "sink"                                   TYPE and tq sides keep their first
+//!                                                     token as f16
 //! ```
 //!
 //! What each option does, and the measurements behind it (centering, `+qw`, `+sink`, the
@@ -134,7 +135,7 @@ impl fmt::Display for LayerPrecision {
         if self.has_block() && !self.rotate {
             f.write_str("+norot")?;
         }
-        if self.has_block() && self.sink {
+        if self.sink {
             f.write_str("+sink")?;
         }
         Ok(())

@@ -21,7 +21,7 @@ pub struct CacheChoice {
     pub values: SideFormat,
     /// Which cache-owning layers get these formats.
     pub scope: LayerScope,
-    /// Whether llama.cpp's types keep the first token as f16 too (`+sink`, docs/cache-options.md).
+    /// Whether compressed sides keep the first token as f16 too (`+sink`, docs/cache-options.md).
     #[serde(default)]
     pub sink: bool,
 }
@@ -31,8 +31,8 @@ impl CacheChoice {
     /// both sides is a dense cache, any other two formats a layer of each (`f32` keys with
     /// `q4_0` values, `q8_0` with TurboQuant 3-bit). TurboQuant keys are
     /// query-weighted (`+qw`): on Gemma 3 270M and Alice it cuts the KL divergence of the
-    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (docs/cache-options.md). `sink` needs one
-    /// of llama.cpp's types.
+    /// caches at 3–5 bits 1.6–2.4× for one f32 row per head (docs/cache-options.md). `sink` needs a
+    /// side that is not dense.
     pub fn spec(&self) -> Result<CacheSpec> {
         let (k, v) = (self.keys, self.values);
         let (key, value) = (k.side(true), v.side(false));
@@ -204,8 +204,11 @@ pub struct FormatOption {
     pub format: SideFormat,
     /// Its label.
     pub label: String,
-    /// One of llama.cpp's types (a side in one may keep its first token, `sink`).
+    /// One of llama.cpp's types.
     pub llama_cpp: bool,
+    /// Dense floats: holds every token as it came (a cache with a side that is not dense may
+    /// keep its first token as f16, `sink`).
+    pub dense: bool,
 }
 
 /// The presets: FP32, FP16, then the TurboQuant ones from most to fewest bits, each labelled
@@ -315,6 +318,7 @@ pub fn cache_options() -> CacheOptions {
                 format,
                 label: format.label().to_string(),
                 llama_cpp: format.is_llama_cpp(),
+                dense: format.is_dense(),
             })
             .collect(),
     }
@@ -440,14 +444,14 @@ mod tests {
             spec(choice(Tq4, Iq4Nl, LayerScope::All)).unwrap(),
             "tq4/iq4_nl+qw"
         );
-        // Keeping the first token: for llama.cpp's types only.
+        // Keeping the first token: for any side that is not dense.
         let sunk = |keys, values| CacheChoice {
             sink: true,
             ..choice(keys, values, LayerScope::All)
         };
         assert_eq!(spec(sunk(Q4_0, Q4_0)).unwrap(), "q4_0+sink");
         assert_eq!(spec(sunk(Tq4, Q4_0)).unwrap(), "tq4/q4_0+qw+sink");
-        assert!(sunk(Tq4, Tq3).spec().is_err());
+        assert_eq!(spec(sunk(Tq4, Tq3)).unwrap(), "k4v3+qw+sink@all");
         assert!(sunk(F16, F32).spec().is_err());
     }
 

@@ -181,6 +181,10 @@ fn llama_cpp_types_take_the_key_value_form() -> Result<()> {
         ("f16/q4_0", "f16/q4_0"),
         ("q8_0/tq3", "q8_0/tq3"),
         ("tq3.5/q5_0+qw", "tq3.5/q5_0+qw"),
+        // TurboQuant sides keep their first token too.
+        ("tq3+sink", "tq3+sink"),
+        ("k4v3+sink+qw@all", "k4v3+qw+sink@all"),
+        ("f16/tq3+sink@all", "kf16v3+sink@all"),
         // Without a llama.cpp side, the slash form is TurboQuant's.
         ("tq4/tq3", "k4v3"),
         ("f16/tq3@all", "kf16v3@all"),
@@ -202,8 +206,9 @@ fn llama_cpp_types_take_the_key_value_form() -> Result<()> {
         "f16/q4_0+nocenter",
         "tq4+norot",
         "q4_0+norot+norot",
-        "tq4+sink",
         "f32/bf16+sink",
+        "f16+sink",
+        "tq3+sink+sink",
         "q4_0+sink+sink",
         "q9_0",
         "f16/f16",

@@ -124,6 +124,13 @@ impl Side {
                 } else {
                     c.scores_multi_range(queries, b, cols, scratch, out)?;
                 }
+                // A `+sink` side's first token: its f16 row as the codes would hold it,
+                // scored by the same (scaled, unweighted) query.
+                if let Some(sink) = self.coded_sink(h, s, false)?.filter(|_| lo == 0 && hi > 0) {
+                    for (qi, q) in queries.chunks_exact(d).enumerate() {
+                        out[qi * n] = q.iter().zip(&sink).map(|(a, b)| a * b).sum();
+                    }
+                }
             }
             (Seg::Blocks(v), _) => {
                 // As ggml's flash attention: the (rotated) query quantized to the keys' dot
@@ -188,6 +195,27 @@ impl Side {
         Ok(())
     }
 
+    /// A codes side's sink where segment `s` (`block`) holds its token, less the record the
+    /// codes hold for it, both as the codes hold rows (model coordinates): what a sum over the
+    /// records must add, per unit of the token's weight, to weigh the sink instead.
+    fn sink_correction(
+        &self,
+        h: usize,
+        s: usize,
+        block: &CodeBlock,
+    ) -> Result<Option<Vec<f32>>> {
+        let Some(mut sink) = self.coded_sink(h, s, false)? else {
+            return Ok(None);
+        };
+        let Some(c) = self.store.codec() else {
+            return Ok(None);
+        };
+        let mut record = vec![0f32; self.dim];
+        c.decode(block, 0, &mut record, &mut c.scratch())?;
+        sink.iter_mut().zip(&record).for_each(|(x, r)| *x -= r);
+        Ok(Some(sink))
+    }
+
     /// Whether [`Side::accumulate`] leaves `g` rows of sums in the codec's raw domain
     /// (`Codec::accumulate_raw`: rotated, in its kernels' order), to be added over the
     /// segments and taken back once by [`Side::finish_raw`]: TurboQuant codes without QJL
@@ -232,16 +260,35 @@ impl Side {
             (Seg::Codes(b), Some(c)) => {
                 let n = b.len();
                 let g = out.len() / d;
+                // A `+sink` side's first token weighs its f16 row, not its record: the
+                // difference, added to the sums of the records.
+                let first = |read: bool| match read {
+                    true => self.sink_correction(h, s, b),
+                    false => Ok(None),
+                };
+                let w0 = |g: usize| -> Vec<f32> { (0..g).map(|qi| weights[qi * n]).collect() };
                 if self.sums_raw(g) {
                     // Left rotated: the caller adds the segments' sums and rotates them
                     // back once (`finish_raw`). Only the rows of `rows` are read.
                     out.fill(0.0);
                     let lo = rows.start.min(n);
                     let records = lo..rows.end.clamp(lo, n);
-                    return Ok(c.accumulate_raw(weights, b, records, scratch, out)?);
+                    let reads_first = records.start == 0 && !records.is_empty();
+                    c.accumulate_raw(weights, b, records, scratch, out)?;
+                    if let Some(diff) = first(reads_first)? {
+                        c.add_raw(&diff, &w0(g), out)?;
+                    }
+                    return Ok(());
                 }
                 if g < BLOCK_GEMM_MIN_ROWS || !c.works_by_products() {
-                    return Ok(c.accumulate_multi(weights, b, scratch, out)?);
+                    // The whole segment, its weights zero outside `rows`.
+                    c.accumulate_multi(weights, b, scratch, out)?;
+                    if let Some(diff) = first(n > 0)? {
+                        for (o, w) in out.chunks_exact_mut(d).zip(w0(g)) {
+                            o.iter_mut().zip(&diff).for_each(|(o, x)| *o += w * x);
+                        }
+                    }
+                    return Ok(());
                 }
                 // Prefill: the weighed records decoded once (rotated domain), summed for
                 // every row by one matrix product, then rotated back, where the kernels
@@ -252,7 +299,11 @@ impl Side {
                 };
                 let m = span.len();
                 let mut held = vec![0f32; m * d];
+                let from_first = span.start == 0;
                 c.rotated_rows(b, span, &mut held)?;
+                if let Some(sink) = self.coded_sink(h, s, true)?.filter(|_| from_first) {
+                    held[..d].copy_from_slice(&sink);
+                }
                 let sums = matmul(w, g, held, m, d)?;
                 c.unrotated_sums(&sums, out)?;
             }

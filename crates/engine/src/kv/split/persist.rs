@@ -101,7 +101,11 @@ impl Side {
                         return Err(corrupt("kv heads saved with their sinks both held and not"));
                     }
                     self.sink_dropped = flag == 2;
-                    Some(r.u16s(d)?.into_iter().map(f16::from_bits).collect())
+                    let row: Vec<f16> = r.u16s(d)?.into_iter().map(f16::from_bits).collect();
+                    if row.iter().any(|x| !x.is_finite()) {
+                        return Err(corrupt("a first token that is not a finite f16 row"));
+                    }
+                    Some(row)
                 }
                 flag => return Err(corrupt(format!("sink flag {flag} with {total} tokens"))),
             };

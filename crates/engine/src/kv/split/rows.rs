@@ -82,7 +82,11 @@ impl Side {
         match (&self.heads[h][s], self.store.codec()) {
             (Seg::Codes(b), Some(c)) => {
                 let mut out = vec![0f32; range.len() * d];
+                let from_first = range.start == 0 && !range.is_empty();
                 c.rotated_rows(b, range, &mut out)?;
+                if let Some(sink) = self.coded_sink(h, s, true)?.filter(|_| from_first) {
+                    out[..d].copy_from_slice(&sink);
+                }
                 Ok(Rows::F32(Cow::Owned(out)))
             }
             (Seg::Blocks(v), _) => {

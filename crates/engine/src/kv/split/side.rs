@@ -267,10 +267,12 @@ pub(super) struct Side {
     pub(super) weights: Vec<Option<Vec<f32>>>,
     /// Per head: Σ q_j² over the query rows of the head's group seen so far, for the weights.
     pub(super) query_energy: Vec<Vec<f64>>,
-    /// Whether this is a `+sink` block side (docs/cache-options.md).
+    /// Whether this is a `+sink` side, blocks or codes (docs/cache-options.md).
     pub(super) sink: bool,
-    /// Per head: a `+sink` side's first token as f16, rotated as its blocks are. Attention
-    /// and decoding read it in place of that token's blocks ([`Side::sink_row`]).
+    /// Per head: a `+sink` side's first token as f16: rotated as its blocks are, or as it
+    /// came for codes (their offset and weights are fixed later, when the side calibrates).
+    /// Attention and decoding read it in place of that token's blocks or record
+    /// ([`Side::sink_row`], [`Side::coded_sink`]).
     pub(super) sinks: Vec<Option<Vec<f16>>>,
     /// Whether a sliding window dropped the first segment: the sinks then stand for no held
     /// token, and stay (their bytes are in the layer's fixed bytes) until the side empties.
@@ -321,7 +323,7 @@ impl Side {
         };
         let coded = matches!(store, SideStore::Codes { .. });
         let (center, weigh) = (center && coded, weigh && coded);
-        let sink = p.sink && store.block().is_some();
+        let sink = p.sink && !matches!(store, SideStore::Dense(_));
         Ok(Self {
             store,
             calibration_rows: shape.calibration_rows.min(SEGMENT_TOKENS),
@@ -341,27 +343,54 @@ impl Side {
     /// Keeps head `h`'s first token (the first row of `rows`) as its sink when this is a
     /// `+sink` side that holds nothing yet.
     pub(super) fn keep_sink(&mut self, h: usize, rows: &[f32]) -> Result<()> {
-        let (Some(b), Some(first)) = (self.store.block(), rows.get(..self.dim)) else {
-            return Ok(());
-        };
         if !self.sink || self.sinks[h].is_some() || !self.heads[h].is_empty() {
             return Ok(());
         }
-        let mut row = first.to_vec();
-        b.rotate(&mut row)?;
-        let row: Vec<f16> = row.into_iter().map(f16::from_f32).collect();
-        if row.iter().any(|x| !x.is_finite()) {
-            // Refused as a calibrating side refuses what f16 cannot hold (all or nothing:
-            // the append leaves the storage as it was).
-            let norm = first.iter().map(|x| x * x).sum::<f32>().sqrt();
-            return Err(kvlab_turboquant::Error::NotEncodable { norm }.into());
+        if let Some(row) = self.sink_of(rows)? {
+            self.sinks[h] = Some(row);
         }
-        self.sinks[h] = Some(row);
         Ok(())
     }
 
-    /// Head `h`'s sink where segment `s` holds its token (as the first row), in the rotated
-    /// domain the blocks are read in.
+    /// The first row of `rows` as this side keeps it for its sink (f16; rotated for blocks),
+    /// `None` when `rows` is empty; refused as a calibrating side refuses what f16 cannot
+    /// hold (all or nothing: the append leaves the storage as it was).
+    fn sink_of(&self, rows: &[f32]) -> Result<Option<Vec<f16>>> {
+        let Some(first) = rows.get(..self.dim) else {
+            return Ok(None);
+        };
+        let mut row = first.to_vec();
+        if let Some(b) = self.store.block() {
+            b.rotate(&mut row)?;
+        }
+        let row: Vec<f16> = row.into_iter().map(f16::from_f32).collect();
+        if row.iter().any(|x| !x.is_finite()) {
+            let norm = first.iter().map(|x| x * x).sum::<f32>().sqrt();
+            return Err(kvlab_turboquant::Error::NotEncodable { norm }.into());
+        }
+        Ok(Some(row))
+    }
+
+    /// A codes side's sink where segment `s` holds its token (as the first record), as the
+    /// codes hold their rows (less the offset, times the weights), in the model's coordinates,
+    /// or rotated as the codec rotates (`rotated`, for the matrix products of prefill).
+    pub(super) fn coded_sink(&self, h: usize, s: usize, rotated: bool) -> Result<Option<Vec<f32>>> {
+        let (Some(c), Some(row)) = (self.store.codec(), self.sink_row(h, s)) else {
+            return Ok(None);
+        };
+        let coded = self.coded(h, &row).into_owned();
+        if !rotated {
+            return Ok(Some(coded));
+        }
+        let mut out = vec![0f32; self.dim];
+        if !c.rotated_queries(&coded, &mut out)? {
+            return Err(EngineError::invalid("rotated rows of a codec with QJL"));
+        }
+        Ok(Some(out))
+    }
+
+    /// Head `h`'s sink where segment `s` holds its token (as the first row), as kept: in the
+    /// rotated domain the blocks are read in, as it came for codes.
     pub(super) fn sink_row(&self, h: usize, s: usize) -> Option<Vec<f32>> {
         if s != 0 || self.sink_dropped {
             return None;
@@ -478,9 +507,13 @@ impl Side {
             let mut heads = Vec::with_capacity(n_heads);
             let mut offsets = Vec::with_capacity(n_heads);
             let mut weights = Vec::with_capacity(n_heads);
-            for h in 0..n_heads {
+            let mut sinks = self.sinks.clone();
+            for (h, sink) in sinks.iter_mut().enumerate().take(n_heads) {
                 let new = rows.get(h * t * d..(h + 1) * t * d).unwrap_or_default();
                 let held: usize = self.heads[h].iter().map(|s| self.seg_len(s)).sum();
+                if self.sink && held == 0 && sink.is_none() {
+                    *sink = self.sink_of(new)?;
+                }
                 let mut all = vec![0f32; held * d];
                 self.decode(h, 0, &mut all)?;
                 all.extend_from_slice(new);
@@ -506,13 +539,14 @@ impl Side {
                 offsets.push(offset);
                 weights.push(w);
             }
-            Ok::<_, EngineError>((heads, offsets, weights))
+            Ok::<_, EngineError>((heads, offsets, weights, sinks))
         })();
         match built {
-            Ok((heads, offsets, weights)) => {
+            Ok((heads, offsets, weights, sinks)) => {
                 self.heads = heads;
                 self.offsets = offsets;
                 self.weights = weights;
+                self.sinks = sinks;
                 Ok(())
             }
             Err(e) => {
@@ -663,6 +697,11 @@ impl Side {
             let i = j % SEGMENT_TOKENS;
             match (seg, self.store.codec()) {
                 (Seg::Codes(b), Some(c)) => {
+                    // A `+sink` side's first token: its f16 row, as it came.
+                    if let Some(sink) = self.sink_row(h, j / SEGMENT_TOKENS).filter(|_| i == 0) {
+                        row.copy_from_slice(&sink);
+                        continue;
+                    }
                     c.decode(b, i, row, &mut scratch)?;
                     if let Some(w) = self.weights(h) {
                         row.iter_mut().zip(w).for_each(|(x, w)| *x /= w);

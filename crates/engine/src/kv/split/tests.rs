@@ -172,6 +172,22 @@ fn attend_on_codes_equals_dense_attend_with_sliding_windows() -> Result<()> {
 }
 
 #[test]
+fn sunk_codes_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
+    // The first token read from its f16 row by every path: decode's kernels (sums raw, or
+    // rotated back per segment with QJL), prefill by rows and by matrix products, a window
+    // that drops the first segment, and a side that waits as f16 before it calibrates.
+    let chunks = [300, 1, 40, 1, 600, 1, 2];
+    for text in ["tq3+sink", "k4v3+qw+sink@all", "tq4+prod+sink", "f16/tq3+sink", "tq3/f16+sink"] {
+        let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
+            panic!("{text} is dense");
+        };
+        check_against_dense(precision, 4, 2, 64, None, &chunks)?;
+        check_against_dense(precision, 4, 2, 64, Some(100), &chunks)?;
+    }
+    Ok(())
+}
+
+#[test]
 fn mixed_sides_prod_and_haar_match_dense_attend() -> Result<()> {
     let chunks = [40, 1, 600, 1];
     let prod = Spec {
@@ -230,6 +246,10 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
         "q4_0+sink",
         "f16/q4_0+sink",
         "q8_0/tq3+sink",
+        "tq3+sink",
+        "k4v3+qw+sink@all",
+        "f16/tq3+sink",
+        "tq4+prod+sink",
     ] {
         let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is not turboquant");
@@ -246,16 +266,18 @@ fn bytes_follow_the_codec_formula_for_every_spec() -> Result<()> {
             .iter()
             .filter(|s| s.spec().is_some())
             .count();
-        // Each `+sink` block side its first token as f16.
-        let sinks = if text.ends_with("+sink") {
+        // Each `+sink` side but a dense one its first token as f16.
+        let sinks = if precision.sink {
             [precision.key, precision.value]
                 .iter()
-                .filter(|s| s.block().is_some())
+                .filter(|s| !s.is_dense())
                 .count()
         } else {
             0
         };
-        let fixed = coded * n_kv * d * 4 + sinks * n_kv * d * 2;
+        // `+qw` keys their channel weights (f32 per head) too.
+        let weighed = usize::from(precision.weigh_keys);
+        let fixed = (coded + weighed) * n_kv * d * 4 + sinks * n_kv * d * 2;
         assert_eq!(
             KvPrecision::Split(precision).bytes_after(n_kv, d, 704, 704, 1)?,
             (704 * per_token + fixed) as u64,
@@ -823,6 +845,9 @@ fn block_sides_save_and_restore_byte_for_byte() -> Result<()> {
         "bf16/f32",
         "q4_0+sink",
         "q8_0/q4_0+sink",
+        "tq3+sink",
+        "k4v3+qw+sink@all",
+        "tq4+prod+sink",
     ] {
         let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
@@ -946,6 +971,21 @@ fn block_caches_attend_exactly_as_ggml_scores_and_sums_what_they_hold() -> Resul
 
 #[test]
 fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
+    for (plain, sunk) in [
+        ("q4_0", "q4_0+sink"),
+        ("tq3", "tq3+sink"),
+        ("k4v3+qw@all", "k4v3+qw+sink@all"),
+        ("tq4+prod", "tq4+prod+sink"),
+    ] {
+        a_sink_keeps_its_first_token(plain, sunk)?;
+    }
+    Ok(())
+}
+
+/// `sunk` is `plain` with `+sink`: its first token as exact as an f16 rounding, every other
+/// token the plain cache's byte for byte, read by attention, saved and restored, kept past a
+/// dropped segment and replaced once the layer empties.
+fn a_sink_keeps_its_first_token(plain: &str, sunk: &str) -> Result<()> {
     use crate::kv::wire::{WireReader, WireWriter};
     use candle_core::DType;
     let (n_kv, d) = (2, 64);
@@ -955,7 +995,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
             _ => panic!("{text} is dense"),
         }
     };
-    let (plain, sunk) = (parse("q4_0")?, parse("q4_0+sink")?);
+    let (plain, sunk) = (parse(plain)?, parse(sunk)?);
     // The first token an outlier (an attention sink's row is), the rest as usual.
     let outlier = |seed: u64, t: usize| -> Result<Tensor> {
         let x = tensor(seed, n_kv, t, d)?;
@@ -975,17 +1015,17 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     }
     assert_eq!(b.bytes_used(), a.bytes_used() + 2 * n_kv * d * 2);
     let ((ka, va), (kb, vb)) = (a.to_dense()?, b.to_dense()?);
-    for (held, plain, given) in [(&kb, &ka, &k), (&vb, &va, &v)] {
-        // Token 0 is as exact as an f16 rounding (made in the rotated domain, so not the
-        // same one); every other token is the plain cache's, byte for byte.
+    for (held, alone, given) in [(&kb, &ka, &k), (&vb, &va, &v)] {
+        // Token 0 is as exact as an f16 rounding (for blocks made in the rotated domain,
+        // so not the same one); every other token is the plain cache's, byte for byte.
         let first = given.narrow(1, 0, 1)?;
         let f16_err = max_abs(&(&first.to_dtype(DType::F16)?.to_dtype(DType::F32)? - &first)?)?;
         let err = max_abs(&(&held.narrow(1, 0, 1)? - &first)?)?;
-        let blocks_err = max_abs(&(&plain.narrow(1, 0, 1)? - &first)?)?;
-        assert!(err <= f16_err * 2.0, "sink {err} vs f16 {f16_err}");
-        assert!(blocks_err > 20.0 * err, "q4_0 {blocks_err} vs sink {err}");
+        let blocks_err = max_abs(&(&alone.narrow(1, 0, 1)? - &first)?)?;
+        assert!(err <= f16_err * 2.0, "{sunk}: sink {err} vs f16 {f16_err}");
+        assert!(blocks_err > 20.0 * err, "{plain} {blocks_err} vs sink {err}");
         let rest = |x: &Tensor| x.narrow(1, 1, 699);
-        assert_eq!(max_abs(&(&rest(held)? - &rest(plain)?)?)?, 0.0);
+        assert_eq!(max_abs(&(&rest(held)? - &rest(alone)?)?)?, 0.0, "{sunk}");
     }
     // Attention reads it: a query aimed at token 0 gets its value nearly exactly, and more
     // exactly than from its blocks.
@@ -1000,7 +1040,7 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     let err = |s: &SplitStorage| -> Result<f32> { max_abs(&(&s.attend(&q, &spec)? - &want)?) };
     assert!(
         err(&b)? * 4.0 < err(&a)?,
-        "sink {} vs blocks {}",
+        "{sunk}: sink {} vs {plain} {}",
         err(&b)?,
         err(&a)?
     );
@@ -1029,6 +1069,6 @@ fn a_sink_keeps_the_first_token_in_f16_until_the_layer_empties() -> Result<()> {
     b.append(&k2, &v2)?;
     let first = k2.narrow(1, 0, 1)?;
     let err = max_abs(&(&b.to_dense()?.0.narrow(1, 0, 1)? - &first)?)?;
-    assert!(err < 0.05, "the new first token: {err}");
+    assert!(err < 0.05, "{sunk}: the new first token: {err}");
     Ok(())
 }
