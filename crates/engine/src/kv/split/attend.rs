@@ -198,12 +198,7 @@ impl Side {
     /// A codes side's sink where segment `s` (`block`) holds its token, less the record the
     /// codes hold for it, both as the codes hold rows (model coordinates): what a sum over the
     /// records must add, per unit of the token's weight, to weigh the sink instead.
-    fn sink_correction(
-        &self,
-        h: usize,
-        s: usize,
-        block: &CodeBlock,
-    ) -> Result<Option<Vec<f32>>> {
+    fn sink_correction(&self, h: usize, s: usize, block: &CodeBlock) -> Result<Option<Vec<f32>>> {
         let Some(mut sink) = self.coded_sink(h, s, false)? else {
             return Ok(None);
         };

@@ -177,7 +177,13 @@ fn sunk_codes_attend_like_dense_attention_over_what_they_hold() -> Result<()> {
     // rotated back per segment with QJL), prefill by rows and by matrix products, a window
     // that drops the first segment, and a side that waits as f16 before it calibrates.
     let chunks = [300, 1, 40, 1, 600, 1, 2];
-    for text in ["tq3+sink", "k4v3+qw+sink@all", "tq4+prod+sink", "f16/tq3+sink", "tq3/f16+sink"] {
+    for text in [
+        "tq3+sink",
+        "k4v3+qw+sink@all",
+        "tq4+prod+sink",
+        "f16/tq3+sink",
+        "tq3/f16+sink",
+    ] {
         let CacheSpec::Split { precision, .. } = CacheSpec::parse(text)? else {
             panic!("{text} is dense");
         };
@@ -1023,7 +1029,10 @@ fn a_sink_keeps_its_first_token(plain: &str, sunk: &str) -> Result<()> {
         let err = max_abs(&(&held.narrow(1, 0, 1)? - &first)?)?;
         let blocks_err = max_abs(&(&alone.narrow(1, 0, 1)? - &first)?)?;
         assert!(err <= f16_err * 2.0, "{sunk}: sink {err} vs f16 {f16_err}");
-        assert!(blocks_err > 20.0 * err, "{plain} {blocks_err} vs sink {err}");
+        assert!(
+            blocks_err > 20.0 * err,
+            "{plain} {blocks_err} vs sink {err}"
+        );
         let rest = |x: &Tensor| x.narrow(1, 1, 699);
         assert_eq!(max_abs(&(&rest(held)? - &rest(alone)?)?)?, 0.0, "{sunk}");
     }
