@@ -31,6 +31,10 @@ pub use crate::generate::fidelity::compare_caches_from;
 pub use crate::generate::fidelity::compare_many_from;
 pub use crate::generate::fidelity::FidelityReport;
 pub use crate::generate::fidelity::PositionFidelity;
+pub use crate::generate::fit::{allocate as fit_allocate, probes as fit_probes};
+pub use crate::generate::fit::{
+    FitBudget, Fitted, LayerSensitivity, Probe, Sensitivity, PROBE_BITS,
+};
 pub use crate::generate::plain_transcript;
 pub use crate::generate::preview_prompt;
 pub use crate::generate::sampling::Sampler;
@@ -57,6 +61,7 @@ pub use crate::kv::SideSpec;
 pub use crate::kv::StorageShape;
 pub use crate::memory::estimate_kv_allocated;
 pub use crate::memory::estimate_kv_bytes;
+pub use crate::memory::estimate_kv_bytes_at_once;
 pub use crate::memory::switch_precision;
 pub use crate::memory::token_costs;
 pub use crate::models::common::BatchItem;

@@ -70,6 +70,20 @@ impl Bits {
         }
     }
 
+    /// Expected squared error E‖u − û‖² of a uniform unit vector of `dim` coded at these bits
+    /// without QJL (the D_mse of the paper): a fractional width codes half the coordinates at
+    /// each of its two widths, so it errs by the mean of theirs. What a fitted cache predicts
+    /// a layer's loss by, relative to its loss measured at one width.
+    pub fn unit_mse(self, dim: usize) -> f64 {
+        let (lo, hi) = self.widths();
+        let mse = |w: u8| crate::codebook::codebook(dim, w).mse();
+        if lo == hi {
+            mse(lo)
+        } else {
+            0.5 * (mse(lo) + mse(hi))
+        }
+    }
+
     /// (low width, high width): equal for integer widths.
     pub(crate) fn widths(self) -> (u8, u8) {
         match self {

@@ -5,6 +5,7 @@
 //! count), mean and 99th-percentile KL divergence, top-1 agreement and perplexity; `--plot`
 //! draws KL divergence against bits, with any peer figures from `--peer` beside them.
 
+mod fit;
 pub(crate) mod lockstep;
 mod plot;
 
@@ -35,6 +36,9 @@ enum FidelityCommand {
     Sweep(SweepArgs),
     /// Each layer's sensitivity: the KL divergence when only that layer's cache is coded.
     Layers(LayersArgs),
+    /// A cache fitted to a budget: per-layer key and value widths chosen by each side's
+    /// measured sensitivity, then measured on text it did not fit on.
+    Fit(fit::FitArgs),
     /// The text exactly as the sweep and `kvlab ppl` score it (line endings and leading
     /// whitespace normalized), to stdout: what another program measured beside us must read.
     Text(TextArgs),
@@ -73,6 +77,7 @@ pub struct ProtocolArgs {
 /// What [`ProtocolArgs::open`] gives: the model, its token windows and the reference.
 struct Opened {
     model: Model,
+    tokenizer: kvlab_engine::lab::GemmaTokenizer,
     windows: Vec<Vec<u32>>,
     reference: CacheSpec,
 }
@@ -99,9 +104,15 @@ impl ProtocolArgs {
         let all = text_tokens(&tokenizer, &text_path(&self.text)?, self.ctx * self.windows)?;
         Ok(Opened {
             model,
+            tokenizer,
             windows: cut_windows(&all, self.ctx),
             reference,
         })
+    }
+
+    /// The model as given on the command line.
+    fn model_name(&self) -> String {
+        self.model.model.clone()
     }
 }
 
@@ -175,6 +186,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<()> {
     match args.command {
         FidelityCommand::Sweep(a) => sweep(a),
         FidelityCommand::Layers(a) => layers(a),
+        FidelityCommand::Fit(a) => fit::fit(a),
         FidelityCommand::Text(a) => {
             let path = crate::ppl_cmd::text_path(&a.text)?;
             let text = std::fs::read_to_string(&path)

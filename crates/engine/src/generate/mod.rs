@@ -9,6 +9,7 @@ pub mod compare;
 pub mod detok;
 mod error;
 pub mod fidelity;
+pub mod fit;
 mod logit_rows;
 pub mod sampling;
 pub mod score;
