@@ -261,8 +261,7 @@ pub fn fit(args: FitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Measures every side of every layer alone at the probe width, and the floor, on the
-/// calibration text.
+/// Measures every side of every layer alone at the probe width on the calibration text.
 fn probe(args: &FitArgs, opened: &super::Opened, quiet: bool) -> anyhow::Result<Sensitivity> {
     let model = &opened.model;
     let ctx = args.calibration_ctx.unwrap_or(args.protocol.ctx);
@@ -282,9 +281,9 @@ fn probe(args: &FitArgs, opened: &super::Opened, quiet: bool) -> anyhow::Result<
     let probes = fit_probes(model.config(), args.seed)?;
     if !quiet {
         eprintln!(
-            "probing {} sides of {} layers at {} bits on {} ({} window(s) of {ctx}), then the floor",
-            probes.len() - 1,
-            (probes.len() - 1) / 2,
+            "probing {} sides of {} layers at {} bits on {} ({} window(s) of {ctx})",
+            probes.len(),
+            probes.len() / 2,
             PROBE_BITS.value(),
             args.calibration,
             args.calibration_windows
@@ -313,9 +312,8 @@ fn probe(args: &FitArgs, opened: &super::Opened, quiet: bool) -> anyhow::Result<
 
 fn print_sensitivity(s: &Sensitivity) {
     println!(
-        "each side alone at {} bits, mean KLD (floor {:.5}, bf16 everywhere):",
-        PROBE_BITS.value(),
-        s.floor
+        "each side alone at {} bits, every other layer f16, mean KLD:",
+        PROBE_BITS.value()
     );
     println!(
         "{:>5} {:<8} {:>10} {:>10}",
