@@ -23,6 +23,8 @@ cd "$ROOT"
 # Rows that must be there: "SOURCE|text in the fault|outcome". SOURCE is rust or e2e; e2e
 # rows are required only when an e2e log is tallied. Each part of issue 14 adds its rows.
 EXPECTED=(
+  "rust|compare fit below 2 bits everywhere|invalid_request"
+  "rust|compare fit of 0 bytes|invalid_request"
   "rust|deep-recursion.pdf|document_crashed"
   "rust|endless-loop.pdf|document_timeout"
   "rust|inflate-bomb.pdf|document_out_of_memory"

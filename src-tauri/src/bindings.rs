@@ -26,6 +26,7 @@ use kvlab_engine::contract::{
     PresetFidelity, ScopedSpecs, SideFormat,
 };
 use kvlab_engine::contract::{FitOption, MemoryFit};
+use kvlab_engine::contract::{FitTarget, FittedCache};
 use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
 use kvlab_engine::contract::{Message, Role, TemplateSource, Tool, ToolCall};
 use kvlab_engine::contract::{Prompt, PromptPreview, StopToken};
@@ -75,6 +76,8 @@ pub fn typescript() -> String {
         decl::<Tool>(&cfg),
         decl::<ToolCall>(&cfg),
         decl::<SweepPoint>(&cfg),
+        decl::<FitTarget>(&cfg),
+        decl::<FittedCache>(&cfg),
         decl::<ContextCost>(&cfg),
         decl::<DefaultModel>(&cfg),
         decl::<Document>(&cfg),

@@ -362,6 +362,50 @@ test("Ctrl+K opens the compare view: two panes stream, the tested one gets KLD a
   await setNumber(app.browser, "max-tokens", 24);
 });
 
+// A cache fitted to a budget from the cache panel: the comparison opens, probes each layer's
+// keys and values alone on this conversation, and charts the fitted cache beside the presets.
+test("the cache panel fits a cache to a budget, charted beside the presets", async () => {
+  const mib = Number(await (await $('[data-testid="panel-fit-mib"]')).getValue());
+  assert.ok(mib > 0, `a default budget: ${mib} MiB`);
+  await (await $('[data-testid="panel-fit"]')).click();
+  const view = await $('[data-testid="compare-view"]');
+  await view.waitForDisplayed({ timeout: 5_000 });
+  const fitRun = await $('[data-testid="fit-run"]');
+  await app.browser.waitUntil(async () => /^Fitting… [1-9]\d*%$/.test(await fitRun.getText()), {
+    timeout: 120_000,
+    interval: 100,
+    timeoutMsg: "the fit showed no progress",
+  });
+  await shot("fit-running.png");
+  const fitted = await $('[data-testid="fitted"]');
+  await fitted.waitForDisplayed({ timeout: 300_000 });
+  const spec = await fitted.getAttribute("data-spec");
+  const bytes = Number(await fitted.getAttribute("data-bytes"));
+  console.log(`fitted to ${mib} MiB: ${spec} (${bytes} bytes)`);
+  // Within the budget, and not f16: the budget is a quarter of f16's bytes.
+  assert.ok(bytes <= Math.round(mib * 2 ** 20), `${bytes} bytes over ${mib} MiB`);
+  assert.match(spec, /\+qw\+sink/);
+  // Its point, a diamond beside the presets' dots, once scored.
+  await app.browser.waitUntil(async () => (await $$('[data-testid="sweep-point"][data-fitted="true"]')).length === 1, {
+    timeout: 120_000,
+    timeoutMsg: "the fitted cache was not charted",
+  });
+  const point = await $('[data-testid="sweep-point"][data-fitted="true"]');
+  const bits = Number(await point.getAttribute("data-bits"));
+  const kld = Number(await point.getAttribute("data-kld"));
+  console.log(`fitted point: ${bits} bits, mean KLD ${kld}`);
+  assert.ok(bits > 2 && bits < 8, `${bits} bits`);
+  assert.ok(kld > 0 && kld < 1, `mean KLD ${kld}`);
+  assert.equal(await point.getAttribute("data-kv"), spec);
+  assert.ok((await $$('[data-testid="sweep-point"]')).length > 4, "the presets beside it");
+  const use = await $('[data-testid="fit-use"]');
+  assert.equal(await use.getText(), "Use it");
+  assert.equal(await use.isEnabled(), true);
+  await shot("fit.png");
+  await app.browser.keys("Escape");
+  await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
+});
+
 test("a dropped text file shows its cost and goes into the prompt; a binary file is refused", async () => {
   const userCount = (await $$('[data-testid="message"][data-role="user"]')).length;
   await drop("blob.bin", [0x7f, 0x45, 0x4c, 0x46, 0, 0, 1, 2]);

@@ -200,7 +200,12 @@ sweep: Array<CacheSelection>,
 /**
  * What both answers are held to (a JSON schema: does this cache break my JSON?).
  */
-constraint?: Constraint, };
+constraint?: Constraint, 
+/**
+ * A cache to fit to a budget after the sweep, probed and then scored on the
+ * reference's tokens (a `fitted` event, then its `sweep_point`).
+ */
+fit?: FitTarget, };
 
 export type Constraint = { "type": "json_object" } | { "type": "json_schema", 
 /**
@@ -402,7 +407,11 @@ event: Event, } | { "type": "sweep_point",
 /**
  * Its figures.
  */
-point: SweepPoint, } | { "type": "scoring", 
+point: SweepPoint, } | { "type": "fitted", 
+/**
+ * What was chosen.
+ */
+fitted: FittedCache, } | { "type": "scoring", 
 /**
  * Token steps run.
  */
@@ -427,6 +436,38 @@ spec: string,
  * Bytes it would need.
  */
 needed_bytes: number, };
+
+export type FitTarget = { 
+/**
+ * Bytes the whole cache may hold at `ctx` tokens.
+ */
+bytes: number, 
+/**
+ * Tokens the budget is counted at (sliding layers hold their window).
+ */
+ctx: number, };
+
+export type FittedCache = { 
+/**
+ * Its canonical SPEC, layers of their own included (`k4v3+qw+sink@all,5=k5v4+qw+sink`).
+ */
+spec: string, 
+/**
+ * Bits per coordinate it holds at the target's context.
+ */
+bits_per_coordinate: number, 
+/**
+ * Bytes it holds at the target's context.
+ */
+bytes: number, 
+/**
+ * The context of the budget.
+ */
+ctx: number, 
+/**
+ * The mean KLD its sides' probes predict (the sweep point then measures it).
+ */
+predicted_kld: number, };
 
 export type FormatOption = { 
 /**

@@ -32,6 +32,8 @@ export interface SavedSession {
 
 export class AppStore {
   sessionId = $state(newId("s"));
+  /** A cache to fit to a budget, asked from the cache panel: the compare view opens and runs it. */
+  fitRequest = $state<api.FitTarget | null>(null);
   sessionTitle = $state("New chat");
   sessionCreated = Date.now();
 

@@ -373,6 +373,7 @@ fn compare_row(
         prefill_chunk: kvlab_engine::contract::PREFILL_CHUNK,
         sweep: Vec::new(),
         constraint: None,
+        fit: None,
     };
     let mut panes = [0.0f64; 2];
     let ticket = engine.submit(req)?;

@@ -1,5 +1,6 @@
 //! What a comparison reports besides its panes' own events: the scores of two caches
-//! against each other ([`CompareFidelity`]) and each swept cache's point ([`SweepPoint`]).
+//! against each other ([`CompareFidelity`]), each swept cache's point ([`SweepPoint`]) and a
+//! cache fitted to a budget ([`FitTarget`] asked, [`FittedCache`] chosen).
 
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
@@ -42,4 +43,33 @@ pub struct SweepPoint {
     pub ppl_reference: f64,
     /// Positions scored.
     pub tokens_scored: usize,
+}
+
+/// A cache to fit to a budget after a comparison's sweep: each cache-owning layer's keys and
+/// values probed alone on the reference's tokens, then the widths with the least predicted
+/// loss whose cache holds at most `bytes` at `ctx` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
+pub struct FitTarget {
+    /// Bytes the whole cache may hold at `ctx` tokens.
+    #[ts(type = "number")]
+    pub bytes: u64,
+    /// Tokens the budget is counted at (sliding layers hold their window).
+    pub ctx: usize,
+}
+
+/// The cache a comparison fitted (then scored as a sweep point of the same `kv`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct FittedCache {
+    /// Its canonical SPEC, layers of their own included (`k4v3+qw+sink@all,5=k5v4+qw+sink`).
+    pub spec: String,
+    /// Bits per coordinate it holds at the target's context.
+    pub bits_per_coordinate: f64,
+    /// Bytes it holds at the target's context.
+    #[ts(type = "number")]
+    pub bytes: u64,
+    /// The context of the budget.
+    pub ctx: usize,
+    /// The mean KLD its sides' probes predict (the sweep point then measures it).
+    pub predicted_kld: f64,
 }

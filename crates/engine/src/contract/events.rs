@@ -9,7 +9,7 @@ use ts_rs::TS;
 
 use super::card::ModelCard;
 use super::code::ErrorCode;
-use super::compare::{CompareFidelity, SweepPoint};
+use super::compare::{CompareFidelity, FittedCache, SweepPoint};
 
 /// One thing that happened in the engine, sent to the sink of the job that caused it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
@@ -81,6 +81,12 @@ pub enum Event {
     SweepPoint {
         /// Its figures.
         point: SweepPoint,
+    },
+    /// The cache a comparison fitted to its [`FitTarget`](super::compare::FitTarget), once
+    /// its probes are scored; its `sweep_point` follows.
+    Fitted {
+        /// What was chosen.
+        fitted: FittedCache,
     },
     /// Progress of a comparison's teacher-forced scoring after the panes: `done` of `total`
     /// token steps (the reference's tokens, once per group of caches scored together).

@@ -15,8 +15,9 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
-use crate::contract::{CompareFidelity, Event};
+use crate::contract::{CompareFidelity, Event, FitTarget, FittedCache};
 use crate::generate::fidelity::{FidelityReport, Lockstep};
+use crate::generate::fit::{self, FitBudget, Sensitivity};
 use crate::generate::sampling::SamplingParams;
 use crate::generate::sweep;
 use crate::generate::{grown_context, GenerateError, Prompt, Sequence};
@@ -63,6 +64,11 @@ pub struct CompareRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub constraint: Option<crate::constrain::Constraint>,
+    /// A cache to fit to a budget after the sweep, probed and then scored on the
+    /// reference's tokens (a `fitted` event, then its `sweep_point`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub fit: Option<FitTarget>,
 }
 
 impl CompareRequest {
@@ -109,6 +115,12 @@ pub struct CompareRun {
     batch: usize,
     scoring: Option<Lockstep>,
     tested: Option<FidelityReport>,
+    /// The fit's probes (scored after the sweep, `tests` from `probe_start` on), their mean
+    /// KLDs as scored, and what was fitted (then scored last).
+    probes: Vec<fit::Probe>,
+    probe_start: usize,
+    probe_klds: Vec<f64>,
+    fitted: Option<FittedCache>,
 }
 
 impl CompareRun {
@@ -143,6 +155,13 @@ impl CompareRun {
             return Err(GenerateError::NoTokens);
         }
         let policies = req.policies()?;
+        if let Some(t) = req.fit {
+            if t.bytes == 0 || t.ctx == 0 || t.ctx > max_context {
+                return Err(GenerateError::Engine(crate::error::EngineError::invalid(
+                    format!("a fit needs a budget above 0 bytes at 1 to {max_context} tokens"),
+                )));
+            }
+        }
         let sweep = req
             .sweep
             .iter()
@@ -184,6 +203,10 @@ impl CompareRun {
             batch: 0,
             scoring: None,
             tested: None,
+            probes: Vec::new(),
+            probe_start: 0,
+            probe_klds: Vec::new(),
+            fitted: None,
         })
     }
 
@@ -327,6 +350,12 @@ impl CompareRun {
         // run of the reference per group of caches that fits in memory.
         self.tests = vec![self.policies[1].clone()];
         self.tests.extend(self.sweep.iter().map(|s| s.to_policy()));
+        if self.req.fit.is_some() {
+            self.probes = fit::probes(model.config(), 0)?;
+            self.probe_start = self.tests.len();
+            self.tests
+                .extend(self.probes.iter().map(|p| p.policy.clone()));
+        }
         self.batches = sweep::lockstep_batches(
             model,
             &self.policies[0],
@@ -377,20 +406,63 @@ impl CompareRun {
             .take()
             .map(Lockstep::reports)
             .unwrap_or_default();
+        let fit_at = self.probe_start + self.probes.len();
         for (i, report) in range.zip(reports) {
-            let Some(s) = i.checked_sub(1) else {
-                self.tested = Some(report);
-                continue;
+            let label = match i {
+                0 => {
+                    self.tested = Some(report);
+                    continue;
+                }
+                i if i <= self.sweep.len() => self.sweep[i - 1].to_string(),
+                i if i < fit_at => {
+                    self.probe_klds.push(report.mean_kld);
+                    continue;
+                }
+                _ => match &self.fitted {
+                    Some(f) => f.spec.clone(),
+                    None => continue,
+                },
             };
             let bits = sweep::bits_per_coordinate(model, &self.tests[i], len)?;
-            let point = sweep::point(self.sweep[s].to_string(), bits, &report);
+            let point = sweep::point(label, bits, &report);
             emit(Event::SweepPoint { point });
         }
         self.batch += 1;
         if self.batch < self.batches.len() {
             return Ok(CompareNext::Working);
         }
+        // Every probe scored: the fit, then its cache scored as one more group.
+        if let (Some(target), None) = (self.req.fit, &self.fitted) {
+            let fitted = self.fit(model, target)?;
+            self.tests.push(fitted.policy.clone());
+            let len = self.tests.len();
+            self.batches.push(len - 1..len);
+            let fitted = FittedCache {
+                spec: fitted.spec,
+                bits_per_coordinate: fitted.bits_per_coordinate,
+                bytes: fitted.bytes,
+                ctx: target.ctx,
+                predicted_kld: fitted.predicted_kld,
+            };
+            emit(Event::Fitted {
+                fitted: fitted.clone(),
+            });
+            self.fitted = Some(fitted);
+            return Ok(CompareNext::Working);
+        }
         Ok(CompareNext::Finished(self.fidelity()))
+    }
+
+    /// The widths fitted to `target` from the probes' scores.
+    fn fit(&self, model: &Model, target: FitTarget) -> Result<fit::Fitted, GenerateError> {
+        let sensitivity = Sensitivity::from_probes(model.config(), &self.probes, &self.probe_klds)?;
+        Ok(fit::allocate(
+            model.config(),
+            &sensitivity,
+            FitBudget::Bytes(target.bytes),
+            target.ctx,
+            0,
+        )?)
     }
 
     fn fidelity(&self) -> Option<CompareFidelity> {

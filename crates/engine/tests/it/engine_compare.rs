@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use kvlab_engine::contract::CacheSelection;
 use kvlab_engine::contract::CompareFidelity;
 use kvlab_engine::contract::Family;
+use kvlab_engine::contract::FitTarget;
 use kvlab_engine::contract::Message;
 use kvlab_engine::contract::Prompt;
 use kvlab_engine::contract::SamplingParams;
@@ -82,6 +83,17 @@ fn compare_sweeping(
     ids: &[u32],
     sweep: Vec<CacheSpec>,
 ) -> Vec<Event> {
+    compare_fitting(engine, policies, ids, sweep, None)
+}
+
+/// [`compare_sweeping`] with a cache fitted to `fit` after the sweep.
+fn compare_fitting(
+    engine: &EngineHandle,
+    policies: [PrecisionPolicy; 2],
+    ids: &[u32],
+    sweep: Vec<CacheSpec>,
+    fit: Option<FitTarget>,
+) -> Vec<Event> {
     let request = CompareRequest {
         prompt: Prompt::Ids { ids: ids.to_vec() },
         sampling: SamplingParams::greedy(),
@@ -93,6 +105,7 @@ fn compare_sweeping(
             .map(|s| CacheSelection::Spec(s.to_string()))
             .collect(),
         constraint: None,
+        fit,
     };
     let rx = match engine.submit(request) {
         Ok(rx) => rx,
@@ -254,6 +267,114 @@ fn a_sweep_scores_each_cache_on_the_reference_tokens_with_its_bits() {
         last_progress < first_point,
         "{last_progress:?} {first_point:?}"
     );
+}
+
+#[test]
+fn a_fit_probes_every_side_then_scores_a_cache_within_its_budget() {
+    let s = setup();
+    let ids = &golden_ids()[..12];
+    let estimate = |spec: &str, ctx: usize| -> u64 {
+        let policy = kvlab_engine::lab::parse_policy(spec).expect("spec");
+        kvlab_engine::lab::estimate_kv_bytes_at_once(&tiny_config(), &policy, ctx, 0)
+            .expect("bytes")
+    };
+    // Between what 2 bits and 8 bits everywhere hold at 200 tokens.
+    let budget = (estimate("tq2+qw+sink@all", 200) + estimate("tq8+qw+sink@all", 200)) / 2;
+    let target = FitTarget {
+        bytes: budget,
+        ctx: 200,
+    };
+    let first = compare_fitting(
+        &s.engine,
+        [policy("f32"), policy("tq3@all")],
+        ids,
+        vec![CacheSpec::parse("tq4@all").expect("spec")],
+        Some(target),
+    );
+    let fitted = first
+        .iter()
+        .find_map(|e| match e {
+            Event::Fitted { fitted } => Some(fitted.clone()),
+            _ => None,
+        })
+        .expect("a fitted event");
+    // Within the budget, by the engine's byte formula of the SPEC it names.
+    assert!(fitted.bytes <= budget, "{fitted:?} over {budget}");
+    assert_eq!(estimate(&fitted.spec, 200), fitted.bytes, "{}", fitted.spec);
+    assert_eq!(fitted.ctx, 200);
+    assert!(fitted.predicted_kld > 0.0 && fitted.predicted_kld.is_finite());
+    // The sweep's point, then the fitted cache's, scored on the same tokens; then finished.
+    let kvs: Vec<String> = first
+        .iter()
+        .filter_map(|e| match e {
+            Event::SweepPoint { point } => Some(point.kv.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kvs, ["tq4@all".to_string(), fitted.spec.clone()]);
+    assert!(matches!(
+        first.last(),
+        Some(Event::Finished { fidelity: Some(_) })
+    ));
+    // Deterministic: the same tokens fit the same cache.
+    let again = compare_fitting(
+        &s.engine,
+        [policy("f32"), policy("tq3@all")],
+        ids,
+        Vec::new(),
+        Some(target),
+    );
+    assert!(again
+        .iter()
+        .any(|e| matches!(e, Event::Fitted { fitted: f } if *f == fitted)));
+    // A budget below 2 bits everywhere, or of nothing, is refused with a coded error, each
+    // time, and the engine goes on.
+    for (bytes, fault) in [
+        (
+            estimate("tq2+qw+sink@all", 200) / 2,
+            "below 2 bits everywhere",
+        ),
+        (0, "of 0 bytes"),
+    ] {
+        for _ in 0..3 {
+            let events = compare_fitting(
+                &s.engine,
+                [policy("f32"), policy("f32")],
+                ids,
+                Vec::new(),
+                Some(FitTarget { bytes, ctx: 200 }),
+            );
+            assert!(
+                matches!(
+                    events.last(),
+                    Some(Event::Error {
+                        code: ErrorCode::InvalidRequest,
+                        ..
+                    })
+                ),
+                "{bytes}: {:?}",
+                events.last()
+            );
+            // To the stderr handle itself, which libtest does not capture (scripts/hostile.sh
+            // tallies these rows).
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr().lock(),
+                format!("HOSTILE compare fit {fault} -> invalid_request\n").as_bytes(),
+            );
+        }
+    }
+    let events = compare(&s.engine, [policy("f32"), policy("f32")], ids);
+    assert!(matches!(
+        events.last(),
+        Some(Event::Finished { fidelity: Some(_) })
+    ));
+    s.engine.shutdown();
+}
+
+/// The tiny Gemma 3 fixture's config.
+fn tiny_config() -> kvlab_engine::lab::ModelConfig {
+    kvlab_engine::lab::load_hf_config(&common::fixture("tiny_gemma3").join("config.json"))
+        .expect("config")
 }
 
 #[test]

@@ -723,6 +723,7 @@ fn hostile_context_growth_beyond_memory_is_refused_and_the_session_kept() {
             prefill_chunk: 512,
             sweep: Vec::new(),
             constraint: None,
+            fit: None,
         })
         .expect("send");
     let last = refused.events().last().expect("an answer");

@@ -136,6 +136,7 @@ fn compare(engine: &EngineHandle, prompt: &[u32], policies: [PrecisionPolicy; 2]
         prefill_chunk: 512,
         sweep: Vec::new(),
         constraint: None,
+        fit: None,
     };
     let rx = engine.submit(req).expect("send compare");
     let cancel = rx.cancel_token();
@@ -260,6 +261,7 @@ fn hostile_generation_under_churn_keeps_the_cache_and_every_job() {
                         prefill_chunk: 512,
                         sweep: Vec::new(),
                         constraint: None,
+                        fit: None,
                     };
                     // It runs beside the turn on its own caches (the conversation's is left
                     // alone) and finishes once.
