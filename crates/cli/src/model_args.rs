@@ -183,6 +183,31 @@ pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
     Ok(out)
 }
 
+/// The caches of a `--kv` list, each with its canonical SPEC: comma-separated SPECs
+/// (`presets` for every preset of the menu on all layers), or `;`-separated ones that may give
+/// layers formats of their own (`presets;tq3+qw@all,17=f16`).
+pub fn kv_list(list: &str) -> anyhow::Result<Vec<(String, PrecisionPolicy)>> {
+    if !list.contains(';') {
+        return Ok(kv_specs(list)?
+            .iter()
+            .map(|s| (s.to_string(), s.to_policy()))
+            .collect());
+    }
+    let mut out = Vec::new();
+    for item in list.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "presets" {
+            out.extend(kv_list(item)?);
+        } else {
+            let policy = kv_policy(item)?;
+            out.push((policy.spec_string(), policy));
+        }
+    }
+    if out.is_empty() {
+        bail!("--kv names no cache");
+    }
+    Ok(out)
+}
+
 /// Parses a `--kv` SPEC (`f16`, `bf16`, `f32`, `tq4`, …, or with layers of their own:
 /// `tq3@all,0-1=q8_0`) into a cache policy.
 pub fn kv_policy(spec: &str) -> anyhow::Result<PrecisionPolicy> {

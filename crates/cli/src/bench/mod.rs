@@ -23,7 +23,6 @@ use clap::{Args, Subcommand, ValueEnum};
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::WeightsChoice;
 use kvlab_engine::hub::find_tokenizer;
-use kvlab_engine::lab::CacheSpec;
 use kvlab_engine::lab::GemmaTokenizer;
 use kvlab_engine::lab::Model;
 use kvlab_engine::lab::{
@@ -130,7 +129,8 @@ enum BenchCommand {
         /// every preset of the app's menu). Several, comma-separated (`f16,tq4@all`): one
         /// prefill in the first, then each cache's decode from the same depth in `--rounds`
         /// alternating rounds (the cache switched as the app switches it), with each one's
-        /// speed as a ratio to the first's.
+        /// speed as a ratio to the first's. Separated by `;` instead, each may give layers
+        /// formats of their own (`f16;tq3+qw@all,17=f16`).
         #[arg(long, default_value = "f16")]
         kv: String,
         /// Rounds of a several-SPEC comparison; each cache's best round is reported.
@@ -224,9 +224,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             if ctx == 0 {
                 bail!("--ctx must be at least 1");
             }
-            let cache_specs = crate::model_args::kv_specs(&kv)?;
-            let cache_spec = cache_specs[0];
-            let comparing = cache_specs.len() > 1;
+            let caches = crate::model_args::kv_list(&kv)?;
+            let (labels, policies): (Vec<String>, Vec<_>) = caches.into_iter().unzip();
+            let cache_spec = labels.first().cloned().unwrap_or_default();
+            let comparing = policies.len() > 1;
             if comparing && (profile || golden.is_some()) {
                 bail!("--profile and --golden take one --kv SPEC, not a comparison");
             }
@@ -277,7 +278,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 context,
                 decode,
                 prefill_chunk: chunk,
-                policy: cache_spec.to_policy(),
+                policy: policies[0].clone(),
                 sampling: match sampling {
                     SamplingArg::Greedy => SamplingParams::greedy(),
                     SamplingArg::Default => SamplingParams::default(),
@@ -285,14 +286,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 profile,
             };
             if comparing {
-                let policies: Vec<_> = cache_specs.iter().map(|c| c.to_policy()).collect();
                 let prefills = if prefill_each {
                     Some(bench_prefill_each(&m, &spec, &policies, rounds)?)
                 } else {
                     None
                 };
                 let r = bench_decode_compare(&m, &spec, &policies, rounds)?;
-                return print_comparison(&r, prefills, &cache_specs, &path, load_secs, json);
+                return print_comparison(&r, prefills, &labels, &path, load_secs, json);
             }
             let r = bench_decode(&m, &spec)?;
             let golden = match &golden {
@@ -308,7 +308,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     weights_bytes_per_token: m.streamed_bytes_per_token(),
                     device: format!("{:?}", m.device().location()),
                     dtype: format!("{:?}", m.dtype()).to_lowercase(),
-                    kv: cache_spec.to_string(),
+                    kv: cache_spec.clone(),
                     golden: golden.as_ref(),
                 };
                 println!("{}", serde_json::to_string_pretty(&out)?);
@@ -383,7 +383,7 @@ struct CompareJson<'a> {
 fn print_comparison(
     r: &DecodeCompareReport,
     prefills: Option<Vec<Vec<f64>>>,
-    specs: &[CacheSpec],
+    specs: &[String],
     path: &std::path::Path,
     load_secs: f64,
     json: bool,
@@ -407,7 +407,7 @@ fn print_comparison(
     if json {
         let out = CompareJson {
             report: r,
-            kv: specs.iter().map(|s| s.to_string()).collect(),
+            kv: specs.to_vec(),
             speed_vs_first: ratios,
             prefill_each_secs: prefills,
             prefill_vs_first: prefill_ratios,

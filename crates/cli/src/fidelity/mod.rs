@@ -146,7 +146,8 @@ pub struct SweepArgs {
     #[command(flatten)]
     protocol: ProtocolArgs,
     /// Caches, comma-separated SPECs; `presets` stands for every preset of the cache menu
-    /// on all layers.
+    /// on all layers. Separated by `;` instead, each may give layers formats of their own
+    /// (`presets;tq3+qw@all,17=f16`).
     #[arg(long, default_value = "presets")]
     kv: String,
     /// Peer figures to draw and print beside ours: a JSON array of
@@ -272,8 +273,16 @@ fn layers(args: LayersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The caches of a sweep's `--kv` ([`crate::model_args::kv_list`]), labelled by their SPECs.
+fn sweep_tests(list: &str) -> anyhow::Result<Vec<Labelled>> {
+    Ok(crate::model_args::kv_list(list)?
+        .into_iter()
+        .map(|(label, policy)| Labelled { label, policy })
+        .collect())
+}
+
 fn sweep(args: SweepArgs) -> anyhow::Result<()> {
-    let caches = crate::model_args::kv_specs(&args.kv)?;
+    let tests = sweep_tests(&args.kv)?;
     let peers: Vec<PeerPoint> = match &args.peer {
         Some(p) => serde_json::from_slice(
             &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
@@ -294,13 +303,6 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         chunk,
         ..
     } = args.protocol;
-    let tests: Vec<Labelled> = caches
-        .iter()
-        .map(|spec| Labelled {
-            label: spec.to_string(),
-            policy: spec.to_policy(),
-        })
-        .collect();
     let measured = measure_many(model, &cut, &tests, reference, chunk, args.json)?;
     let mut rows = Vec::with_capacity(tests.len());
     for (test, (out, klds)) in tests.iter().zip(measured) {
@@ -386,6 +388,25 @@ fn sweep(args: SweepArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sweep_takes_layers_of_their_own_after_semicolons() {
+        let labels = |l: &str| -> Vec<String> {
+            sweep_tests(l)
+                .unwrap()
+                .into_iter()
+                .map(|t| t.label)
+                .collect()
+        };
+        assert_eq!(labels("f16, tq4"), ["f16", "tq4"]);
+        assert_eq!(
+            labels("q4_0; tq3+qw@all,17=f16 ;"),
+            ["q4_0", "tq3+qw@all,17=f16"]
+        );
+        assert!(labels("presets;f16").len() > 2);
+        assert!(sweep_tests("tq3,17=f16").is_err());
+        assert!(sweep_tests(";").is_err());
+    }
 
     #[test]
     fn peer_points_read_from_json() {
