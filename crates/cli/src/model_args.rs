@@ -185,7 +185,7 @@ pub fn kv_specs(list: &str) -> anyhow::Result<Vec<CacheSpec>> {
 
 /// The caches of a `--kv` list, each with its canonical SPEC: comma-separated SPECs
 /// (`presets` for every preset of the menu on all layers), or `;`-separated ones that may give
-/// layers formats of their own (`presets;tq3+qw@all,17=f16`).
+/// layers formats of their own (`presets;tq3+qw@all,17=f16`), each labelled `NAME:` if named.
 pub fn kv_list(list: &str) -> anyhow::Result<Vec<(String, PrecisionPolicy)>> {
     if !list.contains(';') {
         return Ok(kv_specs(list)?
@@ -198,8 +198,15 @@ pub fn kv_list(list: &str) -> anyhow::Result<Vec<(String, PrecisionPolicy)>> {
         if item == "presets" {
             out.extend(kv_list(item)?);
         } else {
-            let policy = kv_policy(item)?;
-            out.push((policy.spec_string(), policy));
+            // `NAME:SPEC` names a cache (a SPEC has no colon): a chart's label for a long
+            // per-layer SPEC.
+            let (name, spec) = match item.split_once(':') {
+                Some((name, spec)) => (Some(name.trim()), spec.trim()),
+                None => (None, item),
+            };
+            let policy = kv_policy(spec)?;
+            let label = name.map_or_else(|| policy.spec_string(), str::to_string);
+            out.push((label, policy));
         }
     }
     if out.is_empty() {

@@ -404,6 +404,10 @@ mod tests {
             ["q4_0", "tq3+qw@all,17=f16"]
         );
         assert!(labels("presets;f16").len() > 2);
+        assert_eq!(
+            labels("f16; fitted 3.5 : tq3+qw@all,17=f16"),
+            ["f16", "fitted 3.5"]
+        );
         assert!(sweep_tests("tq3,17=f16").is_err());
         assert!(sweep_tests(";").is_err());
     }
