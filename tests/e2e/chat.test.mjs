@@ -402,8 +402,36 @@ test("the cache panel fits a cache to a budget, charted beside the presets", asy
   assert.equal(await use.getText(), "Use it");
   assert.equal(await use.isEnabled(), true);
   await shot("fit.png");
+  // Used: the conversation's cache becomes the fitted one, and the card's KV table gains
+  // each layer's format, as the engine holds it.
+  const before = await (await $('[data-testid="cache-current"]')).getAttribute("data-policy");
+  const presetOn = await (await $('[data-testid^="precision-"].on')).getAttribute("data-testid");
+  await use.click();
+  const current = await $('[data-testid="cache-current"]');
+  await app.browser.waitUntil(async () => (await current.getAttribute("data-policy")) === spec, {
+    timeout: 60_000,
+    timeoutMsg: "the fitted cache was not switched to",
+  });
   await app.browser.keys("Escape");
   await view.waitForDisplayed({ reverse: true, timeout: 5_000 });
+  const layers = await $('[data-testid="layer-formats"]');
+  await layers.waitForExist({ timeout: 10_000 });
+  await layers.scrollIntoView();
+  await (await layers.$("summary")).click();
+  const rows = [];
+  for (const r of await $$('[data-testid="layer-row"]')) rows.push({ layer: Number(await r.getAttribute("data-layer")), precision: await r.getAttribute("data-precision") });
+  console.log(`fitted layers: ${JSON.stringify(rows)}`);
+  assert.equal(rows.length, 18, "every layer of the 270M");
+  assert.ok(new Set(rows.map((r) => r.precision)).size > 1, "layers of their own formats");
+  for (const r of rows) assert.ok(spec.includes(r.precision), `${r.precision} is in ${spec}`);
+  await shot("fit-layers.png");
+  // Back to the cache the chat had, for the tests after this one.
+  await (await $(`[data-testid="${presetOn}"]`)).click();
+  await app.browser.waitUntil(async () => (await current.getAttribute("data-policy")) === before, {
+    timeout: 60_000,
+    timeoutMsg: "the chat's cache was not switched back",
+  });
+  assert.equal((await $$('[data-testid="layer-formats"]')).length, 0);
 });
 
 test("a dropped text file shows its cost and goes into the prompt; a binary file is refused", async () => {

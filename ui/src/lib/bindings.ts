@@ -281,7 +281,13 @@ busy: boolean,
 /**
  * When it last ran, in milliseconds since the Unix epoch.
  */
-last_used_ms: number, };
+last_used_ms: number, 
+/**
+ * Each layer's format, tokens and bytes, for a cache held in memory whose layers have
+ * formats of their own (a per-layer SPEC, a fitted cache); empty otherwise, where the
+ * SPEC says it all.
+ */
+layers: Array<LayerBytes>, };
 
 export type DefaultModel = { path: string, name: string, };
 

@@ -151,6 +151,11 @@ pub struct ConversationInfo {
     pub busy: bool,
     /// When it last ran, in milliseconds since the Unix epoch.
     pub last_used_ms: u64,
+    /// Each layer's format, tokens and bytes, for a cache held in memory whose layers have
+    /// formats of their own (a per-layer SPEC, a fitted cache); empty otherwise, where the
+    /// SPEC says it all.
+    #[serde(default)]
+    pub layers: Vec<crate::memory::LayerBytes>,
 }
 
 /// What a timeline marker records.

@@ -249,6 +249,13 @@ impl Pool {
                     Place::Dropped => (Tier::Dropped, 0, c.tokens, false),
                 };
                 let allocated = self.bytes_of_conversation(c);
+                // Per layer only where the SPEC has layers of its own to show.
+                let layers = match &c.place {
+                    Place::Memory { session, .. } if !c.policy.overrides.is_empty() => {
+                        crate::memory::KvBytes::from_report(&session.memory()).layers
+                    }
+                    _ => Vec::new(),
+                };
                 ConversationInfo {
                     id: id.clone(),
                     tier,
@@ -260,6 +267,7 @@ impl Pool {
                     disk_bytes: c.file.map_or(0, |(b, _)| b),
                     busy: c.busy,
                     last_used_ms: c.used_ms,
+                    layers,
                 }
             })
             .collect()

@@ -750,3 +750,40 @@ fn hostile_a_bad_cache_selection_is_refused_at_every_entry_point_and_changes_not
     let (a2, _) = ok_turn(e, "a", &next(&prompt(1), &a1), 4);
     assert_eq!(a2.len(), 4);
 }
+
+#[test]
+fn a_per_layer_cache_lists_each_layers_format_and_bytes() {
+    let lab = lab("f32");
+    let engine = &lab.engine;
+    let p = prompt(1);
+    ok_turn(engine, "a", &p, 4);
+    // A uniform cache: its SPEC says it all.
+    assert!(info(engine, "a").layers.is_empty());
+    // Layers of their own: each one's format, tokens and bytes, adding up to the whole.
+    engine
+        .switch_cache(&id("a"), &CacheSelection::Spec("f32,0=f16,2-3=bf16".into()))
+        .expect("switch");
+    let a = info(engine, "a");
+    let formats: Vec<(usize, String)> = a
+        .layers
+        .iter()
+        .map(|l| (l.layer, l.precision.clone()))
+        .collect();
+    let owners = a.layers.len();
+    assert!(owners >= 4, "{formats:?}");
+    assert_eq!(formats[0], (0, "f16".to_string()));
+    assert_eq!(formats[1], (1, "f32".to_string()));
+    assert_eq!(formats[2], (2, "bf16".to_string()));
+    assert_eq!(formats[3], (3, "bf16".to_string()));
+    assert!(a.layers.iter().all(|l| l.tokens == a.tokens));
+    assert_eq!(
+        a.layers.iter().map(|l| l.bytes.used).sum::<u64>(),
+        a.bytes,
+        "{formats:?}"
+    );
+    // Back to one format: the list goes.
+    engine
+        .switch_cache(&id("a"), &CacheSelection::Spec("f32".into()))
+        .expect("switch back");
+    assert!(info(engine, "a").layers.is_empty());
+}

@@ -13,6 +13,7 @@ const conv = (id: string, tokens: number, bytes: number, tier: ConversationInfo[
   disk_bytes: 0,
   busy: false,
   last_used_ms: 0,
+  layers: [],
 });
 
 const sample = (t: number, conversations: ConversationInfo[]): MemorySample => ({
