@@ -126,7 +126,11 @@ impl Side {
                 }
                 // A `+sink` side's first token: its f16 row as the codes would hold it,
                 // scored by the same (scaled, unweighted) query.
-                if let Some(sink) = self.coded_sink(h, s, false)?.filter(|_| lo == 0 && hi > 0) {
+                let sink = match lo == 0 && hi > 0 {
+                    true => self.coded_sink(h, s, false)?,
+                    false => None,
+                };
+                if let Some(sink) = sink {
                     for (qi, q) in queries.chunks_exact(d).enumerate() {
                         out[qi * n] = q.iter().zip(&sink).map(|(a, b)| a * b).sum();
                     }
@@ -198,7 +202,13 @@ impl Side {
     /// A codes side's sink where segment `s` (`block`) holds its token, less the record the
     /// codes hold for it, both as the codes hold rows (model coordinates): what a sum over the
     /// records must add, per unit of the token's weight, to weigh the sink instead.
-    fn sink_correction(&self, h: usize, s: usize, block: &CodeBlock) -> Result<Option<Vec<f32>>> {
+    fn sink_correction(
+        &self,
+        h: usize,
+        s: usize,
+        block: &CodeBlock,
+        scratch: &mut Scratch,
+    ) -> Result<Option<Vec<f32>>> {
         let Some(mut sink) = self.coded_sink(h, s, false)? else {
             return Ok(None);
         };
@@ -206,7 +216,7 @@ impl Side {
             return Ok(None);
         };
         let mut record = vec![0f32; self.dim];
-        c.decode(block, 0, &mut record, &mut c.scratch())?;
+        c.decode(block, 0, &mut record, scratch)?;
         sink.iter_mut().zip(&record).for_each(|(x, r)| *x -= r);
         Ok(Some(sink))
     }
@@ -257,10 +267,6 @@ impl Side {
                 let g = out.len() / d;
                 // A `+sink` side's first token weighs its f16 row, not its record: the
                 // difference, added to the sums of the records.
-                let first = |read: bool| match read {
-                    true => self.sink_correction(h, s, b),
-                    false => Ok(None),
-                };
                 let w0 = |g: usize| -> Vec<f32> { (0..g).map(|qi| weights[qi * n]).collect() };
                 if self.sums_raw(g) {
                     // Left rotated: the caller adds the segments' sums and rotates them
@@ -268,17 +274,24 @@ impl Side {
                     out.fill(0.0);
                     let lo = rows.start.min(n);
                     let records = lo..rows.end.clamp(lo, n);
-                    let reads_first = records.start == 0 && !records.is_empty();
+                    let diff = match records.start == 0 && !records.is_empty() {
+                        true => self.sink_correction(h, s, b, scratch)?,
+                        false => None,
+                    };
                     c.accumulate_raw(weights, b, records, scratch, out)?;
-                    if let Some(diff) = first(reads_first)? {
+                    if let Some(diff) = diff {
                         c.add_raw(&diff, &w0(g), out)?;
                     }
                     return Ok(());
                 }
                 if g < BLOCK_GEMM_MIN_ROWS || !c.works_by_products() {
                     // The whole segment, its weights zero outside `rows`.
+                    let diff = match n > 0 {
+                        true => self.sink_correction(h, s, b, scratch)?,
+                        false => None,
+                    };
                     c.accumulate_multi(weights, b, scratch, out)?;
-                    if let Some(diff) = first(n > 0)? {
+                    if let Some(diff) = diff {
                         for (o, w) in out.chunks_exact_mut(d).zip(w0(g)) {
                             o.iter_mut().zip(&diff).for_each(|(o, x)| *o += w * x);
                         }
@@ -294,9 +307,12 @@ impl Side {
                 };
                 let m = span.len();
                 let mut held = vec![0f32; m * d];
-                let from_first = span.start == 0;
+                let sink = match span.start == 0 {
+                    true => self.coded_sink(h, s, true)?,
+                    false => None,
+                };
                 c.rotated_rows(b, span, &mut held)?;
-                if let Some(sink) = self.coded_sink(h, s, true)?.filter(|_| from_first) {
+                if let Some(sink) = sink {
                     held[..d].copy_from_slice(&sink);
                 }
                 let sums = matmul(w, g, held, m, d)?;

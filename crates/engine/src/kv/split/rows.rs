@@ -82,9 +82,12 @@ impl Side {
         match (&self.heads[h][s], self.store.codec()) {
             (Seg::Codes(b), Some(c)) => {
                 let mut out = vec![0f32; range.len() * d];
-                let from_first = range.start == 0 && !range.is_empty();
+                let sink = match range.start == 0 && !range.is_empty() {
+                    true => self.coded_sink(h, s, true)?,
+                    false => None,
+                };
                 c.rotated_rows(b, range, &mut out)?;
-                if let Some(sink) = self.coded_sink(h, s, true)?.filter(|_| from_first) {
+                if let Some(sink) = sink {
                     out[..d].copy_from_slice(&sink);
                 }
                 Ok(Rows::F32(Cow::Owned(out)))
