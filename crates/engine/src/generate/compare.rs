@@ -155,12 +155,14 @@ impl CompareRun {
             return Err(GenerateError::NoTokens);
         }
         let policies = req.policies()?;
+        // A budget no cache meets is refused now, not after every probe has run.
         if let Some(t) = req.fit {
-            if t.bytes == 0 || t.ctx == 0 || t.ctx > max_context {
+            if t.ctx == 0 || t.ctx > max_context {
                 return Err(GenerateError::Engine(crate::error::EngineError::invalid(
-                    format!("a fit needs a budget above 0 bytes at 1 to {max_context} tokens"),
+                    format!("a fit's budget is counted at 1 to {max_context} tokens"),
                 )));
             }
+            fit::check_budget(model.config(), FitBudget::Bytes(t.bytes), t.ctx)?;
         }
         let sweep = req
             .sweep

@@ -200,6 +200,23 @@ pub struct Fitted {
     pub widths: Vec<(usize, Option<f64>, Option<f64>)>,
 }
 
+/// Refuses, before anything is probed, a budget no fit can meet (2 bits on every side holds
+/// more at `ctx` tokens): [`allocate`] itself on sides that lose nothing.
+pub fn check_budget(config: &ModelConfig, budget: FitBudget, ctx: usize) -> Result<()> {
+    let lossless = Sensitivity {
+        layers: config
+            .cache_owning_layers()
+            .map(|l| LayerSensitivity {
+                layer: l.index,
+                kind: l.kind,
+                keys_kld: 0.0,
+                values_kld: 0.0,
+            })
+            .collect(),
+    };
+    allocate(config, &lossless, budget, ctx, 0).map(|_| ())
+}
+
 /// The per-layer widths that minimise the predicted loss within `budget` at `ctx` tokens:
 /// every side starts at f16 and the step down with the least predicted loss per byte saved
 /// is taken until the cache fits (ties to the lower layer, keys first). Refused when even

@@ -327,8 +327,8 @@ fn a_fit_probes_every_side_then_scores_a_cache_within_its_budget() {
     assert!(again
         .iter()
         .any(|e| matches!(e, Event::Fitted { fitted: f } if *f == fitted)));
-    // A budget below 2 bits everywhere, or of nothing, is refused with a coded error, each
-    // time, and the engine goes on.
+    // A budget below 2 bits everywhere, or of nothing, is refused with a coded error before
+    // a pane runs (no pane event), 20 times each, and the engine goes on.
     for (bytes, fault) in [
         (
             estimate("tq2+qw+sink@all", 200) / 2,
@@ -336,7 +336,7 @@ fn a_fit_probes_every_side_then_scores_a_cache_within_its_budget() {
         ),
         (0, "of 0 bytes"),
     ] {
-        for _ in 0..3 {
+        for _ in 0..20 {
             let events = compare_fitting(
                 &s.engine,
                 [policy("f32"), policy("f32")],
@@ -354,6 +354,10 @@ fn a_fit_probes_every_side_then_scores_a_cache_within_its_budget() {
                 ),
                 "{bytes}: {:?}",
                 events.last()
+            );
+            assert!(
+                !events.iter().any(|e| matches!(e, Event::Pane { .. })),
+                "refused before a pane ran"
             );
             // To the stderr handle itself, which libtest does not capture (scripts/hostile.sh
             // tallies these rows).

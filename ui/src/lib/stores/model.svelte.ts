@@ -25,6 +25,13 @@ export class ModelStore {
   context = $state(8192);
   /** KV bytes at `context` tokens under each preset, for the loaded model. */
   contextCosts: ContextCost[] = $state([]);
+
+  /** The budget a fit starts at, in MiB: a quarter of f16's bytes at `context` (about 4
+   * bits), as the engine counts them; 0 until they are known. */
+  fitStartMiB(): number {
+    const f16 = this.contextCosts.find((c) => c.spec === "f16")?.bytes ?? 0;
+    return f16 ? Math.max(0.01, Math.round((f16 / 4 / 2 ** 20) * 100) / 100) : 0;
+  }
   /** How a safetensors checkpoint's weights are held; null: the device's default. */
   weights: api.WeightsChoice | null = $state(null);
 
