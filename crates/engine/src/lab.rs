@@ -67,6 +67,13 @@ pub use crate::memory::token_costs;
 pub use crate::models::common::BatchItem;
 pub use crate::models::common::Logits;
 pub use crate::models::common::Model;
+pub use crate::models::common::SoftSpan;
+pub use crate::models::vision::config::{ImageTokens, VisionConfig};
+pub use crate::models::vision::preprocess::{
+    decode as decode_image, ImageLimits, Processor as ImageProcessor, DEFAULT_SOFT_TOKENS,
+    SOFT_TOKEN_BUDGETS,
+};
+pub use crate::models::vision::{Encoded, Patches, VisionTower};
 pub use crate::tokenizer::gguf::build as build_gguf_tokenizer;
 pub use crate::tokenizer::gguf::tokenizer_from_file as gguf_tokenizer_from_file;
 pub use crate::tokenizer::GemmaTokenizer;

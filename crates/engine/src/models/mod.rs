@@ -9,6 +9,7 @@
 pub mod common;
 mod gemma3;
 mod gemma4;
+pub mod vision;
 
 use crate::contract::Family;
 

@@ -190,6 +190,7 @@ impl Worker {
                                 ids,
                                 cache: session.cache_for_step(),
                                 which: Logits::Last,
+                                soft: &[],
                             });
                         }
                     }
@@ -201,6 +202,7 @@ impl Worker {
                                     ids,
                                     cache,
                                     which: Logits::Last,
+                                    soft: &[],
                                 });
                             }
                         }

@@ -73,7 +73,12 @@ fn batched_equals_alone(model: &Model, specs: &[&str], prompt_base: u32, steps: 
                 .iter_mut()
                 .zip(&next)
                 .zip(&which)
-                .map(|((cache, ids), &which)| BatchItem { ids, cache, which })
+                .map(|((cache, ids), &which)| BatchItem {
+                    ids,
+                    cache,
+                    which,
+                    soft: &[],
+                })
                 .collect();
             model.forward_batch(&mut items)
         };
@@ -146,26 +151,31 @@ fn a_sequence_that_cannot_run_leaves_the_batch_and_the_others_go_on() {
                     ids: &ids,
                     cache: &mut full,
                     which: Logits::Last,
+                    soft: &[],
                 },
                 BatchItem {
                     ids: &ids,
                     cache: &mut good,
                     which: Logits::Last,
+                    soft: &[],
                 },
                 BatchItem {
                     ids: &ids,
                     cache: &mut foreign,
                     which: Logits::Last,
+                    soft: &[],
                 },
                 BatchItem {
                     ids: &bad_id,
                     cache: &mut bad_ids_cache,
                     which: Logits::Last,
+                    soft: &[],
                 },
                 BatchItem {
                     ids: &[],
                     cache: &mut alone,
                     which: Logits::Last,
+                    soft: &[],
                 },
             ];
             model.forward_batch(&mut items)

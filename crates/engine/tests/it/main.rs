@@ -32,3 +32,4 @@ mod scoring;
 mod text_real;
 mod tokenizer_gguf_real;
 mod tools_constrained;
+mod vision;

@@ -158,6 +158,7 @@ impl<'a> GgufHeader<'a> {
             norm_weight_offset: 0.0,
             bos_token_id: token_id(md, "tokenizer.ggml.bos_token_id"),
             eos_token_ids: end_ids(md),
+            image_bidirectional: false,
             warnings: self.warnings,
         })
     }

@@ -409,15 +409,17 @@ impl Fields<'_> {
                 "attention logit softcapping is not supported",
             ));
         }
-        match self.get("use_bidirectional_attention") {
-            None | Some(Value::Bool(false)) => {}
+        // "vision" touches only an image's own span (models/vision); text stays causal.
+        let image_bidirectional = match self.get("use_bidirectional_attention") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::String(s)) if s == "vision" => true,
             Some(v) => {
                 return Err(self.err(
                     "use_bidirectional_attention",
                     &format!("{v} is not supported for causal generation"),
                 ))
             }
-        }
+        };
         let num_layers = self.usize_req("num_hidden_layers")?;
         super::resolve::check_layer_count(num_layers)?;
         let hidden_size = self.usize_req("hidden_size")?;
@@ -511,6 +513,7 @@ impl Fields<'_> {
             norm_weight_offset: traits.norm_weight_offset,
             bos_token_id: self.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: self.token_ids("eos_token_id")?,
+            image_bidirectional,
             warnings,
         })
     }

@@ -107,6 +107,10 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// An image's soft tokens attend to each other both ways on sliding layers (transformers'
+    /// `use_bidirectional_attention: "vision"`, the 26B and 31B); else causally (E2B, E4B).
+    #[serde(default)]
+    pub image_bidirectional: bool,
     /// One entry per layer, in order.
     pub layers: Vec<LayerSpec>,
     /// Unknown, ignored or defaulted fields, for the user to see.

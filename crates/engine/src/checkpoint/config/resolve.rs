@@ -48,6 +48,8 @@ pub(crate) struct RawConfig {
     pub norm_weight_offset: f64,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// An image's soft tokens attend to each other both ways on sliding layers.
+    pub image_bidirectional: bool,
     pub warnings: Vec<String>,
 }
 
@@ -379,6 +381,7 @@ impl RawConfig {
             tie_word_embeddings: self.tie_word_embeddings,
             bos_token_id: self.bos_token_id,
             eos_token_ids: self.eos_token_ids,
+            image_bidirectional: self.image_bidirectional,
             layers,
             warnings: self.warnings,
         })

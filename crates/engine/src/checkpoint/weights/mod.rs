@@ -297,6 +297,20 @@ impl WeightStore {
         })
     }
 
+    /// Opens safetensors weights whose logical names sit under `prefix` (`model.` for the
+    /// vision tower and projector of a multimodal checkpoint, beside its language model).
+    pub fn open_safetensors_prefixed(
+        path: &Path,
+        opts: &LoadOptions,
+        prefix: &str,
+    ) -> Result<Self> {
+        let mut ws = Self::open_safetensors(path, opts)?;
+        if let Backend::Safetensors { prefix: p, .. } = &mut ws.backend {
+            *p = prefix.to_string();
+        }
+        Ok(ws)
+    }
+
     /// Opens a GGUF file; returns the store and its parsed header (metadata + tensor
     /// directory), which [`crate::checkpoint::config::gguf::config_from_gguf`] turns into a config.
     pub fn open_gguf(path: &Path, opts: &LoadOptions) -> Result<Self> {

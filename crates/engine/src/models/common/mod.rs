@@ -76,12 +76,30 @@ pub struct BatchItem<'i, 'c> {
     pub ids: &'i [u32],
     pub cache: &'c mut KvCache,
     pub which: Logits,
+    /// Rows of `ids` whose embeddings are given (an image's soft tokens); empty for text.
+    pub soft: &'i [SoftSpan],
 }
+
+/// Rows of a chunk whose embeddings come from elsewhere (an image's soft tokens, see
+/// [`crate::models::vision`]): `rows` `[n, hidden]` take the places of ids `at..at + n`,
+/// which are looked up as the pad token for the per-layer inputs, as transformers does.
+#[derive(Debug, Clone)]
+pub struct SoftSpan {
+    /// First row of the chunk it replaces.
+    pub at: usize,
+    /// The embeddings, `[n, hidden]`.
+    pub rows: Tensor,
+}
+
+/// The id the places of soft tokens are looked up as: Gemma's `<pad>`, id 0 in every
+/// released vocabulary (transformers swaps in `pad_token_id`).
+const SOFT_PLACE_ID: u32 = 0;
 
 /// A sequence inside a pass: its rows of the step's activations, its first position, its
 /// cache and its rotary tables (one per [`Model`]'s rope key).
 pub(crate) struct Segment<'a> {
     ids: &'a [u32],
+    soft: &'a [SoftSpan],
     pub(crate) rows: std::ops::Range<usize>,
     pub(crate) start: usize,
     which: Logits,
@@ -210,7 +228,23 @@ impl Model {
     /// `[vocab]` (Last) or `[t, vocab]` (All), after the final softcap. On error the cache
     /// is rolled back to its state before the call.
     pub fn forward(&self, ids: &[u32], cache: &mut KvCache, which: Logits) -> Result<Tensor> {
-        let mut one = [BatchItem { ids, cache, which }];
+        self.forward_with(ids, &[], cache, which)
+    }
+
+    /// [`Model::forward`] with some rows' embeddings given (an image's soft tokens).
+    pub fn forward_with(
+        &self,
+        ids: &[u32],
+        soft: &[SoftSpan],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Tensor> {
+        let mut one = [BatchItem {
+            ids,
+            cache,
+            which,
+            soft,
+        }];
         self.forward_batch(&mut one)
             .pop()
             .unwrap_or_else(|| Err(EngineError::invalid("a batch of one gave no logits")))
@@ -227,7 +261,7 @@ impl Model {
     pub fn forward_batch(&self, items: &mut [BatchItem<'_, '_>]) -> Vec<Result<Tensor>> {
         let mut out: Vec<Option<Result<Tensor>>> = items
             .iter()
-            .map(|item| self.check(item.ids, item.cache).err().map(Err))
+            .map(|item| self.check(item.ids, item.soft, item.cache).err().map(Err))
             .collect();
         let ready: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
         if ready.len() > 1 {
@@ -242,6 +276,7 @@ impl Model {
                 let start = item.cache.seq_len();
                 segments.push(Segment {
                     ids: item.ids,
+                    soft: item.soft,
                     rows: rows..rows + item.ids.len(),
                     start,
                     which: item.which,
@@ -292,9 +327,21 @@ impl Model {
     }
 
     /// Why `ids` cannot run on `cache`, if they cannot.
-    fn check(&self, ids: &[u32], cache: &KvCache) -> Result<()> {
+    fn check(&self, ids: &[u32], soft: &[SoftSpan], cache: &KvCache) -> Result<()> {
         if ids.is_empty() {
             return Err(EngineError::invalid("forward on an empty chunk"));
+        }
+        for s in soft {
+            let dims = s.rows.dims();
+            let n = dims.first().copied().unwrap_or(0);
+            if dims != [n, self.config.hidden_size] || s.at + n > ids.len() {
+                return Err(EngineError::invalid(format!(
+                    "soft tokens of shape {dims:?} at row {} do not fit a chunk of {} ids of width {}",
+                    s.at,
+                    ids.len(),
+                    self.config.hidden_size
+                )));
+            }
         }
         if cache.num_layers() != self.layers.len() {
             return Err(EngineError::invalid("cache was built for another model"));
@@ -318,9 +365,10 @@ impl Model {
 
     /// One checked item run by itself, committed or rolled back.
     fn forward_alone(&self, item: &mut BatchItem<'_, '_>) -> Result<Tensor> {
-        self.check(item.ids, item.cache)?;
+        self.check(item.ids, item.soft, item.cache)?;
         let mut one = [Segment {
             ids: item.ids,
+            soft: item.soft,
             rows: 0..item.ids.len(),
             start: item.cache.seq_len(),
             which: item.which,
@@ -342,16 +390,29 @@ impl Model {
 
     /// The pass itself over `segments` (rows laid end to end), without commit or rollback.
     fn run(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Tensor>> {
-        let ids: Vec<u32> = segments
+        let mut ids: Vec<u32> = segments
             .iter()
             .flat_map(|s| s.ids.iter().copied())
             .collect();
+        for s in segments.iter() {
+            for span in s.soft {
+                let first = s.rows.start + span.at;
+                ids[first..first + span.rows.dim(0)?].fill(SOFT_PLACE_ID);
+            }
+        }
         let splits = Splits(segments.iter().map(|s| s.ids.len()).collect());
         let t = ids.len();
         let ids_t = Tensor::from_vec(ids, t, &self.device)?;
         let mut x = {
             let _span = profile::span("embedding");
-            (self.embed.lookup(&ids_t, self.dtype)? * self.embed_scale)?
+            let mut x = (self.embed.lookup(&ids_t, self.dtype)? * self.embed_scale)?;
+            for s in segments.iter() {
+                for span in s.soft {
+                    x =
+                        x.slice_scatter0(&span.rows.to_dtype(self.dtype)?, s.rows.start + span.at)?;
+                }
+            }
+            x
         };
         let ple = {
             let _span = profile::span("per-layer embeddings");

@@ -83,6 +83,9 @@ pub(crate) fn raw_config(mut h: GgufHeader<'_>) -> Result<RawConfig> {
     // The per-layer feed_forward_length already carries the double-wide MLP.
     c.k_eq_v = k_eq_v;
     c.num_kv_shared_layers = shared;
+    // GGUF files do not say how images attend; llama.cpp (mtmd) lets them attend both ways
+    // but on E2B and E4B, the models with per-layer inputs, as transformers' configs do.
+    c.image_bidirectional = ple.is_none();
     c.ple = ple;
     c.moe = moe;
     c.rope_full.kind = RopeKind::Proportional {
