@@ -292,6 +292,10 @@ fn hostile_images_are_refused_in_bounded_time_and_memory() {
                 "{fault}: {err}"
             );
             assert!(err.to_string().contains("image"), "{fault}: {err}");
+            // The two oversized headers are stopped by the limits, before any allocation.
+            if fault.contains("000×") {
+                assert!(err.to_string().contains("limit"), "{fault}: {err}");
+            }
         }
         let _ = std::io::Write::write_all(
             &mut std::io::stderr().lock(),
@@ -316,4 +320,61 @@ fn hostile_images_are_refused_in_bounded_time_and_memory() {
     let none = VisionTower::from_safetensors(&common::fixture("tiny_e"), &LoadOptions::default())
         .expect("reads the config");
     assert!(none.is_none(), "tiny_e is text only");
+}
+
+#[test]
+fn patches_that_do_not_tile_and_soft_tokens_that_do_not_fit_are_refused() {
+    let t = tower("e");
+    let width = 3 * 4 * 4;
+    // 18 patches (two soft tokens' worth) laid 2 wide and 9 tall: not whole 3×3 squares.
+    let positions: Vec<(u32, u32)> = (0..9).flat_map(|y| (0..2).map(move |x| (x, y))).collect();
+    let bad = Patches {
+        values: vec![0.5; positions.len() * width],
+        positions,
+        size: (8, 36),
+        original: (8, 36),
+        soft_tokens: 2,
+    };
+    for _ in 0..20 {
+        let err = t.encode(&bad).expect_err("a 2×9 grid does not pool by 3×3");
+        assert!(err.to_string().contains("tile"), "{err}");
+    }
+    // The same 18 patches laid 3 × 6 pool into two soft tokens.
+    let good = Patches {
+        positions: (0..6).flat_map(|y| (0..3).map(move |x| (x, y))).collect(),
+        ..bad
+    };
+    assert_eq!(t.encode(&good).expect("3×6").soft_tokens.dims(), [2, 64]);
+
+    // Soft tokens of the wrong width, or running past the chunk, leave the cache as it was.
+    let model = Model::load(&common::fixture("vision/e"), &LoadOptions::default()).expect("model");
+    let mut cache = model
+        .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
+        .expect("cache");
+    let ids = [2u32, 500, 501, 501, 502];
+    let narrow = Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).expect("t");
+    let wide = Tensor::zeros((2, 64), candle_core::DType::F32, &Device::Cpu).expect("t");
+    for _ in 0..20 {
+        for span in [
+            SoftSpan {
+                at: 2,
+                rows: narrow.clone(),
+            },
+            SoftSpan {
+                at: 4,
+                rows: wide.clone(),
+            },
+        ] {
+            let err = model
+                .forward_with(&ids, &[span], &mut cache, Logits::Last)
+                .expect_err("does not fit");
+            assert!(err.to_string().contains("do not fit"), "{err}");
+            assert_eq!(cache.seq_len(), 0);
+        }
+    }
+    let ok = [SoftSpan { at: 2, rows: wide }];
+    model
+        .forward_with(&ids, &ok, &mut cache, Logits::Last)
+        .expect("fits");
+    assert_eq!(cache.seq_len(), 5);
 }

@@ -157,6 +157,7 @@ impl<'a> GgufHeader<'a> {
             // llama.cpp's converter already added Gemma 3's +1 to the norms.
             norm_weight_offset: 0.0,
             bos_token_id: token_id(md, "tokenizer.ggml.bos_token_id"),
+            pad_token_id: token_id(md, "tokenizer.ggml.padding_token_id"),
             eos_token_ids: end_ids(md),
             image_bidirectional: false,
             warnings: self.warnings,

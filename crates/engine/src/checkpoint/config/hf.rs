@@ -512,6 +512,7 @@ impl Fields<'_> {
             tie_word_embeddings: self.bool_opt("tie_word_embeddings")?.unwrap_or(true),
             norm_weight_offset: traits.norm_weight_offset,
             bos_token_id: self.token_ids("bos_token_id")?.first().copied(),
+            pad_token_id: self.token_ids("pad_token_id")?.first().copied(),
             eos_token_ids: self.token_ids("eos_token_id")?,
             image_bidirectional,
             warnings,

@@ -105,6 +105,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Beginning-of-sequence id.
     pub bos_token_id: Option<u32>,
+    /// The padding id: what the places of an image's soft tokens are looked up as.
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
     /// Ids that end generation.
     pub eos_token_ids: Vec<u32>,
     /// An image's soft tokens attend to each other both ways on sliding layers (transformers'

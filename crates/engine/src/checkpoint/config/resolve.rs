@@ -47,6 +47,7 @@ pub(crate) struct RawConfig {
     pub tie_word_embeddings: bool,
     pub norm_weight_offset: f64,
     pub bos_token_id: Option<u32>,
+    pub pad_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     /// An image's soft tokens attend to each other both ways on sliding layers.
     pub image_bidirectional: bool,
@@ -380,6 +381,7 @@ impl RawConfig {
             norm_weight_offset: self.norm_weight_offset,
             tie_word_embeddings: self.tie_word_embeddings,
             bos_token_id: self.bos_token_id,
+            pad_token_id: self.pad_token_id,
             eos_token_ids: self.eos_token_ids,
             image_bidirectional: self.image_bidirectional,
             layers,

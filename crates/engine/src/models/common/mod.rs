@@ -82,7 +82,8 @@ pub struct BatchItem<'i, 'c> {
 
 /// Rows of a chunk whose embeddings come from elsewhere (an image's soft tokens, see
 /// [`crate::models::vision`]): `rows` `[n, hidden]` take the places of ids `at..at + n`,
-/// which are looked up as the pad token for the per-layer inputs, as transformers does.
+/// which are looked up as the config's pad token for the per-layer inputs, as transformers
+/// does.
 #[derive(Debug, Clone)]
 pub struct SoftSpan {
     /// First row of the chunk it replaces.
@@ -90,10 +91,6 @@ pub struct SoftSpan {
     /// The embeddings, `[n, hidden]`.
     pub rows: Tensor,
 }
-
-/// The id the places of soft tokens are looked up as: Gemma's `<pad>`, id 0 in every
-/// released vocabulary (transformers swaps in `pad_token_id`).
-const SOFT_PLACE_ID: u32 = 0;
 
 /// A sequence inside a pass: its rows of the step's activations, its first position, its
 /// cache and its rotary tables (one per [`Model`]'s rope key).
@@ -331,6 +328,15 @@ impl Model {
         if ids.is_empty() {
             return Err(EngineError::invalid("forward on an empty chunk"));
         }
+        let pad_in_vocab = self
+            .config
+            .pad_token_id
+            .is_some_and(|p| (p as usize) < self.config.vocab_size);
+        if !soft.is_empty() && !pad_in_vocab {
+            return Err(EngineError::invalid(
+                "the model names no pad token in its vocabulary for the places of an image's soft tokens",
+            ));
+        }
         for s in soft {
             let dims = s.rows.dims();
             let n = dims.first().copied().unwrap_or(0);
@@ -394,10 +400,12 @@ impl Model {
             .iter()
             .flat_map(|s| s.ids.iter().copied())
             .collect();
+        // `check` refused soft spans on a model without a pad id.
+        let place = self.config.pad_token_id.unwrap_or(0);
         for s in segments.iter() {
             for span in s.soft {
                 let first = s.rows.start + span.at;
-                ids[first..first + span.rows.dim(0)?].fill(SOFT_PLACE_ID);
+                ids[first..first + span.rows.dim(0)?].fill(place);
             }
         }
         let splits = Splits(segments.iter().map(|s| s.ids.len()).collect());

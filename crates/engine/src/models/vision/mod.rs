@@ -452,6 +452,17 @@ impl VisionTower {
                 "patch ({x}, {y}) is past the tower's {max} positions per side"
             )));
         }
+        // Pooling reads the patches as a grid of whole k×k squares: each bin below must be
+        // one of the `n / k²` soft tokens.
+        let grid = patches.positions.iter().fold((0, 0), |(w, h), &(x, y)| {
+            (w.max(x as usize + 1), h.max(y as usize + 1))
+        });
+        if grid.0 * grid.1 != n || !grid.0.is_multiple_of(k) || !grid.1.is_multiple_of(k) {
+            return Err(EngineError::invalid(format!(
+                "{n} patches spanning {}×{} do not tile whole {k}×{k} squares",
+                grid.0, grid.1
+            )));
+        }
         let pixels = Tensor::from_slice(&patches.values, (n, width), &self.device)?;
         // Pixels in [0, 1] become [-1, 1] in the model (its processor does not normalize).
         let pixels = ((pixels - 0.5)? * 2.0)?;
@@ -467,8 +478,7 @@ impl VisionTower {
         }
         // Average each k×k square of patches into one soft token, in row-major order of
         // the squares, then scale by √hidden (in f32, as the reference does).
-        let grid_w = patches.positions.iter().map(|p| p.0).max().unwrap_or(0) as usize + 1;
-        let per_row = grid_w / k;
+        let per_row = grid.0 / k;
         let bins: Vec<u32> = patches
             .positions
             .iter()

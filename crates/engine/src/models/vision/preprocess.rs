@@ -187,8 +187,13 @@ pub fn decode(bytes: &[u8], limits: ImageLimits) -> Result<DynamicImage> {
     l.max_image_width = Some(limits.max_side);
     l.max_image_height = Some(limits.max_side);
     l.max_alloc = Some(limits.max_alloc);
-    reader.limits(l);
+    reader.limits(l.clone());
     let mut decoder = reader.into_decoder().map_err(bad_image)?;
+    // The decoded picture itself counts against the allocation limit: `into_decoder` leaves
+    // that check to `ImageReader::decode` (which cannot report the EXIF orientation), so it is
+    // made here, from the header, before a byte of it is allocated.
+    l.reserve(decoder.total_bytes()).map_err(bad_image)?;
+    decoder.set_limits(l).map_err(bad_image)?;
     let orientation = decoder.orientation().map_err(bad_image)?;
     let mut image = DynamicImage::from_decoder(decoder).map_err(bad_image)?;
     image.apply_orientation(orientation);
