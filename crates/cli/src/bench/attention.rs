@@ -109,6 +109,7 @@ pub fn run(args: BenchAttentionArgs) -> anyhow::Result<()> {
             key_start: 0,
             window: None,
             scale: 1.0 / (args.head_dim as f64).sqrt(),
+            both_ways: None,
         };
         let budget = args.seconds / args.rounds as f64;
         for _ in 0..args.rounds {

@@ -61,12 +61,11 @@ fn attend_block(
     let q_first = spec.query_start + a;
     let q_last = spec.query_start + b - 1;
     let key_end = spec.key_start + s;
-    // Visible key positions for this block: [lo, hi).
-    let lo = match spec.window {
-        Some(w) => spec.key_start.max((q_first + 1).saturating_sub(w)),
-        None => spec.key_start,
-    };
-    let hi = key_end.min(q_last + 1);
+    // Visible key positions for this block: [lo, hi), the union of its queries' ranges
+    // (each contiguous, their starts and ends rising but for a both-ways span's).
+    let ranges: Vec<(usize, usize)> = (q_first..=q_last).map(|qp| spec.visible(qp, s)).collect();
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(key_end);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(lo);
     if hi <= lo {
         return Err(EngineError::invalid(format!(
             "attend: queries {q_first}..={q_last} see no stored key (keys {}..{key_end})",
@@ -102,16 +101,11 @@ fn attend_block(
         scores = scores.to_dtype(DType::F32)?;
     }
     // A mask is needed only if some (query, key) pair in range is hidden.
-    let causal_cut = hi - 1 > q_first;
-    let window_cut = spec.window.is_some_and(|w| q_last - lo >= w);
-    if causal_cut || window_cut {
+    if ranges.iter().any(|&r| r != (lo, hi)) {
         let mut m = vec![0f32; tb * sb];
-        for i in 0..tb {
-            let qp = q_first + i;
+        for (i, &(a, b)) in ranges.iter().enumerate() {
             for j in 0..sb {
-                let kp = lo + j;
-                let hidden = kp > qp || spec.window.is_some_and(|w| qp - kp >= w);
-                if hidden {
+                if !(a..b).contains(&(lo + j)) {
                     m[i * sb + j] = f32::NEG_INFINITY;
                 }
             }

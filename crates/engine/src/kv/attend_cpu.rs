@@ -130,12 +130,7 @@ fn run(
     let n_rows = group * t;
     // Visible key index range [lo_r, hi_r) per query row (row r = g·t + i).
     let range = |i: usize| {
-        let qp = spec.query_start + i;
-        let lo = match spec.window {
-            Some(w) => spec.key_start.max((qp + 1).saturating_sub(w)),
-            None => spec.key_start,
-        };
-        let hi = (spec.key_start + s).min(qp + 1);
+        let (lo, hi) = spec.visible(spec.query_start + i, s);
         (
             lo.saturating_sub(spec.key_start),
             hi.saturating_sub(spec.key_start),
@@ -252,14 +247,17 @@ mod tests {
         let buf = Tensor::randn(0f32, 1.0, (2, 40, 16), &dev)?.to_dtype(DType::F16)?;
         let k = buf.narrow(1, 3, 29)?;
         let v = (buf.narrow(1, 5, 29)? * 0.5)?;
-        // t 13 (8 query heads on 2 kv heads: 8 positions a pass) takes two passes.
-        for (t, window) in [
-            (1, None),
-            (3, Some(8)),
-            (4, None),
-            (1, Some(8)),
-            (13, None),
-            (13, Some(8)),
+        // t 13 (8 query heads on 2 kv heads: 8 positions a pass) takes two passes; the
+        // both-ways span 118..127 crosses the passes' boundary.
+        for (t, window, both_ways) in [
+            (1, None, None),
+            (3, Some(8), None),
+            (4, None, None),
+            (1, Some(8), None),
+            (13, None, None),
+            (13, Some(8), None),
+            (13, Some(4), Some((118, 127))),
+            (13, None, Some((118, 127))),
         ] {
             let q = Tensor::randn(0f32, 1.0, (8, t, 16), &dev)?;
             let spec = AttendSpec {
@@ -267,9 +265,10 @@ mod tests {
                 key_start: 100,
                 window,
                 scale: 0.3,
+                both_ways,
             };
             let d = fast_minus_general(&q, &k, &v, &spec)?;
-            assert!(d < 1e-5, "t {t} window {window:?}: {d}");
+            assert!(d < 1e-5, "t {t} window {window:?} {both_ways:?}: {d}");
         }
         Ok(())
     }
@@ -294,6 +293,7 @@ mod tests {
                 key_start: 0,
                 window,
                 scale: 0.5,
+                both_ways: None,
             };
             let d = fast_minus_general(&q, &k, &v, &spec)?;
             assert!(d < 1e-5, "t {t} window {window:?}: {d}");

@@ -351,13 +351,15 @@ impl KvCache {
     }
 
     /// Attention of `q` `[n_heads, t, head_dim]` at positions `query_start..` over the cache
-    /// `layer` reads (its own, or its producer's, current step included).
+    /// `layer` reads (its own, or its producer's, current step included), with the
+    /// positions `both_ways` seeing each other both ways (the model decides where).
     pub(crate) fn attend(
         &self,
         layer: usize,
         q: &Tensor,
         query_start: usize,
         scale: f64,
+        both_ways: Option<(usize, usize)>,
     ) -> Result<Tensor> {
         let slot = self
             .slots
@@ -382,6 +384,7 @@ impl KvCache {
             key_start: owned.key_start,
             window,
             scale,
+            both_ways,
         };
         owned.storage.attend(q, &spec)
     }

@@ -13,7 +13,9 @@ use crate::error::Result;
 ///
 /// Query row `i` sits at position `query_start + i`; stored key `j` at `key_start + j`.
 /// Key at position `k` is visible to the query at `q` iff `k ≤ q` and, with a window `W`,
-/// `q − k < W` (exactly `W` keys including the query's own).
+/// `q − k < W` (exactly `W` keys including the query's own). A query inside `both_ways`
+/// also sees the later keys of that span (an image's soft tokens on Gemma 4's sliding
+/// layers: the window still bounds how far back, nothing bounds the span ahead).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttendSpec {
     /// Absolute position of the first query row.
@@ -24,6 +26,52 @@ pub struct AttendSpec {
     pub window: Option<usize>,
     /// Multiplier on q·k before the softmax.
     pub scale: f64,
+    /// Positions `[a, b)` that attend to each other both ways, or `None`.
+    pub both_ways: Option<(usize, usize)>,
+}
+
+impl AttendSpec {
+    /// The key positions `[lo, hi)` the query at `qp` sees among `stored` keys from
+    /// `key_start` (empty, `hi ≤ lo`, when it sees none): the one rule every path applies.
+    pub fn visible(&self, qp: usize, stored: usize) -> (usize, usize) {
+        let lo = match self.window {
+            Some(w) => self.key_start.max((qp + 1).saturating_sub(w)),
+            None => self.key_start,
+        };
+        let end = match self.both_ways {
+            Some((a, b)) if (a..b).contains(&qp) => b,
+            _ => qp + 1,
+        };
+        (lo, (self.key_start + stored).min(end))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttendSpec;
+
+    #[test]
+    fn a_both_ways_span_sees_ahead_within_itself_and_the_window_still_bounds_behind() {
+        let spec = AttendSpec {
+            query_start: 10,
+            key_start: 2,
+            window: Some(4),
+            scale: 1.0,
+            both_ways: Some((12, 16)),
+        };
+        // Before, inside and after the span, 20 keys stored from position 2.
+        assert_eq!(spec.visible(11, 20), (8, 12));
+        assert_eq!(spec.visible(12, 20), (9, 16));
+        assert_eq!(spec.visible(15, 20), (12, 16));
+        assert_eq!(spec.visible(16, 20), (13, 17));
+        // Keys not yet stored are not seen, whatever the span says.
+        assert_eq!(spec.visible(12, 12), (9, 14));
+        let causal = AttendSpec {
+            window: None,
+            ..spec
+        };
+        assert_eq!(causal.visible(13, 20), (2, 16));
+    }
 }
 
 /// One layer's K/V store. Object-safe so precisions can be swapped at run time.

@@ -136,13 +136,18 @@ fn an_image_in_the_prompt_gives_the_references_logits() {
         let logits = model
             .forward_with(&ids, &spans, &mut cache, Logits::All)
             .expect("forward");
-        // The 31B shape lets an image attend to itself both ways on sliding layers; until the
-        // decoder does, it matches the reference run without that overlay.
-        let key = if model.config().image_bidirectional {
-            "logits_causal"
-        } else {
-            "logits"
-        };
+        // The 31B shape lets an image attend to itself both ways on sliding layers; its
+        // causal-only reference stands apart from the real one, so the overlay is tested.
+        let key = "logits";
+        if model.config().image_bidirectional {
+            let apart = max_diff(&g["logits"], &g["logits_causal"]);
+            assert!(
+                apart > 10.0 * TOL,
+                "{style}: the overlay moves the logits ({apart})"
+            );
+            let d = max_diff(&logits, &g["logits_causal"]);
+            assert!(d > 10.0 * TOL, "{style}: not the causal-only logits ({d})");
+        }
         let d = max_diff(&logits, &g[key]);
         eprintln!("{style}: logits with an image max |diff| {d:.2e} (against {key})");
         assert!(d <= TOL, "{style}: logits differ by {d}");
@@ -159,6 +164,106 @@ fn an_image_in_the_prompt_gives_the_references_logits() {
             max_diff(&without, &g[key]) > 0.1,
             "{style}: the image changes the answer"
         );
+    }
+}
+
+/// The dense (31B-style) fixture's prompt, its image's soft tokens and where they go.
+fn dense_prompt() -> (Model, HashMap<String, Tensor>, Vec<u32>, usize, Tensor) {
+    let g = golden("dense");
+    let model =
+        Model::load(&common::fixture("vision/dense"), &LoadOptions::default()).expect("text model");
+    let p = patches(&g["pixel_values"], &g["image_position_ids"], 3);
+    let soft = tower("dense").encode(&p).expect("encode").soft_tokens;
+    let ids: Vec<u32> = g["input_ids"]
+        .to_vec1::<i64>()
+        .expect("ids")
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    let at = ids.iter().position(|&i| i == 501).expect("image places");
+    (model, g, ids, at, soft)
+}
+
+#[test]
+fn an_image_attends_both_ways_in_chunks_in_decode_and_in_every_storage() {
+    let (model, g, ids, at, soft) = dense_prompt();
+    let want = &g["logits"];
+    let n = ids.len();
+    let rows = |t: &Tensor, a: usize, len: usize| t.narrow(0, a, len).expect("rows");
+    // The text before the image in one chunk, the image and the rest in the next, then the
+    // last token decoded alone: each equals the reference's rows.
+    let mut cache = model
+        .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
+        .expect("cache");
+    let first = model
+        .forward(&ids[..at], &mut cache, Logits::All)
+        .expect("text chunk");
+    let spans = [SoftSpan {
+        at: 0,
+        rows: soft.clone(),
+    }];
+    let second = model
+        .forward_with(&ids[at..n - 1], &spans, &mut cache, Logits::All)
+        .expect("image chunk");
+    let last = model
+        .forward(&ids[n - 1..], &mut cache, Logits::All)
+        .expect("decode");
+    for (name, got, a) in [
+        ("text", &first, 0),
+        ("image", &second, at),
+        ("decode", &last, n - 1),
+    ] {
+        let d = max_diff(got, &rows(want, a, got.dim(0).expect("rows")));
+        eprintln!("chunked, {name}: max |diff| {d:.2e}");
+        assert!(d <= TOL, "chunked, {name}: {d}");
+    }
+    // Every storage path applies the same overlay: f16 (the CPU fast path) and TurboQuant
+    // codes (the split storage's row ranges; ggml blocks need 32-wide heads, this fixture's
+    // sliding heads are 16) stay within a tenth of what the overlay moves the logits.
+    let apart = max_diff(want, &g["logits_causal"]);
+    for spec in ["f16", "tq8"] {
+        let policy = kvlab_engine::lab::CacheSpec::parse(spec)
+            .expect("spec")
+            .to_policy();
+        let mut cache = model
+            .new_cache(&policy)
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let spans = [SoftSpan {
+            at,
+            rows: soft.clone(),
+        }];
+        let got = model
+            .forward_with(&ids, &spans, &mut cache, Logits::All)
+            .expect("forward");
+        let d = max_diff(&got, want);
+        eprintln!("{spec}: max |diff| {d:.2e} (the overlay moves the logits by {apart:.2e})");
+        assert!(d < apart / 10.0, "{spec}: {d} against {apart}");
+    }
+}
+
+#[test]
+fn an_image_cut_by_a_chunk_or_two_images_in_one_are_refused_on_a_both_ways_model() {
+    let (model, _, ids, at, soft) = dense_prompt();
+    let half = soft.dim(0).expect("rows") / 2;
+    for _ in 0..20 {
+        let mut cache = model
+            .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
+            .expect("cache");
+        let two = [
+            SoftSpan {
+                at,
+                rows: soft.narrow(0, 0, half).expect("half"),
+            },
+            SoftSpan {
+                at: at + half,
+                rows: soft.narrow(0, half, half).expect("half"),
+            },
+        ];
+        let err = model
+            .forward_with(&ids, &two, &mut cache, Logits::Last)
+            .expect_err("two images in a chunk");
+        assert!(err.to_string().contains("one image per chunk"), "{err}");
+        assert_eq!(cache.seq_len(), 0, "nothing kept");
     }
 }
 

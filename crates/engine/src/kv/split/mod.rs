@@ -205,16 +205,12 @@ impl SplitStorage {
     /// The visible stored-token range `[lo, hi)` of the query at absolute position `qp`.
     fn visible(&self, qp: usize, spec: &AttendSpec) -> Result<(usize, usize)> {
         let live = self.total - self.front;
-        let key_end = spec.key_start + live;
-        let lo = match spec.window {
-            Some(w) => spec.key_start.max((qp + 1).saturating_sub(w)),
-            None => spec.key_start,
-        };
-        let hi = key_end.min(qp + 1);
+        let (lo, hi) = spec.visible(qp, live);
         if hi <= lo {
             return Err(EngineError::invalid(format!(
-                "attend: query {qp} sees no stored key (keys {}..{key_end})",
-                spec.key_start
+                "attend: query {qp} sees no stored key (keys {}..{})",
+                spec.key_start,
+                spec.key_start + live
             )));
         }
         let at = |p: usize| p - spec.key_start + self.front;

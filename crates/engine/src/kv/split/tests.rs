@@ -111,6 +111,7 @@ fn check_waiting(
             key_start,
             window,
             scale: 0.125,
+            both_ways: None,
         };
         let got = s.attend(&q, &spec)?;
         let (k, v) = s.to_dense()?;
@@ -392,6 +393,7 @@ fn rejects_mismatched_shapes_and_empty_attends() -> Result<()> {
         key_start: 0,
         window: None,
         scale: 1.0,
+        both_ways: None,
     };
     assert!(s.attend(&tensor(1, 4, 1, 16)?, &spec).is_err());
     assert!(s
@@ -644,6 +646,7 @@ fn query_weighted_keys_cut_the_score_error_where_queries_look() -> Result<()> {
         key_start: 0,
         window: None,
         scale: 0.125,
+        both_ways: None,
     };
     let q_heads = Tensor::cat(&[&q, &q], 0)?;
     let got = s.attend(&q_heads, &spec)?;
@@ -1044,6 +1047,7 @@ fn a_sink_keeps_its_first_token(plain: &str, sunk: &str) -> Result<()> {
         key_start: 0,
         window: None,
         scale: 1.0,
+        both_ways: None,
     };
     let want = attend_dense(&q, &k, &v, &spec)?;
     let err = |s: &SplitStorage| -> Result<f32> { max_abs(&(&s.attend(&q, &spec)? - &want)?) };

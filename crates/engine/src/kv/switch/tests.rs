@@ -149,7 +149,7 @@ fn a_failed_switch_leaves_every_layer_as_it_was() -> Result<()> {
     // Every layer still attends.
     for l in &cfg.layers {
         let q = chunk(9, l.n_heads, 1, l.head_dim)?;
-        let o = cache.attend(l.index, &q, cache.seq_len() - 1, l.attn_scale)?;
+        let o = cache.attend(l.index, &q, cache.seq_len() - 1, l.attn_scale, None)?;
         assert_eq!(o.dims(), &[l.n_heads, 1, l.head_dim]);
     }
     Ok(())

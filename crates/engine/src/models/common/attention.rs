@@ -8,6 +8,7 @@ use super::rope::RopeTables;
 use super::Segment;
 use crate::checkpoint::config::{KvSource, LayerSpec, ModelConfig};
 use crate::checkpoint::weights::WeightStore;
+use crate::contract::AttentionKind;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::profile;
@@ -97,7 +98,13 @@ impl Attention {
                 (Some(k), Some(_)) => Some((rows(k)?, v.as_ref().map(rows).transpose()?)),
                 _ => None,
             };
-            outs.push(self.attend_one(&rows(&q)?, kv, tables, s.cache, s.start)?);
+            // Gemma 4 lets an image's soft tokens see each other both ways on sliding layers
+            // only (full layers stay causal), where the config asks for it.
+            let both_ways = match self.spec.kind {
+                AttentionKind::Sliding => s.both_ways,
+                _ => None,
+            };
+            outs.push(self.attend_one(&rows(&q)?, kv, tables, s.cache, s.start, both_ways)?);
         }
         let a = if outs.len() == 1 {
             outs.pop()
@@ -119,6 +126,7 @@ impl Attention {
         rope: &RopeTables,
         cache: &mut KvCache,
         start: usize,
+        both_ways: Option<(usize, usize)>,
     ) -> Result<Tensor> {
         let (t, _) = q.dims2()?;
         let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
@@ -155,7 +163,7 @@ impl Attention {
         };
         let a = {
             let _span = profile::span("attention");
-            cache.attend(self.spec.index, &q, start, self.spec.attn_scale)?
+            cache.attend(self.spec.index, &q, start, self.spec.attn_scale, both_ways)?
         };
         let _span = profile::span("layout copies");
         Ok(a.transpose(0, 1)?.contiguous()?.reshape((t, nh * d))?)

@@ -102,6 +102,9 @@ pub(crate) struct Segment<'a> {
     which: Logits,
     pub(crate) cache: &'a mut KvCache,
     pub(crate) ropes: Vec<RopeTables>,
+    /// Positions that see each other both ways on sliding layers: the chunk's image, on a
+    /// model that asks for it.
+    pub(crate) both_ways: Option<(usize, usize)>,
 }
 
 impl Model {
@@ -271,6 +274,7 @@ impl Model {
                 .map(|(_, item)| item);
             for item in picked.by_ref() {
                 let start = item.cache.seq_len();
+                let both_ways = self.both_ways(start, item.soft);
                 segments.push(Segment {
                     ids: item.ids,
                     soft: item.soft,
@@ -279,6 +283,7 @@ impl Model {
                     which: item.which,
                     cache: &mut *item.cache,
                     ropes: Vec::new(),
+                    both_ways,
                 });
                 rows += item.ids.len();
             }
@@ -323,6 +328,14 @@ impl Model {
             .collect()
     }
 
+    /// The positions of a chunk's image that attend both ways, where the config asks for it
+    /// (`check` allows such a model one image per chunk).
+    fn both_ways(&self, start: usize, soft: &[SoftSpan]) -> Option<(usize, usize)> {
+        let s = soft.first().filter(|_| self.config.image_bidirectional)?;
+        let a = start + s.at;
+        Some((a, a + s.rows.dim(0).ok()?))
+    }
+
     /// Why `ids` cannot run on `cache`, if they cannot.
     fn check(&self, ids: &[u32], soft: &[SoftSpan], cache: &KvCache) -> Result<()> {
         if ids.is_empty() {
@@ -335,6 +348,11 @@ impl Model {
         if !soft.is_empty() && !pad_in_vocab {
             return Err(EngineError::invalid(
                 "the model names no pad token in its vocabulary for the places of an image's soft tokens",
+            ));
+        }
+        if self.config.image_bidirectional && soft.len() > 1 {
+            return Err(EngineError::invalid(
+                "this model's images attend both ways: one image per chunk",
             ));
         }
         for s in soft {
@@ -372,14 +390,16 @@ impl Model {
     /// One checked item run by itself, committed or rolled back.
     fn forward_alone(&self, item: &mut BatchItem<'_, '_>) -> Result<Tensor> {
         self.check(item.ids, item.soft, item.cache)?;
+        let start = item.cache.seq_len();
         let mut one = [Segment {
             ids: item.ids,
             soft: item.soft,
             rows: 0..item.ids.len(),
-            start: item.cache.seq_len(),
+            start,
             which: item.which,
             cache: &mut *item.cache,
             ropes: Vec::new(),
+            both_ways: self.both_ways(start, item.soft),
         }];
         match self.run(&mut one) {
             Ok(mut l) => {
