@@ -30,6 +30,8 @@ EXPECTED=(
   "rust|image a truncated PNG|invalid_request"
   "rust|image a PNG that lies about its size|invalid_request"
   "rust|image an animated GIF of 10000 frames|first_frame"
+  "rust|an image that cannot be read or was never added|bad_image"
+  "rust|an image for a model without a vision tower|bad_image"
   "rust|deep-recursion.pdf|document_crashed"
   "rust|endless-loop.pdf|document_timeout"
   "rust|inflate-bomb.pdf|document_out_of_memory"

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use kvlab_engine::contract::CompareFidelity;
 use kvlab_engine::contract::Constraint;
+use kvlab_engine::contract::ImageInfo;
 use kvlab_engine::contract::MemoryEstimate;
 use kvlab_engine::contract::SamplingParams;
 use kvlab_engine::contract::SweepPoint;
@@ -27,7 +28,7 @@ use kvlab_engine::contract::{
 };
 use kvlab_engine::contract::{FitOption, MemoryFit};
 use kvlab_engine::contract::{FitTarget, FittedCache};
-use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard};
+use kvlab_engine::contract::{HeadShape, LayerCounts, ModelCard, VisionCard};
 use kvlab_engine::contract::{Message, Role, TemplateSource, Tool, ToolCall};
 use kvlab_engine::contract::{Prompt, PromptPreview, StopToken};
 use kvlab_engine::hub::GgufQuant;
@@ -117,6 +118,8 @@ pub fn typescript() -> String {
         decl::<MemorySample>(&cfg),
         decl::<Message>(&cfg),
         decl::<ModelCard>(&cfg),
+        decl::<VisionCard>(&cfg),
+        decl::<ImageInfo>(&cfg),
         decl::<Prompt>(&cfg),
         decl::<Role>(&cfg),
         decl::<SamplingParams>(&cfg),

@@ -89,6 +89,7 @@ impl EngineBridge {
             options: load_options(weights)?,
             cache: cache.clone(),
             context,
+            mmproj: None,
         };
         self.handle
             .submit(request)?

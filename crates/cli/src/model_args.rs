@@ -44,6 +44,10 @@ pub struct ModelArgs {
     /// their own types.
     #[arg(long)]
     pub weights: Option<WeightsChoice>,
+    /// The vision tower's mmproj GGUF for a GGUF model (default: the one `mmproj*.gguf`
+    /// beside it; a safetensors checkpoint carries its own).
+    #[arg(long)]
+    pub mmproj: Option<PathBuf>,
 }
 
 impl ModelArgs {
@@ -82,6 +86,7 @@ impl ModelArgs {
             options: self.load_options()?,
             cache: kvlab_engine::contract::CacheSelection::Spec(policy.spec_string()),
             context,
+            mmproj: self.mmproj.clone(),
         };
         let card = engine
             .submit(request)

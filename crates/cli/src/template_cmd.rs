@@ -60,6 +60,7 @@ pub fn openai_messages(v: &serde_json::Value) -> anyhow::Result<Vec<Message>> {
                 thinking: m["reasoning_content"].as_str().map(str::to_owned),
                 tool_calls: Vec::new(),
                 tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+                images: Vec::new(),
             })
         })
         .collect()

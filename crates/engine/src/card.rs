@@ -96,6 +96,7 @@ fn build(ckpt: &Checkpoint) -> ModelCard {
         has_chat_template: has_chat_template(ws),
         token_costs: token_costs(config),
         warnings: config.warnings.clone(),
+        vision: None,
     }
 }
 

@@ -87,6 +87,11 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub tool_call_id: Option<String>,
+    /// The images a user turn shows, by the ids the engine gave them when they were added,
+    /// in order before its text (the template places each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[ts(optional, as = "Option<Vec<String>>")]
+    pub images: Vec<String>,
 }
 
 impl Role {
@@ -119,6 +124,7 @@ impl Message {
             thinking: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            images: Vec::new(),
         }
     }
 
@@ -310,6 +316,19 @@ impl ChatTemplate {
                     Role::User => ("user", escape(&m.content, controls)),
                     Role::Tool => ("tool", escape(&m.content, controls)),
                     Role::Model => ("assistant", m.content.clone()),
+                };
+                // A turn with images is a list of parts, images first, as transformers'
+                // processors pass them: the template writes a marker for each.
+                let content = if m.images.is_empty() {
+                    serde_json::Value::from(content)
+                } else {
+                    let mut parts: Vec<serde_json::Value> = m
+                        .images
+                        .iter()
+                        .map(|_| serde_json::json!({ "type": "image" }))
+                        .collect();
+                    parts.push(serde_json::json!({ "type": "text", "text": content }));
+                    serde_json::Value::from(parts)
                 };
                 let mut v = serde_json::json!({ "role": role, "content": content });
                 if let Some(t) = &m.thinking {

@@ -38,6 +38,7 @@ mod conversations;
 mod device;
 mod error;
 mod generate;
+mod images;
 mod kv;
 mod memory;
 mod models;

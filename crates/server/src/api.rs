@@ -411,6 +411,7 @@ impl RequestBody {
                 thinking: m.reasoning_content,
                 tool_calls,
                 tool_call_id: m.tool_call_id,
+                images: Vec::new(),
             });
         }
         let tools = crate::tools::tools(self.tools.take())?;

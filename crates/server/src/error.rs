@@ -101,9 +101,10 @@ impl ApiError {
 /// The HTTP status an engine error answers with.
 pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
-        ErrorCode::InvalidRequest | ErrorCode::ContextOverflow | ErrorCode::BadChatTemplate => {
-            StatusCode::BAD_REQUEST
-        }
+        ErrorCode::InvalidRequest
+        | ErrorCode::ContextOverflow
+        | ErrorCode::BadChatTemplate
+        | ErrorCode::BadImage => StatusCode::BAD_REQUEST,
         ErrorCode::ModelNotFound => StatusCode::NOT_FOUND,
         ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::Busy | ErrorCode::NoModel => StatusCode::SERVICE_UNAVAILABLE,

@@ -343,7 +343,7 @@ export type Downloaded = { repo: string,
  */
 path: string, };
 
-export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "internal" | "bad_chat_template" | "queue_full" | "cache_corrupt" | "cache_mismatch";
+export type ErrorCode = "model_not_found" | "bad_model_file" | "tokenizer_not_found" | "bad_tokenizer" | "no_model" | "context_overflow" | "busy" | "cancelled" | "invalid_request" | "network" | "hub_auth" | "hub_rate_limited" | "hub_unavailable" | "download_incomplete" | "download_corrupt" | "disk_full" | "out_of_memory" | "non_finite_logits" | "engine_stopped" | "unsupported_model" | "io" | "internal" | "bad_chat_template" | "queue_full" | "cache_corrupt" | "cache_mismatch" | "bad_image";
 
 export type Event = { "type": "loading", 
 /**
@@ -651,6 +651,28 @@ family: string,
  */
 gguf: boolean, };
 
+export type ImageInfo = { 
+/**
+ * The id messages name it by.
+ */
+id: string, 
+/**
+ * Its width and height as decoded (after its EXIF turn).
+ */
+width: number, height: number, 
+/**
+ * Its width and height as the tower reads it.
+ */
+resized: [number, number], 
+/**
+ * Its soft tokens.
+ */
+soft_tokens: number, 
+/**
+ * Prompt tokens it takes: its soft tokens and its two markers.
+ */
+tokens: number, };
+
 export type InspectedDocument = { tokens: number, name: string, kind: DocumentKind, bytes: number, 
 /**
  * Page count, for PDFs.
@@ -880,7 +902,12 @@ tool_calls?: Array<ToolCall>,
 /**
  * The call a tool turn answers.
  */
-tool_call_id?: string, };
+tool_call_id?: string, 
+/**
+ * The images a user turn shows, by the ids the engine gave them when they were added,
+ * in order before its text (the template places each).
+ */
+images?: Array<string>, };
 
 export type ModelCard = { 
 /**
@@ -973,7 +1000,11 @@ token_costs: Array<TokenCost>,
 /**
  * Config fields that were ignored, defaulted or assumed.
  */
-warnings: Array<string>, };
+warnings: Array<string>, 
+/**
+ * How the model reads images (`None`: it reads none).
+ */
+vision?: VisionCard, };
 
 export type PresetFidelity = { 
 /**
@@ -1288,6 +1319,20 @@ set_aside_as?: string,
  * `session_corrupt`, or `io` for a file that could not be read.
  */
 code: Code, message: string, };
+
+export type VisionCard = { 
+/**
+ * Where the tower came from (the checkpoint, or the mmproj file's path).
+ */
+source: string, 
+/**
+ * Bytes of the tower's weights as held.
+ */
+weights_bytes: number, 
+/**
+ * Soft tokens an image takes at most (the processor's budget).
+ */
+max_soft_tokens: number, };
 
 export type WeightFormat = "gguf" | "safetensors";
 

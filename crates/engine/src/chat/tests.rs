@@ -53,6 +53,7 @@ fn case(c: &serde_json::Value) -> (Vec<Message>, ChatOptions, Vec<Tool>) {
                 })
                 .collect(),
             tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+            images: Vec::new(),
         })
         .collect();
     let opts = ChatOptions {

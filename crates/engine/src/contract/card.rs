@@ -125,4 +125,19 @@ pub struct ModelCard {
     pub token_costs: Vec<TokenCost>,
     /// Config fields that were ignored, defaulted or assumed.
     pub warnings: Vec<String>,
+    /// How the model reads images (`None`: it reads none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub vision: Option<VisionCard>,
+}
+
+/// How a loaded model reads images.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct VisionCard {
+    /// Where the tower came from (the checkpoint, or the mmproj file's path).
+    pub source: String,
+    /// Bytes of the tower's weights as held.
+    pub weights_bytes: u64,
+    /// Soft tokens an image takes at most (the processor's budget).
+    pub max_soft_tokens: usize,
 }

@@ -98,5 +98,9 @@ error_codes! {
         /// A saved KV cache file belongs to another model or policy, or to another format
         /// version: the conversation reads its prompt again.
         CacheMismatch = "cache_mismatch",
+        /// An image cannot be used: the file cannot be decoded or is past the limits, the
+        /// loaded model reads no images, or a message names an image the engine no longer
+        /// holds.
+        BadImage = "bad_image",
     }
 }

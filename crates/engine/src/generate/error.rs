@@ -67,6 +67,9 @@ pub enum GenerateError {
 
     #[error(transparent)]
     Constraint(#[from] crate::constrain::ConstrainError),
+    /// An image cannot be used.
+    #[error(transparent)]
+    Image(#[from] crate::images::ImageError),
     /// The model or cache failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -104,6 +107,7 @@ impl GenerateError {
             | GenerateError::Constraint(_)
             | GenerateError::Engine(EngineError::InvalidRequest(_)) => ErrorCode::InvalidRequest,
             GenerateError::Tokenizer(_) => ErrorCode::BadTokenizer,
+            GenerateError::Image(_) => ErrorCode::BadImage,
             GenerateError::Engine(_) | GenerateError::Candle(_) => ErrorCode::Internal,
         }
     }

@@ -27,7 +27,7 @@ pub use error::GenerateError;
 pub use sequence::Sequence;
 pub use turn::{Next, Turn};
 
-use crate::chat::{ChatOptions, Message, Tool};
+use crate::chat::{ChatOptions, Message, Role, Tool};
 use crate::contract::ConversationChoice;
 use crate::generate::sampling::SamplingParams;
 use crate::tokenizer::{GemmaTokenizer, TokenizerError};
@@ -235,6 +235,69 @@ pub fn render_within_context(
     };
     check_prompt(ids.len(), max)?;
     Ok(ids)
+}
+
+/// The prompt's token ids, rendered for the loaded model ([`Prompt::for_model`]), with its
+/// images in their places ([`crate::images::place`]), against a context of `max` tokens. `images`: the loaded model's image facts and the
+/// images the engine holds (`None`: a model that reads none, which refuses a prompt with
+/// images).
+pub(crate) fn render_with_images(
+    tokenizer: &GemmaTokenizer,
+    prompt: &Prompt,
+    max: usize,
+    images: Option<(&crate::images::ImageFacts, &crate::images::ImageStore)>,
+) -> Result<(Vec<u32>, Vec<crate::images::PromptImage>), GenerateError> {
+    use crate::images::{ImageError, MAX_IMAGES_PER_PROMPT};
+    let named: Vec<(Role, &str)> = match prompt {
+        Prompt::Chat { messages, .. } | Prompt::Conversation { messages, .. } => messages
+            .iter()
+            .flat_map(|m| m.images.iter().map(move |i| (m.role, i.as_str())))
+            .collect(),
+        Prompt::Text { .. } | Prompt::Ids { .. } => Vec::new(),
+    };
+    let prompt = prompt
+        .clone()
+        .for_model(Some(tokenizer.template().is_some()));
+    let ids = render_within_context(tokenizer, &prompt, max)?;
+    if named.is_empty() {
+        return Ok((ids, Vec::new()));
+    }
+    if named.len() > MAX_IMAGES_PER_PROMPT {
+        return Err(ImageError::Mismatch(format!(
+            "{} images in one prompt (at most {MAX_IMAGES_PER_PROMPT})",
+            named.len()
+        ))
+        .into());
+    }
+    if let Some((role, _)) = named.iter().find(|(r, _)| *r != Role::User) {
+        return Err(ImageError::Mismatch(format!(
+            "only user turns show images (a {role:?} turn names one)"
+        ))
+        .into());
+    }
+    let Some((facts, store)) = images else {
+        return Err(ImageError::Unsupported(
+            " (it has no vision tower: load its mmproj GGUF beside it, or a multimodal checkpoint)"
+                .into(),
+        )
+        .into());
+    };
+    if matches!(prompt, Prompt::Text { .. }) || tokenizer.template().is_none() {
+        return Err(
+            ImageError::Unsupported(" without a chat template to place them".into()).into(),
+        );
+    }
+    let held = named
+        .iter()
+        .map(|(_, id)| {
+            store
+                .get(id)
+                .ok_or_else(|| ImageError::Unknown((*id).to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (ids, placed) = crate::images::place(&ids, facts.tokens, &held)?;
+    check_prompt(ids.len(), max)?;
+    Ok((ids, placed))
 }
 
 /// A prompt of `len` tokens is something to run and fits `max` tokens of context: the one

@@ -5,6 +5,7 @@
 //! dense cache, are never handed to a turn as exact ones (that turn reads its history again).
 
 use crate::error::Result;
+use crate::images::PromptImage;
 use crate::kv::{ConvertPlan, KvCache, KvMemoryReport, PrecisionPolicy};
 use crate::memory::{switch_precision, RssProbe, SwitchEvent};
 use crate::models::common::Model;
@@ -28,6 +29,9 @@ pub struct Session {
     policy: PrecisionPolicy,
     /// Some row was held as codes (a TurboQuant policy) since the cache was last empty.
     coded: bool,
+    /// The images of the prompt being read, in order: those that end within `history` are
+    /// held (see [`crate::images`]).
+    images: Vec<PromptImage>,
 }
 
 /// What [`Session::prepare`] did to line the cache up with a prompt.
@@ -53,6 +57,7 @@ impl Session {
             pending: Vec::new(),
             policy: policy.clone(),
             coded: false,
+            images: Vec::new(),
         })
     }
 
@@ -98,8 +103,20 @@ impl Session {
         self.cache.memory()
     }
 
+    /// The images the cache holds, in order.
+    pub fn images(&self) -> &[PromptImage] {
+        let held = self.history.len();
+        let n = self
+            .images
+            .iter()
+            .take_while(|i| i.at + i.len <= held)
+            .count();
+        &self.images[..n]
+    }
+
     /// Forgets everything.
     pub fn reset(&mut self) -> Result<()> {
+        self.images.clear();
         self.history.clear();
         self.pending.clear();
         self.coded = false;
@@ -123,7 +140,7 @@ impl Session {
             path,
             model,
             &self.policy.spec_string(),
-            &self.history,
+            (&self.history, self.images()),
             &self.pending,
         )
     }
@@ -177,12 +194,15 @@ impl Session {
         self.policy = policy;
         self.history = header.tokens.clone();
         self.pending = header.pending.clone();
+        self.images = header.images.clone();
         Ok(header)
     }
 
-    /// Makes the cache hold a prefix of `prompt` and returns how much of it is reused. At
-    /// least one prompt token is always left to run, so the caller gets fresh logits.
-    pub fn prepare(&mut self, prompt: &[u32]) -> Result<Prepared> {
+    /// Makes the cache hold a prefix of `prompt` (with `images` in its places) and returns
+    /// how much of it is reused: never an image the cache did not hold in the same places,
+    /// never part of one. At least one prompt token is always left to run, so the caller
+    /// gets fresh logits.
+    pub fn prepare(&mut self, prompt: &[u32], images: &[PromptImage]) -> Result<Prepared> {
         self.pending.clear();
         if self.coded && self.policy.is_dense() {
             // Decoded rows are not the rows a dense cache would hold: read them again.
@@ -193,14 +213,16 @@ impl Session {
                 reread_coded: true,
             });
         }
-        let common = self
-            .history
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = crate::images::common_prefix((&self.history, self.images()), (prompt, images));
         // Keep one token to run: its logits start the generation.
-        let target = common.min(prompt.len().saturating_sub(1));
+        let target = crate::images::cut_outside(common.min(prompt.len().saturating_sub(1)), images);
+        let result = self.line_up(target);
+        self.images = images.to_vec();
+        result
+    }
+
+    /// Rewinds the cache to `target` tokens, or empties it when it cannot.
+    fn line_up(&mut self, target: usize) -> Result<Prepared> {
         if target == self.history.len() {
             return Ok(Prepared {
                 reused: target,

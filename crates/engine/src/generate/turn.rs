@@ -15,14 +15,17 @@ use super::{GenerateError, GenerateRequest, Sequence};
 use crate::constrain::Guide;
 use crate::contract::Event;
 use crate::contract::{CacheOrigin, ConversationId};
+use crate::images::PromptImage;
 use crate::models::common::Model;
+use crate::models::common::SoftSpan;
 use crate::tokenizer::GemmaTokenizer;
 
 /// What a turn runs next ([`Turn::next`]).
 #[derive(Debug)]
 pub enum Next {
-    /// These ids in the session's cache: a prefill chunk or the token just sampled.
-    Run(Vec<u32>),
+    /// These ids in the session's cache: a prefill chunk (with the soft tokens of the
+    /// images in it) or the token just sampled.
+    Run(Vec<u32>, Vec<SoftSpan>),
     /// The turn ended: its stats and `done` were emitted.
     Finished,
 }
@@ -38,11 +41,17 @@ pub struct Turn {
     seq: Option<Sequence>,
     chunk: usize,
     origin: CacheOrigin,
+    /// The prompt's images the cache did not hold, with their soft tokens.
+    images: Vec<(PromptImage, Tensor)>,
 }
+
+/// Encodes a prompt's image into its soft tokens (the loaded vision tower's work).
+pub type EncodeImage<'a> = &'a mut dyn FnMut(&PromptImage) -> Result<Tensor, GenerateError>;
 
 impl Turn {
     /// Starts `request`'s turn (held to `guide`, its compiled constraint) over `session`
-    /// with the prompt `prompt` (ids), arrived at
+    /// with the prompt `prompt` (ids, and the images in it, which `encode` makes soft
+    /// tokens of where the cache does not hold them), arrived at
     /// `started`, in `conversation` whose cache came from `origin`: the cache keeps the
     /// longest prefix it shares with the prompt (rows that were held as codes are never kept
     /// for a dense policy: then the history is read again and the stats say `reread`).
@@ -51,14 +60,22 @@ impl Turn {
         tokenizer: &GemmaTokenizer,
         session: &mut Session,
         (request, guide): (&GenerateRequest, Option<Guide>),
-        prompt: Vec<u32>,
+        (prompt, images, encode): (Vec<u32>, Vec<PromptImage>, EncodeImage<'_>),
         started: Instant,
         (conversation, origin): (ConversationId, CacheOrigin),
     ) -> Result<Self, GenerateError> {
         request.check()?;
         let max_context = request.context_limit(model.config().max_position_embeddings);
         super::check_prompt(prompt.len(), max_context)?;
-        let prepared = session.prepare(&prompt)?;
+        let prepared = session.prepare(&prompt, &images)?;
+        let images = images
+            .into_iter()
+            .filter(|i| i.at + i.len > prepared.reused)
+            .map(|i| {
+                let soft = encode(&i)?;
+                Ok((i, soft))
+            })
+            .collect::<Result<Vec<_>, GenerateError>>()?;
         let origin = if prepared.reread_coded {
             CacheOrigin::Reread
         } else {
@@ -81,7 +98,23 @@ impl Turn {
             seq: Some(seq),
             chunk: request.prefill_chunk.max(1),
             origin,
+            images,
         })
+    }
+
+    /// The soft tokens of the images in the chunk of `len` tokens from `pos`.
+    fn soft_at(&self, pos: usize, len: usize) -> Result<Vec<SoftSpan>, GenerateError> {
+        let mut out = Vec::new();
+        for (image, rows) in &self.images {
+            let (a, b) = (image.at.max(pos), (image.at + image.len).min(pos + len));
+            if a < b {
+                out.push(SoftSpan {
+                    at: a - pos,
+                    rows: rows.narrow(0, a - image.at, b - a)?,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Where its cache came from (`reread` when its coded rows were dropped at the start).
@@ -109,15 +142,17 @@ impl Turn {
         limit: Option<usize>,
         emit: &mut dyn FnMut(Event),
     ) -> Result<Next, GenerateError> {
-        let Some(seq) = self.seq.as_mut() else {
-            return Err(ended());
-        };
         let chunk = limit.map_or(self.chunk, |l| l.clamp(1, self.chunk));
-        if let Some(chunk) = seq.next_prefill(chunk) {
+        let pos = session.len();
+        let chunk = chunk_at(self.images.iter().map(|(i, _)| i), pos, chunk);
+        let seq = self.seq.as_mut().ok_or_else(ended)?;
+        if let Some(ids) = seq.next_prefill(chunk) {
             if cancelled {
                 seq.cancel();
             } else {
-                return Ok(Next::Run(chunk.to_vec()));
+                let ids = ids.to_vec();
+                let soft = self.soft_at(pos, ids.len())?;
+                return Ok(Next::Run(ids, soft));
             }
         }
         let sampled = seq.sample(tokenizer, cancelled, session.len(), emit);
@@ -127,7 +162,7 @@ impl Turn {
             session.reset()?;
         }
         if let Some(id) = sampled? {
-            return Ok(Next::Run(vec![id]));
+            return Ok(Next::Run(vec![id], Vec::new()));
         }
         // The last sampled token was not run: a saved cache keeps it for a continuation.
         let all = seq.all_ids();
@@ -165,5 +200,56 @@ impl Turn {
     /// within the model's context.
     pub fn grown_context(prompt: &[u32], request: &GenerateRequest, max_context: usize) -> usize {
         super::grown_context(prompt, request.max_tokens, max_context)
+    }
+}
+
+/// The length of the chunk from position `pos` of at most `want` tokens, but never cutting
+/// one of `images` (in order; one that starts here runs whole, however long) nor holding
+/// two of them.
+fn chunk_at<'a>(
+    images: impl Iterator<Item = &'a PromptImage>,
+    pos: usize,
+    mut want: usize,
+) -> usize {
+    for image in images {
+        let (a, b) = (image.at, image.at + image.len);
+        if b <= pos {
+            continue;
+        }
+        if a <= pos {
+            want = want.max(b - pos);
+        } else {
+            if a < pos + want {
+                want = a - pos;
+            }
+            break;
+        }
+    }
+    want
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_stop_before_an_image_take_it_whole_and_never_hold_two() {
+        let image = |at, len| PromptImage {
+            at,
+            len,
+            id: String::new(),
+        };
+        let images = [image(10, 70), image(81, 5)];
+        let chunk = |pos, want| chunk_at(images.iter(), pos, want);
+        // Text before the first image: up to its start.
+        assert_eq!(chunk(0, 512), 10);
+        assert_eq!(chunk(0, 4), 4);
+        // At an image: all of it, past a small limit, and not into the next.
+        assert_eq!(chunk(10, 7), 70);
+        assert_eq!(chunk(10, 512), 71);
+        // Between them and after them, as asked.
+        assert_eq!(chunk(80, 512), 1);
+        assert_eq!(chunk(81, 2), 5);
+        assert_eq!(chunk(86, 32), 32);
     }
 }

@@ -46,6 +46,10 @@ pub struct CacheHeader {
     pub pending: Vec<u32>,
     /// Tokens sliding layers keep beyond their window.
     pub rewind_margin: usize,
+    /// The images whose soft tokens it holds, in order: a prompt reuses them only where it
+    /// places the same image in the same places.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::images::PromptImage>,
     /// One per cache-owning layer, in order.
     pub layers: Vec<LayerSection>,
 }
@@ -140,7 +144,7 @@ impl KvCache {
         path: &Path,
         model: &str,
         spec: &str,
-        tokens: &[u32],
+        (tokens, images): (&[u32], &[crate::images::PromptImage]),
         pending: &[u32],
     ) -> Result<u64> {
         if tokens.len() != self.seq_len {
@@ -173,6 +177,7 @@ impl KvCache {
             tokens: tokens.to_vec(),
             pending: pending.to_vec(),
             rewind_margin: self.rewind_margin,
+            images: images.to_vec(),
             layers,
         };
         let json = serde_json::to_vec(&header)
@@ -346,6 +351,18 @@ pub fn read_into(
             header.tokens.len(),
             header.seq_len
         )));
+    }
+    // Images in order, apart, within the tokens: a file that lies about them would have a
+    // prompt reuse places no image filled.
+    let mut end = 0;
+    for image in &header.images {
+        if image.at < end || image.len == 0 || image.at + image.len > header.seq_len {
+            return Err(corrupt(format!(
+                "an image at {} of {} tokens in a cache of {}",
+                image.at, image.len, header.seq_len
+            )));
+        }
+        end = image.at + image.len;
     }
     // Sliding layers keep this many tokens past their window: a value no engine writes would
     // make them keep (and later allocate for) far more than the file holds.

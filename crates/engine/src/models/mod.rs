@@ -40,6 +40,8 @@ pub enum Control {
     Quote,
     /// Hands a turn over to the tools' answers after its calls (`<|tool_response>`).
     ToolResponse,
+    /// Where the template puts an image (`<|image|>`, also each of its soft tokens' place).
+    Image,
 }
 
 /// What a family knows about itself.

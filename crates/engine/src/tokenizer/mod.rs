@@ -290,6 +290,11 @@ impl GemmaTokenizer {
         self.vocab_size
     }
 
+    /// The id of the vocabulary piece `text`, if it has one.
+    pub fn piece_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
     /// The id of `control` in this vocabulary, if it has it.
     pub fn control_id(&self, control: Control) -> Option<u32> {
         self.controls

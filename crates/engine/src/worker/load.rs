@@ -46,6 +46,7 @@ impl Worker {
         )?;
         // The checkpoint's headers go now; the model holds its weights.
         drop(inspection.checkpoint);
+        let vision = load_vision(&resolved.weights, &request, &tokenizer, &mut card);
         // What loaded decides: a template that cannot be used leaves a base model.
         card.has_chat_template = Some(tokenizer.template().is_some());
         card.supports_thinking = tokenizer.supports_thinking();
@@ -61,6 +62,7 @@ impl Worker {
             model,
             tokenizer: Arc::new(tokenizer),
             card: card.clone(),
+            vision,
         });
         Ok(card)
     }
@@ -100,6 +102,89 @@ impl Worker {
         }
         Err(LoadError::OutOfMemory(message))
     }
+}
+
+/// The model's vision tower, when it has one: a safetensors checkpoint's own, or the
+/// mmproj GGUF the request names or that lies beside a GGUF model (`mmproj*.gguf`). A tower
+/// that cannot be used leaves a text model and a warning on the card.
+fn load_vision(
+    weights: &std::path::Path,
+    request: &LoadRequest,
+    tokenizer: &GemmaTokenizer,
+    card: &mut ModelCard,
+) -> Option<super::run::Vision> {
+    use crate::models::vision::preprocess::{Processor, DEFAULT_SOFT_TOKENS};
+    use crate::models::vision::VisionTower;
+    let gguf = weights
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let found = if !gguf {
+        VisionTower::from_safetensors(weights, &request.options)
+            .map(|t| t.map(|t| (t, "the checkpoint".to_string())))
+    } else {
+        let path = request.mmproj.clone().or_else(|| mmproj_beside(weights));
+        match path {
+            Some(p) => VisionTower::from_mmproj(&p, &request.options)
+                .map(|t| Some((t, p.display().to_string()))),
+            None => Ok(None),
+        }
+    };
+    let (tower, source) = match found {
+        Ok(Some(found)) => found,
+        Ok(None) => return None,
+        Err(e) => {
+            card.warnings
+                .push(format!("the vision tower was not loaded: {e}"));
+            return None;
+        }
+    };
+    let tokens = tower.tokens().or_else(|| {
+        let id = |t: &str| tokenizer.piece_id(t);
+        Some(crate::models::vision::config::ImageTokens {
+            begin: id("<|image>")?,
+            soft: id("<|image|>")?,
+            end: id("<image|>")?,
+        })
+    });
+    let Some(tokens) = tokens else {
+        card.warnings
+            .push("the vision tower was not loaded: the vocabulary has no image tokens".into());
+        return None;
+    };
+    let processor = match Processor::new(tower.config(), DEFAULT_SOFT_TOKENS) {
+        Ok(p) => p,
+        Err(e) => {
+            card.warnings
+                .push(format!("the vision tower was not loaded: {e}"));
+            return None;
+        }
+    };
+    card.vision = Some(crate::contract::VisionCard {
+        source,
+        weights_bytes: tower.weights_bytes() as u64,
+        max_soft_tokens: processor.max_soft_tokens,
+    });
+    Some(super::run::Vision {
+        tower,
+        facts: crate::images::ImageFacts { tokens, processor },
+    })
+}
+
+/// The mmproj GGUF beside a GGUF model: the one file named `mmproj*.gguf` in its folder.
+fn mmproj_beside(model: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = model.parent()?;
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.to_ascii_lowercase().starts_with("mmproj") && n.ends_with(".gguf")
+            })
+        })
+        .collect();
+    found.sort();
+    (found.len() == 1).then(|| found.remove(0))
 }
 
 fn loading(phase: LoadPhase) -> Event {

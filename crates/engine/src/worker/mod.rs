@@ -107,6 +107,9 @@ pub struct LoadRequest {
     /// before any weight is read, when the weights and the KV cache of this context do not
     /// fit the memory available ([`MemoryBudget`]).
     pub context: usize,
+    /// The vision tower's mmproj GGUF for a GGUF model (else an `mmproj*.gguf` beside the
+    /// model is used; a safetensors checkpoint carries its own).
+    pub mmproj: Option<PathBuf>,
 }
 
 /// The context a load is checked for unless the caller says otherwise.
@@ -122,6 +125,7 @@ impl LoadRequest {
             options: LoadOptions::default(),
             cache: CacheSelection::Spec("f16".into()),
             context: DEFAULT_LOAD_CONTEXT,
+            mmproj: None,
         }
     }
 }
@@ -330,6 +334,10 @@ pub(crate) struct Shared {
     tokenizer: Mutex<Option<Arc<GemmaTokenizer>>>,
     /// The loaded model's configuration, for cost queries without the thread.
     config: Mutex<Option<Arc<ModelConfig>>>,
+    /// What the loaded model needs to read images (`None`: it reads none).
+    vision: Mutex<Option<crate::images::ImageFacts>>,
+    /// The images added for prompts, by id.
+    images: Mutex<crate::images::ImageStore>,
     /// Told of every activity change.
     listener: Mutex<Option<ActivityListener>>,
     /// Tokens sessions keep beyond their sliding windows.
@@ -389,6 +397,8 @@ impl Engine {
             }),
             tokenizer: Mutex::new(None),
             config: Mutex::new(None),
+            vision: Mutex::new(None),
+            images: Mutex::new(crate::images::ImageStore::default()),
             listener: Mutex::new(None),
             rewind_margin: AtomicUsize::new(REWIND_MARGIN),
             budget: Mutex::new(MemoryBudget::default()),
@@ -437,6 +447,32 @@ impl EngineHandle {
     /// The loaded model's tokenizer (shared; encoding with it never waits for the engine).
     pub fn tokenizer(&self) -> Option<Arc<GemmaTokenizer>> {
         lock(&self.shared.tokenizer).clone()
+    }
+
+    /// Decodes an image file (PNG, JPEG, WebP, GIF's first frame) within `limits` and cuts
+    /// it for the loaded model's vision tower, on the calling thread; keeps it for prompts
+    /// whose messages name its id, and says what it costs in tokens. Refused (`bad_image`)
+    /// when the model reads no images or the file cannot be read.
+    pub fn add_image(
+        &self,
+        bytes: &[u8],
+        limits: crate::contract::ImageLimits,
+    ) -> Result<crate::contract::ImageInfo, JobError> {
+        let image_error =
+            |e: crate::images::ImageError| JobError::new(ErrorCode::BadImage, e.to_string());
+        let facts = (*lock(&self.shared.vision)).ok_or_else(|| {
+            image_error(crate::images::ImageError::Unsupported(
+                " (it has no vision tower)".into(),
+            ))
+        })?;
+        let image =
+            crate::images::PreparedImage::prepare(bytes, &facts, limits).map_err(image_error)?;
+        let info = image.info();
+        // The model may have changed while the image was cut: keep it only for the same one.
+        if *lock(&self.shared.vision) == Some(facts) {
+            lock(&self.shared.images).insert(image);
+        }
+        Ok(info)
     }
 
     /// Tokens `text` takes on its own (no `<bos>`), counted on the calling thread.

@@ -35,6 +35,15 @@ pub(super) struct Loaded {
     pub(super) tokenizer: Arc<GemmaTokenizer>,
     pub(super) card: ModelCard,
     pub(super) config: Arc<crate::checkpoint::config::ModelConfig>,
+    /// Its vision tower and what reading images takes, when it reads them.
+    pub(super) vision: Option<Vision>,
+}
+
+/// A loaded model's vision tower and its image facts.
+#[derive(Debug)]
+pub(super) struct Vision {
+    pub(super) tower: crate::models::vision::VisionTower,
+    pub(super) facts: crate::images::ImageFacts,
 }
 
 /// A request in progress.
@@ -632,6 +641,16 @@ impl Worker {
         drop(s);
         *lock(&self.shared.tokenizer) = self.loaded.as_ref().map(|l| Arc::clone(&l.tokenizer));
         *lock(&self.shared.config) = self.loaded.as_ref().map(|l| Arc::clone(&l.config));
+        let facts = self
+            .loaded
+            .as_ref()
+            .and_then(|l| l.vision.as_ref().map(|v| v.facts));
+        let mut vision = lock(&self.shared.vision);
+        if *vision != facts {
+            // Another processor cuts images otherwise: they are added again.
+            lock(&self.shared.images).clear();
+            *vision = facts;
+        }
         if changed {
             self.tell(&activity);
         }

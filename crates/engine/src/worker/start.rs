@@ -71,11 +71,11 @@ impl Worker {
     pub(super) fn prepare_turn(
         &mut self,
         request: &crate::generate::GenerateRequest,
-        prompt: Vec<u32>,
+        prompt: super::submit::Rendered,
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
-        let (prompt, guide) = self.rendered(
+        let ((prompt, images), guide) = self.rendered(
             &request.prompt,
             request.context,
             (prompt, tokenizer),
@@ -88,6 +88,7 @@ impl Worker {
         let effective = wanted.clone().unwrap_or_else(|| self.policy.clone());
         let id = self.conversation(&request.conversation, &prompt, &effective)?;
         let default = self.policy.clone();
+        let shared = Arc::clone(&self.shared);
         let turn = self.with_pool(|pool, host, loaded| {
             let max_context = request.context_limit(loaded.config.max_position_embeddings);
             let ask = TurnAsk {
@@ -99,13 +100,17 @@ impl Worker {
                     Some(ConversationChoice::Continuing { .. })
                 ),
             };
+            let images_held = &shared.images;
+            let mut encode = |image: &crate::images::PromptImage| {
+                encode_image(loaded.vision.as_ref(), images_held, image)
+            };
             pool.open_turn(host, &id, ask, |session, origin| {
                 Turn::start(
                     &loaded.model,
                     &loaded.tokenizer,
                     session,
                     (request, guide),
-                    prompt,
+                    (prompt, images, &mut encode),
                     arrived,
                     (id.clone(), origin),
                 )
@@ -116,28 +121,32 @@ impl Worker {
         Ok((id, turn))
     }
 
-    /// The prompt's ids and compiled constraint for the loaded model: as the caller made
-    /// them over `tokenizer`, unless the model changed since (then both made again here).
+    /// The prompt's ids (with its images) and compiled constraint for the loaded model: as
+    /// the caller made them over `tokenizer`, unless the model changed since (then both
+    /// made again here).
     pub(super) fn rendered(
         &self,
         prompt: &crate::generate::Prompt,
         context: Option<usize>,
-        (ids, tokenizer): (Vec<u32>, &Arc<GemmaTokenizer>),
+        (rendered, tokenizer): (super::submit::Rendered, &Arc<GemmaTokenizer>),
         (constraint, guide): (Option<&crate::constrain::Constraint>, Option<Guide>),
-    ) -> Result<(Vec<u32>, Option<Guide>), JobError> {
+    ) -> Result<(super::submit::Rendered, Option<Guide>), JobError> {
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         if Arc::ptr_eq(tokenizer, &loaded.tokenizer) {
-            return Ok((ids, guide));
+            return Ok((rendered, guide));
         }
-        let p = prompt.clone().for_model(loaded.card.has_chat_template);
         let model = loaded.config.max_position_embeddings;
-        let ids = crate::generate::render_within_context(
+        let facts = loaded.vision.as_ref().map(|v| v.facts);
+        let store = lock(&self.shared.images);
+        let rendered = crate::generate::render_with_images(
             &loaded.tokenizer,
-            &p,
+            prompt,
             context.map_or(model, |c| c.min(model)),
+            facts.as_ref().map(|f| (f, &*store)),
         )?;
+        drop(store);
         let guide = super::submit::guide_for(constraint, prompt, &loaded.tokenizer)?;
-        Ok((ids, guide))
+        Ok((rendered, guide))
     }
 
     /// Counts a turn by where its cache came from.
@@ -187,12 +196,18 @@ impl Worker {
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(CompareRun, u64), JobError> {
-        let (prompt, guide) = self.rendered(
+        let ((prompt, images), guide) = self.rendered(
             &request.prompt,
             None,
-            (prompt, tokenizer),
+            ((prompt, Vec::new()), tokenizer),
             (request.constraint.as_ref(), guide),
         )?;
+        if !images.is_empty() {
+            return Err(JobError::new(
+                crate::contract::ErrorCode::BadImage,
+                "the comparison does not take images yet: compare a turn without them",
+            ));
+        }
         let loaded = self.loaded.as_ref().ok_or_else(JobError::no_model)?;
         let needed = CompareRun::needed_bytes(&loaded.model, &prompt, &request)?;
         let tokens = prompt.len() + request.max_tokens;
@@ -214,4 +229,29 @@ impl Worker {
         )?;
         Ok((run, needed))
     }
+}
+
+/// The soft tokens of a prompt's image, by the loaded tower (refused when the model has
+/// none, or the image left the store since the prompt was rendered).
+fn encode_image(
+    vision: Option<&super::run::Vision>,
+    store: &std::sync::Mutex<crate::images::ImageStore>,
+    image: &crate::images::PromptImage,
+) -> Result<candle_core::Tensor, crate::generate::GenerateError> {
+    use crate::images::ImageError;
+    let vision = vision.ok_or_else(|| ImageError::Unsupported(String::new()))?;
+    let held = lock(store)
+        .get(&image.id)
+        .ok_or_else(|| ImageError::Unknown(image.id.clone()))?;
+    let encoded = vision.tower.encode(&held.patches)?;
+    if encoded.soft_tokens.dim(0)? != image.len {
+        return Err(ImageError::Mismatch(format!(
+            "image {} makes {} soft tokens for {} places",
+            image.id,
+            encoded.soft_tokens.dim(0)?,
+            image.len
+        ))
+        .into());
+    }
+    Ok(encoded.soft_tokens)
 }

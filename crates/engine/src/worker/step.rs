@@ -13,7 +13,7 @@ use super::run::{panic_message, Ended, Task, Worker};
 use crate::contract::{ErrorCode, Event};
 use crate::generate::compare::CompareNext;
 use crate::generate::{GenerateError, Next};
-use crate::models::common::{BatchItem, Logits};
+use crate::models::common::{BatchItem, Logits, SoftSpan};
 
 /// Prompt tokens a step runs beside other sequences' decodes until [`Pace`] has measured
 /// the steps. A prefill with no decode beside it runs its request's whole chunk.
@@ -58,8 +58,8 @@ impl Pace {
 enum Planned {
     /// Nothing this step (a prefill waiting for the step's one chunk).
     Wait,
-    /// Rows to run: (pane, ids); a turn's pane is 0.
-    Run(Vec<(usize, Vec<u32>)>),
+    /// Rows to run: (pane, ids); a turn's pane is 0, and its chunk's images' soft tokens.
+    Run(Vec<(usize, Vec<u32>)>, Vec<SoftSpan>),
     /// It ended (panicked: its state may be half written).
     Ended(Box<Ended>, bool),
 }
@@ -124,7 +124,7 @@ impl Worker {
                         limit,
                         &mut emit,
                     ) {
-                        Ok(Next::Run(ids)) => Planned::Run(vec![(0, ids)]),
+                        Ok(Next::Run(ids, soft)) => Planned::Run(vec![(0, ids)], soft),
                         Ok(Next::Finished) => ended(Ended::Turn(done), false),
                         Err(e) => ended(turn_error(e), false),
                     }
@@ -145,7 +145,7 @@ impl Worker {
                         &mut room,
                         &mut |ev| sink(ev),
                     ) {
-                        Ok(CompareNext::Run(runs)) => Planned::Run(runs),
+                        Ok(CompareNext::Run(runs)) => Planned::Run(runs, Vec::new()),
                         Ok(CompareNext::Working) => Planned::Wait,
                         Ok(CompareNext::Finished(fidelity)) => {
                             ended(Ended::Compare(Event::Finished { fidelity }), false)
@@ -168,7 +168,7 @@ impl Worker {
                 .tasks
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| matches!(plans[*i], Planned::Run(_)))
+                .filter(|(i, _)| matches!(plans[*i], Planned::Run(..)))
                 .filter_map(|(_, t)| match t {
                     Task::Turn { id, .. } => Some(id),
                     Task::Compare { .. } => None,
@@ -177,7 +177,7 @@ impl Worker {
             let mut sessions = self.pool.running_sessions_mut(&turn_ids).into_iter();
             let mut items: Vec<BatchItem<'_, '_>> = Vec::new();
             for (i, task) in self.tasks.iter_mut().enumerate() {
-                let Planned::Run(runs) = &plans[i] else {
+                let Planned::Run(runs, soft) = &plans[i] else {
                     continue;
                 };
                 match task {
@@ -190,7 +190,7 @@ impl Worker {
                                 ids,
                                 cache: session.cache_for_step(),
                                 which: Logits::Last,
-                                soft: &[],
+                                soft,
                             });
                         }
                     }
@@ -237,7 +237,7 @@ impl Worker {
                 let mut results: Vec<Option<crate::Result<candle_core::Tensor>>> =
                     results.into_iter().map(Some).collect();
                 for (i, plan) in plans.iter_mut().enumerate() {
-                    let Planned::Run(runs) = plan else {
+                    let Planned::Run(runs, _) = plan else {
                         continue;
                     };
                     let mine: Vec<(usize, crate::Result<candle_core::Tensor>)> = owners
@@ -264,7 +264,7 @@ impl Worker {
                 let why = panic_message(&*panic);
                 tracing::error!("a batched step panicked: {why}");
                 for (plan, task) in plans.iter_mut().zip(&self.tasks) {
-                    if matches!(plan, Planned::Run(_)) {
+                    if matches!(plan, Planned::Run(..)) {
                         *plan = ended(task.failed(&why), true);
                     }
                 }

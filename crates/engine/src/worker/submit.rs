@@ -103,11 +103,11 @@ pub(crate) struct Queued<T> {
     pub arrived: Instant,
 }
 
-/// A chat turn, its prompt tokenized by `tokenizer`, its constraint compiled over the same
-/// vocabulary.
+/// A chat turn, its prompt tokenized by `tokenizer` (with the images in it), its
+/// constraint compiled over the same vocabulary.
 pub(crate) struct GenerateJob {
     pub request: GenerateRequest,
-    pub prompt: Vec<u32>,
+    pub prompt: Rendered,
     pub tokenizer: Arc<GemmaTokenizer>,
     pub guide: Option<Guide>,
     pub sink: super::EventSink,
@@ -173,7 +173,13 @@ impl Request {
                 })
             }
             Request::Compare(request, sink) => {
-                let (prompt, tokenizer) = tokenized(engine, &request.prompt, None)?;
+                let ((prompt, images), tokenizer) = tokenized(engine, &request.prompt, None)?;
+                if !images.is_empty() {
+                    return Err(JobError::new(
+                        crate::contract::ErrorCode::BadImage,
+                        "the comparison does not take images yet: compare a turn without them",
+                    ));
+                }
                 let guide = guide_for(request.constraint.as_ref(), &request.prompt, &tokenizer)?;
                 let slot = Slot::take(&engine.shared, String::new())?;
                 Job::Compare(Queued {
@@ -199,24 +205,31 @@ impl Request {
     }
 }
 
-/// The loaded tokenizer and the prompt rendered for it, checked against the context (the
-/// model's, or `context` when less).
+/// The loaded tokenizer and the prompt rendered for it with its images in their places,
+/// checked against the context (the model's, or `context` when less).
 fn tokenized(
     engine: &EngineHandle,
     prompt: &Prompt,
     context: Option<usize>,
-) -> Result<(Vec<u32>, Arc<GemmaTokenizer>), JobError> {
+) -> Result<(Rendered, Arc<GemmaTokenizer>), JobError> {
     let tokenizer = engine.tokenizer().ok_or_else(JobError::no_model)?;
     let config = engine.loaded_config()?;
-    let prompt = prompt
-        .clone()
-        .for_model(Some(tokenizer.template().is_some()));
     let max = context.map_or(config.max_position_embeddings, |c| {
         c.min(config.max_position_embeddings)
     });
-    let ids = generate::render_within_context(&tokenizer, &prompt, max)?;
-    Ok((ids, tokenizer))
+    let facts = *lock(&engine.shared.vision);
+    let store = lock(&engine.shared.images);
+    let rendered = generate::render_with_images(
+        &tokenizer,
+        prompt,
+        max,
+        facts.as_ref().map(|f| (f, &*store)),
+    )?;
+    Ok((rendered, tokenizer))
 }
+
+/// A prompt's ids and the images in them.
+pub(crate) type Rendered = (Vec<u32>, Vec<crate::images::PromptImage>);
 
 /// A request's `constraint` on an answer to `prompt`, compiled over `tokenizer`'s
 /// vocabulary (`None`: unconstrained).

@@ -398,7 +398,7 @@ fn replay(path: &Path, start: &PrecisionPolicy, turns: &[Turn]) -> (usize, Sessi
             apply(&mut session);
             continue;
         }
-        let prepared = session.prepare(&turn.prompt).expect("prepare");
+        let prepared = session.prepare(&turn.prompt, &[]).expect("prepare");
         apply(&mut session);
         // A stop before the prefill leaves the cache at the reused prefix.
         let prefilled = !(turn.ids.is_empty() && turn.context == prepared.reused);

@@ -33,3 +33,4 @@ mod text_real;
 mod tokenizer_gguf_real;
 mod tools_constrained;
 mod vision;
+mod vision_turns;

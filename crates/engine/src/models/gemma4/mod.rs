@@ -22,6 +22,7 @@ const CONTROLS: &[(Control, &str)] = &[
     (Control::ToolCallEnd, "<tool_call|>"),
     (Control::Quote, "<|\"|>"),
     (Control::ToolResponse, "<|tool_response>"),
+    (Control::Image, "<|image|>"),
 ];
 
 impl FamilyFacts for Gemma4 {
