@@ -44,9 +44,16 @@ pub struct ServeArgs {
     /// Most tokens an answer may run to: a request's default, and the most it may ask.
     #[arg(long, default_value_t = DEFAULT_SERVER_MAX_TOKENS)]
     max_tokens: usize,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes (an image sent as a data: URL counts in it).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Longest side, in pixels, of an image a request sends (a larger one is refused with
+    /// `bad_image` before it is decoded).
+    #[arg(long, default_value_t = kvlab_engine::contract::ImageLimits::default().max_side)]
+    max_image_side: u32,
+    /// Bytes one image may take to decode (`256M`).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    max_image_alloc: u64,
     /// Bytes of request bodies read at once, all connections together (more: `busy`).
     #[arg(long, default_value_t = DEFAULT_MAX_BUFFERED_BYTES)]
     max_buffered_bytes: usize,
@@ -178,6 +185,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         limits: Limits {
             max_tokens: args.max_tokens.max(1),
             context: Some(args.ctx),
+            images: kvlab_engine::contract::ImageLimits {
+                max_side: args.max_image_side.max(1),
+                max_alloc: args.max_image_alloc,
+            },
         },
         default_kv: Some(args.kv.clone()),
     }

@@ -66,7 +66,19 @@ impl Answer {
     /// is full.
     pub fn start(engine: &EngineHandle, planned: &Planned) -> Result<Self, ApiError> {
         let (tx, events) = unbounded_channel();
-        let ticket = engine.submit_with(planned.request.clone(), move |ev| tx.send(ev).is_ok())?;
+        let mut request = planned.request.clone();
+        // Each image is decoded and cut here (bounded by the limits), then named by its id.
+        for (i, bytes) in &planned.images {
+            let info = engine.add_image(bytes, planned.image_limits)?;
+            if let kvlab_engine::contract::Prompt::Conversation { messages, .. } =
+                &mut request.prompt
+            {
+                if let Some(m) = messages.get_mut(*i) {
+                    m.images.push(info.id);
+                }
+            }
+        }
+        let ticket = engine.submit_with(request, move |ev| tx.send(ev).is_ok())?;
         Ok(Self {
             events,
             stats: None,

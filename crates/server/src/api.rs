@@ -6,6 +6,7 @@
 
 use kvlab_engine::contract::MAX_STOPS;
 use kvlab_engine::contract::{CacheOrigin, GenStats};
+use kvlab_engine::contract::{ImageLimits, MAX_IMAGES_PER_PROMPT};
 use kvlab_engine::contract::{Message, Role};
 use std::marker::PhantomData;
 
@@ -134,13 +135,57 @@ impl<'de, T: Deserialize<'de>, K: ListBound> Deserialize<'de> for TextOr<T, K> {
     }
 }
 
-/// One part of a message's content (only text parts are read).
+/// One part of a message's content: text, or an image as a `data:` URL.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    #[serde(default)]
+    pub image_url: Option<ImageUrl>,
+}
+
+/// OpenAI's `image_url` part: `{"url": "data:image/png;base64,…"}` (or the URL alone).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ImageUrl {
+    Object { url: String },
+    Url(String),
+}
+
+impl ImageUrl {
+    fn url(&self) -> &str {
+        match self {
+            ImageUrl::Object { url } | ImageUrl::Url(url) => url,
+        }
+    }
+}
+
+/// The bytes of an image sent as a `data:` URL; any other URL is refused (the server fetches
+/// nothing).
+fn data_url_bytes(i: usize, url: &str) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine as _;
+    let refused = |why: &str| {
+        ApiError::invalid(format!(
+            "messages[{i}]: image_url {why}: send the image inline as a data: URL \
+             (data:image/png;base64,...); the server fetches nothing"
+        ))
+    };
+    let Some(rest) = url.strip_prefix("data:") else {
+        let scheme = url.split(':').next().unwrap_or_default();
+        let scheme: String = scheme.chars().take(16).collect();
+        return Err(refused(&format!("of scheme {scheme:?} is not read")));
+    };
+    let Some((head, data)) = rest.split_once(',') else {
+        return Err(refused("has no data"));
+    };
+    if !head.ends_with(";base64") {
+        return Err(refused("is not base64"));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| refused(&format!("is not valid base64 ({e})")))
 }
 
 /// One message of a chat request.
@@ -238,6 +283,9 @@ pub struct RequestBody {
     /// The constraint `tool_choice` asked for, found as the chat's messages are read.
     #[serde(skip)]
     forced_call: Option<Constraint>,
+    /// The images of the chat's messages, decoded from their `data:` URLs: (message, bytes).
+    #[serde(skip)]
+    images: Vec<(usize, Vec<u8>)>,
 }
 
 /// What the server allows every request (`kvlab serve --max-tokens`, `--ctx`).
@@ -249,6 +297,9 @@ pub struct Limits {
     /// Tokens of context a request may reach, prompt and answer (`None`: the model's): a
     /// longer prompt is refused before any work, an answer ends where it runs out.
     pub context: Option<usize>,
+    /// What an image may take to decode (`--max-image-side`); its file's bytes are bounded
+    /// by the body's.
+    pub images: ImageLimits,
 }
 
 impl Default for Limits {
@@ -256,6 +307,7 @@ impl Default for Limits {
         Self {
             max_tokens: DEFAULT_SERVER_MAX_TOKENS,
             context: None,
+            images: ImageLimits::default(),
         }
     }
 }
@@ -270,6 +322,10 @@ pub struct Planned {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Images to add to the engine before the request goes (message, bytes), read within
+    /// `image_limits`.
+    pub images: Vec<(usize, Vec<u8>)>,
+    pub image_limits: ImageLimits,
 }
 
 impl RequestBody {
@@ -359,6 +415,8 @@ impl RequestBody {
             },
             stops,
             stream: self.stream,
+            images: std::mem::take(&mut self.images),
+            image_limits: limits.images,
             include_usage: self
                 .stream_options
                 .as_ref()
@@ -393,11 +451,24 @@ impl RequestBody {
                 Some(TextOr::List(parts)) => {
                     let mut text = String::new();
                     for p in parts.0 {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
+                        match (p.kind.as_str(), p.text, p.image_url) {
+                            ("text", Some(t), _) => text.push_str(&t),
+                            ("image_url", _, Some(url)) if role == Role::User => {
+                                if self.images.len() >= MAX_IMAGES_PER_PROMPT {
+                                    return Err(ApiError::invalid(format!(
+                                        "more than {MAX_IMAGES_PER_PROMPT} images in one request"
+                                    )));
+                                }
+                                self.images.push((i, data_url_bytes(i, url.url())?));
+                            }
+                            ("image_url", _, _) => {
                                 return Err(ApiError::invalid(format!(
-                                    "messages[{i}]: content parts of type {kind:?} are not supported (text only)"
+                                    "messages[{i}]: an image_url part needs its url, in a user message"
+                                )))
+                            }
+                            (kind, _, _) => {
+                                return Err(ApiError::invalid(format!(
+                                    "messages[{i}]: content parts of type {kind:?} are not supported (text and image_url only)"
                                 )))
                             }
                         }
@@ -611,6 +682,7 @@ mod tests {
         let limits = Limits {
             max_tokens: 100,
             context: Some(4096),
+            ..Limits::default()
         };
         let plan = |extra: serde_json::Value| {
             let mut j = serde_json::json!({"prompt": "x"});

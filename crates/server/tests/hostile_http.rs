@@ -43,6 +43,7 @@ fn hostile_max_tokens_of_a_billion_is_cut_to_the_servers_bound() {
         c.limits = Limits {
             max_tokens: 8,
             context: None,
+            ..Limits::default()
         }
     }));
     let r = post(
@@ -65,6 +66,7 @@ fn hostile_a_prompt_over_the_servers_context_is_refused_before_any_work() {
         c.limits = Limits {
             max_tokens: 8,
             context: Some(64),
+            ..Limits::default()
         }
     }));
     // Over --ctx 64 but within the model's 256 tokens: the server's limit refuses it.

@@ -1,6 +1,7 @@
 //! Images through the engine, on the tiny vision fixtures (fixtures/vision: E-style and
-//! 31B-style, random weights) with a Gemma 4 vocabulary that has the image tokens and the
-//! published Jul 14 template: an added image costs in tokens and KV bytes what the turn then
+//! 31B-style, random weights) with a Gemma 4 vocabulary that has the image tokens
+//! (fixtures/vision/tokenizer.json, see make_tokenizer.py) and the published Jul 14
+//! template: an added image costs in tokens and KV bytes what the turn then
 //! holds; the answer is the model's own over the image's soft tokens (the same through the
 //! engine as through the model alone, whatever the prefill chunk); a cache that held
 //! another image in the same places is never reused for this one; what cannot be read, or
@@ -19,31 +20,6 @@ use kvlab_engine::lab::{
 };
 use kvlab_engine::{Engine, EngineHandle, GenerateRequest, LoadOptions, LoadRequest, ModelSource};
 use serde_json::{json, Value};
-
-/// The tiny Gemma 4 vocabulary with `<|image>`, `<|image|>` and `<image|>` at the ids the
-/// vision fixtures' configs name (500, 501, 502).
-fn vision_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
-    let src = common::fixture("tiny_e").join("tokenizer_tools.json");
-    let mut t: Value = serde_json::from_slice(&std::fs::read(src).expect("read")).expect("json");
-    let pieces = [(500u64, "<|image>"), (501, "<|image|>"), (502, "<image|>")];
-    let vocab = t["model"]["vocab"].as_object_mut().expect("vocab");
-    vocab.retain(|_, id| !pieces.iter().any(|(i, _)| id.as_u64() == Some(*i)));
-    for (id, piece) in pieces {
-        vocab.insert(piece.into(), id.into());
-    }
-    for (id, piece) in pieces {
-        t["added_tokens"]
-            .as_array_mut()
-            .expect("added")
-            .push(json!({
-                "id": id, "content": piece, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true
-            }));
-    }
-    let path = dir.join("tokenizer.json");
-    std::fs::write(&path, t.to_string()).expect("write");
-    path
-}
 
 /// A fixture model (`style`: "e" or "dense") in a temporary folder, with a longer context
 /// than its 256 (random weights do not mind the positions) and the template beside it.
@@ -65,7 +41,11 @@ fn model_dir(style: &str) -> tempfile::TempDir {
         dir.path().join("chat_template.jinja"),
     )
     .expect("template");
-    vision_tokenizer(dir.path());
+    std::fs::copy(
+        common::fixture("vision").join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .expect("tokenizer");
     dir
 }
 
@@ -325,7 +305,7 @@ fn hostile_images_and_models_without_a_tower_are_refused_and_leave_nothing() {
         .map(|c| c.id.to_string())
         .collect();
     assert!(!names.iter().any(|n| n == "ghost"), "{names:?}");
-    eprintln!("HOSTILE rust|an image that cannot be read or was never added|bad_image");
+    eprintln!("HOSTILE an image that cannot be read or was never added -> bad_image");
 
     // A text model (no tower) refuses images when they are added and when they are named.
     let text = tempfile::tempdir().expect("tempdir");
@@ -350,5 +330,5 @@ fn hostile_images_and_models_without_a_tower_are_refused_and_leave_nothing() {
         let err = run(&plain, ask("t", "Hi", vec!["0".repeat(32)], 512)).expect_err("no tower");
         assert_eq!(err.0, ErrorCode::BadImage, "{}", err.1);
     }
-    eprintln!("HOSTILE rust|an image for a model without a vision tower|bad_image");
+    eprintln!("HOSTILE an image for a model without a vision tower -> bad_image");
 }

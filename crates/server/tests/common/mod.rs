@@ -36,14 +36,54 @@ pub struct Server {
 /// A server on the tiny model with `config` (its address is replaced by a free loopback
 /// port).
 pub fn start(config: ServerConfig) -> Server {
-    let engine = Engine::spawn().expect("engine");
-    engine
-        .submit(LoadRequest {
+    start_with(
+        config,
+        LoadRequest {
             cache: kvlab_engine::contract::CacheSelection::Spec("f16".into()),
             ..LoadRequest::new(ModelSource::Local { path: tiny_gguf() })
+        },
+    )
+}
+
+/// The tiny E-style Gemma 4 with its vision tower (the engine's fixtures/vision/e), in a
+/// temporary folder with the image vocabulary and the Jul 14 template, its context
+/// lengthened to 2048 (random weights do not mind the positions): what to load.
+pub fn vision_model() -> (tempfile::TempDir, LoadRequest) {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = fixtures.join("vision/e");
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .expect("weights");
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config"))
+            .expect("config json");
+    config["text_config"]["max_position_embeddings"] = json!(2048);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
+    std::fs::copy(
+        fixtures.join("templates/g4_e2b_jul14.jinja"),
+        dir.path().join("chat_template.jinja"),
+    )
+    .expect("template");
+    let load = LoadRequest {
+        tokenizer: Some(fixtures.join("vision/tokenizer.json")),
+        cache: kvlab_engine::contract::CacheSelection::Spec("f16".into()),
+        ..LoadRequest::new(ModelSource::Local {
+            path: dir.path().join("model.safetensors"),
         })
+    };
+    (dir, load)
+}
+
+/// A server on the model `load` names, with `config`.
+pub fn start_with(config: ServerConfig, load: LoadRequest) -> Server {
+    let engine = Engine::spawn().expect("engine");
+    engine
+        .submit(load)
         .and_then(|t| t.wait(|_| true))
-        .expect("load the tiny model");
+        .expect("load the model");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
