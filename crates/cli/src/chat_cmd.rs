@@ -70,6 +70,11 @@ pub struct ChatArgs {
     /// parses and validates (`{}` in the file: any JSON object).
     #[arg(long)]
     json_schema: Option<std::path::PathBuf>,
+    /// An image (PNG, JPEG, WebP, GIF's first frame) shown before the prompt; repeat for
+    /// more. Needs a model with a vision tower (a multimodal checkpoint, or an mmproj GGUF:
+    /// --mmproj, or the one mmproj*.gguf beside the model).
+    #[arg(long)]
+    image: Vec<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -155,6 +160,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if !args.image.is_empty() && (restored.is_some() || args.template == Template::Raw) {
+        anyhow::bail!("--image needs a chat prompt (not --load-cache or --template raw)");
+    }
     let raw = match args.template {
         Template::Raw => true,
         Template::Chat => false,
@@ -181,9 +189,30 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         print!("{text}");
         Prompt::Text { text }
     } else {
+        let mut images = Vec::with_capacity(args.image.len());
+        for file in &args.image {
+            let bytes =
+                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let info = engine
+                .add_image(&bytes, kvlab_engine::contract::ImageLimits::default())
+                .map_err(|e| anyhow::anyhow!("{}: [{}] {}", file.display(), e.code, e.message))?;
+            eprintln!(
+                "[{}: {}×{}, read at {}×{}: {} tokens]",
+                file.display(),
+                info.width,
+                info.height,
+                info.resized.0,
+                info.resized.1,
+                info.tokens
+            );
+            images.push(info.id);
+        }
         Prompt::Chat {
             system: args.system.clone(),
-            messages: vec![Message::user(args.prompt.clone())],
+            messages: vec![Message {
+                images,
+                ..Message::user(args.prompt.clone())
+            }],
             thinking: args.think,
             tools: Vec::new(),
         }

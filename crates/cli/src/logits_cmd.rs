@@ -28,6 +28,58 @@ pub struct LogitsArgs {
     /// Output .safetensors file; gets the f32 tensor `logits` [T, vocab].
     #[arg(long)]
     out: PathBuf,
+    /// An image whose soft tokens fill the image's places in `input_ids` (the one run of
+    /// as many identical ids as the image makes soft tokens), by the checkpoint's vision
+    /// tower (a GGUF model takes it from --mmproj). Runs the ids as one chunk.
+    #[arg(long, conflicts_with = "schedule")]
+    image: Option<PathBuf>,
+}
+
+/// The soft tokens of `image` by the model's tower, and where in `ids` they go.
+fn image_soft_tokens(
+    model_args: &ModelArgs,
+    weights: &Path,
+    ids: &[u32],
+    image: &Path,
+) -> anyhow::Result<kvlab_engine::lab::SoftSpan> {
+    use kvlab_engine::lab::{ImageProcessor, VisionTower};
+    let opts = model_args.load_options()?;
+    let tower = match &model_args.mmproj {
+        Some(mmproj) => VisionTower::from_mmproj(mmproj, &opts)?,
+        None => VisionTower::from_safetensors(weights, &opts)?.with_context(|| {
+            format!(
+                "{} has no vision tower (a GGUF model names its mmproj with --mmproj)",
+                weights.display()
+            )
+        })?,
+    };
+    let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
+    let patches = ImageProcessor::new(tower.config(), tower.soft_token_budget())?
+        .process(&bytes, kvlab_engine::contract::ImageLimits::default())?;
+    let n = patches.soft_tokens;
+    // The image's places: a run of exactly n identical ids.
+    let mut at = None;
+    let mut start = 0;
+    for i in 1..=ids.len() {
+        if i == ids.len() || ids[i] != ids[start] {
+            if i - start == n {
+                if at.is_some() {
+                    bail!("input_ids has more than one run of {n} identical ids for the image");
+                }
+                at = Some(start);
+            }
+            start = i;
+        }
+    }
+    let at = at.with_context(|| {
+        format!("input_ids has no run of {n} identical ids for the image's {n} soft tokens")
+    })?;
+    let rows = tower.encode(&patches)?.soft_tokens;
+    eprintln!(
+        "image {}: {n} soft tokens at position {at}",
+        image.display()
+    );
+    Ok(kvlab_engine::lab::SoftSpan { at, rows })
 }
 
 /// Reads `input_ids` from a safetensors file as u32 ids.
@@ -69,9 +121,15 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     model_args.weights.get_or_insert(WeightsChoice::F32);
     let model = model_args.load(&weights)?;
     let mut cache = model.new_cache(&kv_policy(&args.kv)?)?;
-    let logits = chunked_logits(&model, &mut cache, &ids, &schedule)?
-        .to_dtype(DType::F32)?
-        .to_device(&Device::Cpu)?;
+    let logits = match &args.image {
+        Some(image) => {
+            let span = image_soft_tokens(&model_args, &weights, &ids, image)?;
+            model.forward_with(&ids, &[span], &mut cache, kvlab_engine::lab::Logits::All)?
+        }
+        None => chunked_logits(&model, &mut cache, &ids, &schedule)?,
+    }
+    .to_dtype(DType::F32)?
+    .to_device(&Device::Cpu)?;
     let map: HashMap<String, Tensor> = HashMap::from([("logits".to_owned(), logits)]);
     candle_core::safetensors::save(&map, &args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;

@@ -78,3 +78,35 @@ fn a_file_without_input_ids_is_an_error() {
     assert!(err.contains("input_ids"), "{err}");
     assert!(!out.exists());
 }
+
+#[test]
+fn an_image_file_gives_the_references_logits_with_the_image() {
+    // fixtures/vision/e: the E-style tiny Gemma 4 with its tower, and images/model.png, the
+    // image its golden logits were computed over by transformers.
+    let vision = fixture().join("../vision");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("logits.safetensors");
+    let status = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .arg("logits")
+        .arg("--model")
+        .arg(vision.join("e"))
+        .arg("--input-ids")
+        .arg(vision.join("e/golden.safetensors"))
+        .arg("--image")
+        .arg(vision.join("images/model.png"))
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .expect("run kvlab");
+    assert!(status.success(), "kvlab logits --image failed: {status}");
+    let got = candle_core::safetensors::load(&out, &Device::Cpu)
+        .expect("read output")
+        .remove("logits")
+        .expect("logits");
+    let want = candle_core::safetensors::load(vision.join("e/golden.safetensors"), &Device::Cpu)
+        .expect("golden")
+        .remove("logits")
+        .expect("golden logits");
+    let d = max_diff(&got, &want);
+    assert!(d <= 1e-3, "max |diff| {d}");
+}

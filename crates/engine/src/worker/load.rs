@@ -113,19 +113,31 @@ fn load_vision(
     tokenizer: &GemmaTokenizer,
     card: &mut ModelCard,
 ) -> Option<super::run::Vision> {
-    use crate::models::vision::preprocess::{Processor, DEFAULT_SOFT_TOKENS};
+    use crate::checkpoint::weights::WeightsChoice;
+    use crate::models::vision::preprocess::Processor;
     use crate::models::vision::VisionTower;
+    // The tower stays dense, as llama.cpp's mmproj files are (f16/f32): it is a small part
+    // of the model, and a q8_0 one moved the tiny random fixture's logits by 4.9.
+    let mut options = request.options.clone();
+    if matches!(options.weights, WeightsChoice::Q4K | WeightsChoice::Q8_0) {
+        options.weights = if options.device.is_cpu() {
+            WeightsChoice::F32
+        } else {
+            WeightsChoice::Bf16
+        };
+    }
     let gguf = weights
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let found = if !gguf {
-        VisionTower::from_safetensors(weights, &request.options)
+        VisionTower::from_safetensors(weights, &options)
             .map(|t| t.map(|t| (t, "the checkpoint".to_string())))
     } else {
         let path = request.mmproj.clone().or_else(|| mmproj_beside(weights));
         match path {
-            Some(p) => VisionTower::from_mmproj(&p, &request.options)
-                .map(|t| Some((t, p.display().to_string()))),
+            Some(p) => {
+                VisionTower::from_mmproj(&p, &options).map(|t| Some((t, p.display().to_string())))
+            }
             None => Ok(None),
         }
     };
@@ -151,7 +163,7 @@ fn load_vision(
             .push("the vision tower was not loaded: the vocabulary has no image tokens".into());
         return None;
     };
-    let processor = match Processor::new(tower.config(), DEFAULT_SOFT_TOKENS) {
+    let processor = match Processor::new(tower.config(), tower.soft_token_budget()) {
         Ok(p) => p,
         Err(e) => {
             card.warnings

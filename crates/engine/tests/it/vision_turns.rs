@@ -26,11 +26,9 @@ use serde_json::{json, Value};
 fn model_dir(style: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = common::fixture(&format!("vision/{style}"));
-    std::fs::copy(
-        src.join("model.safetensors"),
-        dir.path().join("model.safetensors"),
-    )
-    .expect("copy");
+    for file in ["model.safetensors", "preprocessor_config.json"] {
+        std::fs::copy(src.join(file), dir.path().join(file)).expect("copy");
+    }
     let mut config: Value =
         serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config"))
             .expect("config json");
@@ -141,12 +139,13 @@ fn an_image_costs_what_was_shown_and_the_answer_is_the_models_own() {
     let engine = load(dir.path());
     let card = engine.status().model.expect("card");
     let vision = card.vision.expect("the checkpoint's tower");
-    assert_eq!(vision.max_soft_tokens, 280);
+    // The checkpoint's processor budget (preprocessor_config.json), not Gemma 4's default.
+    assert_eq!(vision.max_soft_tokens, 70);
     let bytes = png(90, 60, 1);
     let info = add(&engine, &bytes);
     assert_eq!(info.tokens, info.soft_tokens + 2);
     assert_eq!((info.width, info.height), (90, 60));
-    assert!(info.soft_tokens > 0 && info.soft_tokens <= 280, "{info:?}");
+    assert!(info.soft_tokens > 0 && info.soft_tokens <= 70, "{info:?}");
 
     // The same question with and without the image: the image adds its tokens, and the KV
     // bytes the estimate gave before sending.
@@ -182,7 +181,8 @@ fn an_image_costs_what_was_shown_and_the_answer_is_the_models_own() {
     let tower = VisionTower::from_safetensors(dir.path(), &LoadOptions::default())
         .expect("tower")
         .expect("has one");
-    let processor = ImageProcessor::new(tower.config(), 280).expect("processor");
+    let processor =
+        ImageProcessor::new(tower.config(), tower.soft_token_budget()).expect("processor");
     let soft = tower
         .encode(
             &processor

@@ -289,6 +289,8 @@ pub struct VisionTower {
     projector: Linear,
     device: Device,
     weights_bytes: usize,
+    /// Soft tokens an image takes at most, as the checkpoint's processor sets it.
+    soft_token_budget: usize,
 }
 
 /// What [`VisionTower::encode`] computes, at both ends of the projector.
@@ -320,7 +322,17 @@ impl VisionTower {
             return Ok(None);
         };
         let ws = WeightStore::open_safetensors_prefixed(&dir, opts, "model.")?;
-        Self::load(&ws, Names::Hf, cfg, Some(tokens)).map(Some)
+        let mut tower = Self::load(&ws, Names::Hf, cfg, Some(tokens))?;
+        // The processor's budget beside the weights (`max_soft_tokens`), as transformers'
+        // processor reads it; a value Gemma 4 does not take is refused when used.
+        let budget = std::fs::read_to_string(dir.join("preprocessor_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|j| j.get("max_soft_tokens").and_then(|v| v.as_u64()));
+        if let Some(b) = budget {
+            tower.soft_token_budget = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        Ok(Some(tower))
     }
 
     /// The tower of an mmproj GGUF written by llama.cpp's converter (projector `gemma4v`).
@@ -411,6 +423,7 @@ impl VisionTower {
             device: ws.device().clone(),
             weights_bytes: ws.loaded_bytes(),
             config: cfg,
+            soft_token_budget: preprocess::DEFAULT_SOFT_TOKENS,
         })
     }
 
@@ -423,6 +436,12 @@ impl VisionTower {
     /// model's vocabulary).
     pub fn tokens(&self) -> Option<ImageTokens> {
         self.tokens
+    }
+
+    /// Soft tokens an image takes at most: the checkpoint's `preprocessor_config.json`
+    /// says (`max_soft_tokens`), else Gemma 4's default.
+    pub fn soft_token_budget(&self) -> usize {
+        self.soft_token_budget
     }
 
     /// Bytes of the tower's weights as held.
