@@ -41,7 +41,7 @@ use ts_rs::{Config, TS};
 
 use crate::api_server::ServerInfo;
 use crate::documents::commands::InspectedDocument;
-use crate::documents::{Document, DocumentKind};
+use crate::documents::{Document, DocumentKind, ImageAttachment};
 use crate::downloads::{DownloadUpdate, Downloaded, HubModel};
 use crate::models::commands::{DefaultModel, SystemInfo};
 use crate::sessions::caches::{CacheTransfer, SavedCache};
@@ -82,6 +82,7 @@ pub fn typescript() -> String {
         decl::<ContextCost>(&cfg),
         decl::<DefaultModel>(&cfg),
         decl::<Document>(&cfg),
+        decl::<ImageAttachment>(&cfg),
         decl::<DocumentFit>(&cfg),
         decl::<DocumentKind>(&cfg),
         decl::<DoneReason>(&cfg),

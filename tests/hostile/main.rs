@@ -4,5 +4,6 @@
 //! `scripts/hostile.sh` tallies from the ordinary `cargo test` output.
 
 mod documents;
+mod images;
 mod sessions;
 mod tally;

@@ -42,7 +42,8 @@ fn image_soft_tokens(
     ids: &[u32],
     image: &Path,
 ) -> anyhow::Result<kvlab_engine::lab::SoftSpan> {
-    use kvlab_engine::lab::{ImageProcessor, VisionTower};
+    use kvlab_engine::contract::ImageProcessor;
+    use kvlab_engine::lab::VisionTower;
     let opts = model_args.load_options()?;
     let tower = match &model_args.mmproj {
         Some(mmproj) => VisionTower::from_mmproj(mmproj, &opts)?,

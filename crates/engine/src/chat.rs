@@ -315,7 +315,8 @@ impl ChatTemplate {
                     Role::System => ("system", escape(&m.content, controls)),
                     Role::User => ("user", escape(&m.content, controls)),
                     Role::Tool => ("tool", escape(&m.content, controls)),
-                    Role::Model => ("assistant", m.content.clone()),
+                    // An answer's text never places an image: a marker it wrote stays text.
+                    Role::Model => ("assistant", m.content.replace(IMAGE, IMAGE_AS_TEXT)),
                 };
                 // A turn with images is a list of parts, images first, as transformers'
                 // processors pass them: the template writes a marker for each.
@@ -485,6 +486,11 @@ impl ControlStrings {
             .map(move |m| (m.range(), self.index[m.pattern().as_usize()]))
     }
 }
+
+/// Where a template places an image, and that string broken by [`MARK`] as [`escape`]
+/// breaks a control string.
+const IMAGE: &str = "<|image|>";
+const IMAGE_AS_TEXT: &str = "<\u{E000}|image|>";
 
 /// `text` with every occurrence of a control string broken by [`MARK`] after its first
 /// character, so that no control token can be read in it; marks already in the text are

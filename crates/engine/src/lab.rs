@@ -69,9 +69,9 @@ pub use crate::models::common::Logits;
 pub use crate::models::common::Model;
 pub use crate::models::common::SoftSpan;
 pub use crate::models::vision::config::{ImageTokens, VisionConfig};
+// The processor and its limits cross the handle: `contract::{ImageProcessor, ImageLimits}`.
 pub use crate::models::vision::preprocess::{
-    decode as decode_image, ImageLimits, Processor as ImageProcessor, DEFAULT_SOFT_TOKENS,
-    SOFT_TOKEN_BUDGETS,
+    decode as decode_image, DEFAULT_SOFT_TOKENS, SOFT_TOKEN_BUDGETS,
 };
 pub use crate::models::vision::{Encoded, Patches, VisionTower};
 pub use crate::tokenizer::gguf::build as build_gguf_tokenizer;

@@ -16,13 +16,79 @@ pub const FLAG: &str = "--parse-document";
 /// What the child writes to stdout: serde's `{"Ok": Document}` or `{"Err": {code, message}}`.
 pub type Reply = Result<Document, CommandError>;
 
-/// Runs the reader when `args` (without the program name) start with [`FLAG`], returning the
-/// process exit code; `None` for a normal app start.
+/// The hidden first argument that turns the app binary into the image reader:
+/// `kvlab-app --read-image MEMORY CPU_SECONDS PATCH POOLING SOFT_TOKENS MAX_SIDE MAX_ALLOC`
+/// decodes the file on stdin within the limits and resizes it for the model's processor,
+/// writing [`kvlab_engine::contract::ResizedImage::to_bytes`] to stdout; a file it cannot
+/// read is exit code [`UNREADABLE`] with the reason on stderr's last line.
+pub const IMAGE_FLAG: &str = "--read-image";
+
+/// The image reader's exit code for a file it refused.
+pub const UNREADABLE: i32 = 4;
+
+/// Runs the reader when `args` (without the program name) start with [`FLAG`] or
+/// [`IMAGE_FLAG`], returning the process exit code; `None` for a normal app start.
 pub fn main_if_asked(args: &[OsString]) -> Option<i32> {
-    if args.first().and_then(|a| a.to_str()) != Some(FLAG) {
-        return None;
+    match args.first().and_then(|a| a.to_str()) {
+        Some(FLAG) => Some(run(&args[1..])),
+        Some(IMAGE_FLAG) => Some(run_image(&args[1..])),
+        _ => None,
     }
-    Some(run(&args[1..]))
+}
+
+fn run_image(args: &[OsString]) -> i32 {
+    let numbers: Option<Vec<u64>> = args.iter().map(number).collect();
+    let Some([memory, cpu, patch, pooling, soft, side, alloc]) = numbers
+        .as_deref()
+        .and_then(|n| <[u64; 7]>::try_from(n).ok())
+    else {
+        eprintln!("usage: kvlab-app {IMAGE_FLAG} MEMORY CPU PATCH POOLING SOFT_TOKENS MAX_SIDE MAX_ALLOC < file");
+        return 2;
+    };
+    limit_self(memory, cpu);
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::stdin()
+        .take(super::MAX_IMAGE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+    {
+        eprintln!("{IMAGE_FLAG}: reading stdin: {e}");
+        return 3;
+    }
+    if bytes.len() > super::MAX_IMAGE_BYTES {
+        eprintln!(
+            "the file is over the {} MiB limit",
+            super::MAX_IMAGE_BYTES >> 20
+        );
+        return UNREADABLE;
+    }
+    let processor = kvlab_engine::contract::ImageProcessor {
+        patch_size: patch as usize,
+        pooling_kernel_size: pooling as usize,
+        max_soft_tokens: soft as usize,
+    };
+    let limits = kvlab_engine::contract::ImageLimits {
+        max_side: u32::try_from(side).unwrap_or(u32::MAX),
+        max_alloc: alloc,
+    };
+    match processor.read(&bytes, limits) {
+        Ok(resized) => {
+            let mut out = std::io::stdout().lock();
+            match out
+                .write_all(&resized.to_bytes())
+                .and_then(|()| out.flush())
+            {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("{IMAGE_FLAG}: writing the reply: {e}");
+                    3
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            UNREADABLE
+        }
+    }
 }
 
 fn run(args: &[OsString]) -> i32 {

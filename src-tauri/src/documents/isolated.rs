@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use wait_timeout::ChildExt;
 
-use super::child::{Reply, FLAG};
+use super::child::{Reply, FLAG, IMAGE_FLAG, UNREADABLE};
 use super::{check_size, Document, MAX_BYTES};
 use crate::error::{AppCode, CommandError, ErrorCode};
 
@@ -98,19 +98,94 @@ impl Reader {
     /// [`super::inspect`] says, and the child's crash, timeout or memory limit.
     pub fn inspect(&self, name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         check_size(name, bytes.len() as u64)?;
+        let args = [
+            FLAG.to_string(),
+            String::new(),
+            String::new(),
+            name.to_string(),
+        ];
+        let (status, stdout, stderr) = self.run(name, &args, bytes, MAX_REPLY)?;
+        match status {
+            Waited::Exited(status) if status.success() => serde_json::from_slice::<Reply>(&stdout)
+                .map_err(|e| {
+                    CommandError::new(
+                        ErrorCode::Internal,
+                        format!("{name}: the document reader's reply is unreadable: {e}"),
+                    )
+                })?,
+            other => Err(self.ended_badly(name, other, &stderr)),
+        }
+    }
+
+    /// The image `bytes` named `name`, decoded and resized for `processor` within `limits`
+    /// in a child process ([`super::child::IMAGE_FLAG`]): a file it cannot read is
+    /// `bad_image`; a crash, a timeout or the memory cap, as for documents.
+    pub fn read_image(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        processor: kvlab_engine::contract::ImageProcessor,
+        limits: kvlab_engine::contract::ImageLimits,
+    ) -> Result<kvlab_engine::contract::ResizedImage, CommandError> {
+        super::check_image_size(name, bytes.len() as u64)?;
+        let args = [
+            IMAGE_FLAG.to_string(),
+            String::new(),
+            String::new(),
+            processor.patch_size.to_string(),
+            processor.pooling_kernel_size.to_string(),
+            processor.max_soft_tokens.to_string(),
+            limits.max_side.to_string(),
+            limits.max_alloc.to_string(),
+        ];
+        // The reply: 16 bytes of sizes and the resized pixels, which the processor's budget
+        // bounds (1,120 soft tokens of 3×3 patches of 16×16 RGB: 7.7 MB).
+        let most = 16
+            + processor.max_soft_tokens as u64
+                * (processor.pooling_kernel_size * processor.patch_size).pow(2) as u64
+                * 3;
+        let (status, stdout, stderr) = self.run(name, &args, bytes, most + 1)?;
+        match status {
+            Waited::Exited(status) if status.success() => {
+                kvlab_engine::contract::ResizedImage::from_bytes(&stdout)
+                    .map_err(|e| CommandError::new(ErrorCode::BadImage, format!("{name}: {e}")))
+            }
+            Waited::Exited(status) if status.code() == Some(UNREADABLE) => {
+                let why = stderr.lines().rev().find(|l| !l.trim().is_empty());
+                Err(CommandError::new(
+                    ErrorCode::BadImage,
+                    format!("{name}: {}", why.unwrap_or("the image cannot be read")),
+                ))
+            }
+            other => Err(self.ended_badly(name, other, &stderr)),
+        }
+    }
+
+    /// Runs the reader's child with `args` (the mode flag, then two empty slots this fills
+    /// with the memory and CPU caps, then the mode's own), `bytes` on its stdin; returns how
+    /// it ended, up to `max_reply` bytes of its stdout, and its stderr.
+    fn run(
+        &self,
+        name: &str,
+        args: &[String],
+        bytes: &[u8],
+        max_reply: u64,
+    ) -> Result<(Waited, Vec<u8>, String), CommandError> {
         let internal = |what: &str, e: std::io::Error| {
             CommandError::new(
                 ErrorCode::Internal,
-                format!("{name}: could not {what} the document reader: {e}"),
+                format!("{name}: could not {what} the reader: {e}"),
             )
         };
         // CPU seconds: a backstop for a child whose parent died; the wall clock comes first.
         let cpu_seconds = self.limits.wall.as_secs() + 2;
+        let mut args = args.to_vec();
+        if let [_, memory, cpu, ..] = args.as_mut_slice() {
+            *memory = self.limits.memory_bytes.to_string();
+            *cpu = cpu_seconds.to_string();
+        }
         let mut child = Command::new(&self.program)
-            .arg(FLAG)
-            .arg(self.limits.memory_bytes.to_string())
-            .arg(cpu_seconds.to_string())
-            .arg(name)
+            .args(&args)
             // Crashes are expected here: their one-line cause is enough, no backtrace.
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
@@ -123,7 +198,7 @@ impl Reader {
             let stdout = child
                 .stdout
                 .take()
-                .map(|o| s.spawn(move || capped(o, MAX_REPLY)));
+                .map(|o| s.spawn(move || capped(o, max_reply)));
             let stderr = child
                 .stderr
                 .take()
@@ -142,25 +217,26 @@ impl Reader {
             Ok((status, join(stdout), join(stderr)))
         })
         .map_err(|e| internal("wait for", e))?;
-        let stderr = String::from_utf8_lossy(&stderr);
-        match status {
-            Waited::OverMemory => Err(out_of_memory(name, &self.limits)),
-            Waited::Exited(status) if status.success() => serde_json::from_slice::<Reply>(&stdout)
-                .map_err(|e| {
-                    CommandError::new(
-                        ErrorCode::Internal,
-                        format!("{name}: the document reader's reply is unreadable: {e}"),
-                    )
-                })?,
-            Waited::Exited(status) => Err(failure(name, status, &stderr, &self.limits)),
-            Waited::TimedOut => Err(CommandError::new(
+        Ok((
+            status,
+            stdout,
+            String::from_utf8_lossy(&stderr).into_owned(),
+        ))
+    }
+
+    /// The coded error of a child that did not end with its reply.
+    fn ended_badly(&self, name: &str, waited: Waited, stderr: &str) -> CommandError {
+        match waited {
+            Waited::OverMemory => out_of_memory(name, &self.limits),
+            Waited::Exited(status) => failure(name, status, stderr, &self.limits),
+            Waited::TimedOut => CommandError::new(
                 AppCode::DocumentTimeout,
                 format!(
                     "{name}: reading it took longer than {} s, so the reader was stopped (a file \
                      that makes the parser loop?); the conversation is untouched",
                     secs(self.limits.wall)
                 ),
-            )),
+            ),
         }
     }
 }

@@ -28,6 +28,8 @@ pub enum DocumentKind {
     Markdown,
     Code,
     Pdf,
+    /// An image for a model that reads them: its text is empty, its cost is its soft tokens.
+    Image,
 }
 
 /// A file accepted as text.
@@ -41,6 +43,52 @@ pub struct Document {
     #[ts(optional)]
     pub pages: Option<usize>,
     pub text: String,
+    /// An image's id (messages name it by it), sizes and thumbnail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub image: Option<ImageAttachment>,
+}
+
+/// What an attached image is to the chat.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, TS)]
+pub struct ImageAttachment {
+    /// The engine's id of it.
+    pub id: String,
+    pub width: u32,
+    pub height: u32,
+    /// Its size as the model reads it.
+    pub resized: (u32, u32),
+    /// A small PNG of it, as a data: URL.
+    pub thumbnail: String,
+}
+
+/// Largest image file accepted, in bytes (photos are larger than text).
+pub const MAX_IMAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Whether the file is an image for the image reader: by its first bytes (PNG, JPEG, GIF,
+/// WebP), or its extension when it has no bytes yet (a path not read).
+pub fn is_image(name: &str, bytes: &[u8]) -> bool {
+    const MAGIC: [&[u8]; 5] = [b"\x89PNG", b"\xFF\xD8\xFF", b"GIF87a", b"GIF89a", b"RIFF"];
+    if bytes.is_empty() {
+        return ["png", "jpg", "jpeg", "gif", "webp"].contains(&extension(name).as_str());
+    }
+    MAGIC.iter().any(|m| bytes.starts_with(m))
+        && (!bytes.starts_with(b"RIFF") || bytes.get(8..12) == Some(b"WEBP"))
+}
+
+/// Refuses an image file of `len` bytes over [`MAX_IMAGE_BYTES`] (`document_too_large`).
+pub fn check_image_size(name: &str, len: u64) -> Result<(), CommandError> {
+    if len > MAX_IMAGE_BYTES as u64 {
+        return Err(CommandError::new(
+            AppCode::DocumentTooLarge,
+            format!(
+                "{name}: {} is over the {} MiB limit for images",
+                human(len),
+                MAX_IMAGE_BYTES / (1024 * 1024)
+            ),
+        ));
+    }
+    Ok(())
 }
 const MARKDOWN: [&str; 3] = ["md", "markdown", "mdx"];
 const CODE: [&str; 30] = [
@@ -116,6 +164,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
             bytes: bytes.len(),
             pages: Some(got.pages),
             text: got.text,
+            image: None,
         });
     }
     if ext == "pdf" {
@@ -161,6 +210,7 @@ pub fn inspect(name: &str, bytes: &[u8]) -> Result<Document, CommandError> {
         bytes: bytes.len(),
         pages: None,
         text: text.strip_prefix('\u{feff}').unwrap_or(text).to_owned(),
+        image: None,
     })
 }
 

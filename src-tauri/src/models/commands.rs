@@ -27,6 +27,8 @@ pub struct SystemInfo {
     pub data_dir: String,
     /// The largest document accepted: the web view sends a larger file's size, not its bytes.
     pub max_document_bytes: u64,
+    /// The largest image accepted, likewise.
+    pub max_image_bytes: u64,
 }
 
 #[tauri::command]
@@ -42,6 +44,7 @@ pub fn system_info(state: State<'_, AppState>) -> SystemInfo {
         engine_version: env!("CARGO_PKG_VERSION").to_string(),
         data_dir: state.data_dir.display().to_string(),
         max_document_bytes: documents::MAX_BYTES as u64,
+        max_image_bytes: documents::MAX_IMAGE_BYTES as u64,
     }
 }
 

@@ -4,7 +4,7 @@
 
 import * as api from "./api";
 import type { DocumentFit, InspectedDocument } from "./api";
-import { documentPayload } from "./documents";
+import { documentPayload, isImageFile } from "./documents";
 
 /** What the attachments need to know of the rest of the app, read when they act. */
 export interface AttachmentContext {
@@ -14,6 +14,8 @@ export interface AttachmentContext {
   reserve: number;
   /** The largest file the engine accepts (the web view sends only a larger file's size). */
   maxBytes: number | undefined;
+  /** The largest image it accepts, likewise. */
+  maxImageBytes?: number;
   /** The conversation the documents join (a session's id). */
   conversation?: string;
 }
@@ -42,7 +44,11 @@ export class AttachmentStore {
   async attachFiles(files: File[]): Promise<void> {
     for (const f of files) {
       await this.attach(async () =>
-        api.inspectDocumentBytes(f.name, await documentPayload(f, this.context().maxBytes), f.size),
+        api.inspectDocumentBytes(
+          f.name,
+          await documentPayload(f, isImageFile(f) ? this.context().maxImageBytes : this.context().maxBytes),
+          f.size,
+        ),
       );
     }
   }

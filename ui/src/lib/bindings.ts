@@ -295,7 +295,11 @@ export type Document = { name: string, kind: DocumentKind, bytes: number,
 /**
  * Page count, for PDFs.
  */
-pages?: number, text: string, };
+pages?: number, text: string, 
+/**
+ * An image's id (messages name it by it), sizes and thumbnail.
+ */
+image?: ImageAttachment, };
 
 export type DocumentFit = { 
 /**
@@ -315,7 +319,7 @@ context_after: number,
  */
 fits: boolean, };
 
-export type DocumentKind = "text" | "markdown" | "code" | "pdf";
+export type DocumentKind = "text" | "markdown" | "code" | "pdf" | "image";
 
 export type DoneReason = "stop" | "length" | "cancelled";
 
@@ -651,6 +655,20 @@ family: string,
  */
 gguf: boolean, };
 
+export type ImageAttachment = { 
+/**
+ * The engine's id of it.
+ */
+id: string, width: number, height: number, 
+/**
+ * Its size as the model reads it.
+ */
+resized: [number, number], 
+/**
+ * A small PNG of it, as a data: URL.
+ */
+thumbnail: string, };
+
 export type ImageInfo = { 
 /**
  * The id messages name it by.
@@ -677,7 +695,11 @@ export type InspectedDocument = { tokens: number, name: string, kind: DocumentKi
 /**
  * Page count, for PDFs.
  */
-pages?: number, text: string, };
+pages?: number, text: string, 
+/**
+ * An image's id (messages name it by it), sizes and thumbnail.
+ */
+image?: ImageAttachment, };
 
 export type KindBytes = { 
 /**
@@ -1236,7 +1258,11 @@ export type SystemInfo = { total_memory_bytes: number, cpu_cores: number, os: st
 /**
  * The largest document accepted: the web view sends a larger file's size, not its bytes.
  */
-max_document_bytes: number, };
+max_document_bytes: number, 
+/**
+ * The largest image accepted, likewise.
+ */
+max_image_bytes: number, };
 
 export type TemplateSource = { "kind": "gguf" } | { "kind": "jinja", 
 /**

@@ -17,6 +17,8 @@ export interface ChatMessage {
   attachments?: string[];
   /** What the user typed, when `content` also carries attached documents. */
   display?: string;
+  /** Images shown with a user message: the engine's ids (sent) and thumbnails (shown). */
+  images?: { id: string; name: string; thumbnail: string }[];
 }
 
 let counter = 0;
@@ -70,9 +72,11 @@ export function toWire(system: string, messages: ChatMessage[], upTo = messages.
     if (m.role === "user") {
       const answer = turns[i + 1];
       const last = i === turns.length - 1;
-      if (last) out.push({ role: "user", content: m.content });
+      const user: Message = { role: "user", content: m.content };
+      if (m.images?.length) user.images = m.images.map((i) => i.id);
+      if (last) out.push(user);
       else if (answer?.role === "model" && !answer.error && answer.content.trim()) {
-        out.push({ role: "user", content: m.content }, { role: "model", content: answer.content });
+        out.push(user, { role: "model", content: answer.content });
         i += 1;
       }
     }

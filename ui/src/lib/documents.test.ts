@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { DOCUMENT_ACCEPT, documentPayload, documentSummary } from "./documents";
+import { DOCUMENT_ACCEPT, isImageFile, documentPayload, documentSummary } from "./documents";
 
 describe("documentSummary", () => {
   it("names the kind and counts tokens, with pages for a PDF", () => {
@@ -10,10 +10,15 @@ describe("documentSummary", () => {
 });
 
 describe("DOCUMENT_ACCEPT", () => {
-  it("offers PDFs, markdown, code and any text in the picker", () => {
+  it("offers PDFs, markdown, code, any text and the images a model may read in the picker", () => {
     const accepted = DOCUMENT_ACCEPT.split(",");
-    for (const a of [".pdf", "application/pdf", ".md", ".rs", "text/*"]) expect(accepted).toContain(a);
-    expect(accepted).not.toContain(".png");
+    for (const a of [".pdf", "application/pdf", ".md", ".rs", "text/*", ".png", ".jpg", ".webp", "image/gif"]) expect(accepted).toContain(a);
+    for (const a of [".zip", ".exe", ".gguf", "image/*", "image/svg+xml"]) expect(accepted).not.toContain(a);
+  });
+  it("tells images from documents by type or name", () => {
+    expect(isImageFile({ name: "a.JPG", type: "" })).toBe(true);
+    expect(isImageFile({ name: "shot", type: "image/png" })).toBe(true);
+    expect(isImageFile({ name: "notes.txt", type: "text/plain" })).toBe(false);
   });
 });
 

@@ -10,12 +10,24 @@ const EXTENSIONS = [
   "json", "html", "css", "sql", "lua", "zig", "pdf",
 ];
 
-/** The `accept` attribute of the document picker: text of any kind, code, markdown and PDF. */
-export const DOCUMENT_ACCEPT = ["text/*", "application/pdf", ...EXTENSIONS.map((e) => `.${e}`)].join(",");
+const IMAGES = ["png", "jpg", "jpeg", "gif", "webp"];
+
+/** The `accept` attribute of the document picker: text of any kind, code, markdown, PDF and images. */
+export const DOCUMENT_ACCEPT = [
+  "text/*", "application/pdf", "image/png", "image/jpeg", "image/gif", "image/webp",
+  ...EXTENSIONS.map((e) => `.${e}`), ...IMAGES.map((e) => `.${e}`),
+].join(",");
+
+/** Whether a file is an image by its name or type (the app decides by its bytes). */
+export function isImageFile(file: Pick<File, "name" | "type">): boolean {
+  const ext = file.name.split(".").pop()?.toLowerCase() ?? "";
+  return file.type.startsWith("image/") || IMAGES.includes(ext);
+}
 
 /** One line about a document: its kind, pages for a PDF, and its tokens. */
-export function documentSummary(doc: Pick<InspectedDocument, "kind" | "pages" | "tokens">): string {
+export function documentSummary(doc: Pick<InspectedDocument, "kind" | "pages" | "tokens" | "image">): string {
   const parts: string[] = [doc.kind === "pdf" ? "PDF" : doc.kind];
+  if (doc.image) parts.push(`${doc.image.width}×${doc.image.height}, read at ${doc.image.resized[0]}×${doc.image.resized[1]}`);
   if (doc.pages !== undefined) parts.push(`${doc.pages.toLocaleString("en-US")} ${doc.pages === 1 ? "page" : "pages"}`);
   parts.push(`${doc.tokens.toLocaleString("en-US")} tokens`);
   return parts.join(" · ");

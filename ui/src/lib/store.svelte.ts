@@ -68,6 +68,7 @@ export class AppStore {
     loaded: !!this.model.card,
     reserve: this.chat.settings.max_tokens,
     maxBytes: this.model.info?.max_document_bytes,
+    maxImageBytes: this.model.info?.max_image_bytes,
     conversation: this.sessionId,
   }));
 

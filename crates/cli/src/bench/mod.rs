@@ -7,6 +7,7 @@
 mod attention;
 mod constrained;
 mod conversations;
+mod image;
 mod load;
 mod matmul;
 mod memory;
@@ -82,6 +83,9 @@ enum BenchCommand {
     /// Load time, peak and resident memory against the byte formula, and prefill / decode
     /// speed, per `--choices` weights choice (one process each).
     Load(crate::bench::load::BenchLoadArgs),
+    /// What one image costs: the processor's and the tower's time, its soft tokens, and
+    /// their KV bytes under every preset.
+    Image(crate::bench::image::BenchImageArgs),
     /// One configuration of `bench load`, in this process (used by `bench load`).
     #[command(hide = true)]
     LoadRun(crate::bench::load::LoadRunArgs),
@@ -195,6 +199,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Memory(a) => crate::bench::memory::run(a),
         BenchCommand::MemoryRun(a) => crate::bench::memory::run_one(a),
         BenchCommand::Load(a) => crate::bench::load::run(a),
+        BenchCommand::Image(a) => crate::bench::image::run(a),
         BenchCommand::LoadRun(a) => crate::bench::load::run_one(a),
         BenchCommand::Attention(a) => crate::bench::attention::run(a),
         BenchCommand::Matmul(a) => crate::bench::matmul::run(a),

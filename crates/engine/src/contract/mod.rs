@@ -65,7 +65,9 @@ pub use crate::memory::KvPart;
 pub use crate::memory::LayerBytes;
 pub use crate::memory::MemorySample;
 pub use crate::memory::SwitchEvent;
-pub use crate::models::vision::preprocess::ImageLimits;
+pub use crate::models::vision::preprocess::{
+    ImageLimits, Processor as ImageProcessor, ResizedImage,
+};
 pub use crate::worker::CacheFileInfo;
 pub use crate::worker::EngineStatus;
 pub use crate::worker::PoolCounters;

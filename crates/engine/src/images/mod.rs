@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use ts_rs::TS;
 
 use crate::models::vision::config::ImageTokens;
-use crate::models::vision::preprocess::{ImageLimits, Processor as ImageProcessor};
+use crate::models::vision::preprocess::Processor as ImageProcessor;
 use crate::models::vision::Patches;
 
 /// Images a store keeps (the least recently added go first).
@@ -30,9 +30,6 @@ pub enum ImageError {
     /// The loaded model reads no images (no vision tower, or no image tokens).
     #[error("the loaded model reads no images{0}")]
     Unsupported(String),
-    /// The file cannot be decoded or is beyond the limits.
-    #[error("cannot read the image: {0}")]
-    Unreadable(String),
     /// A message names an image the engine does not hold (never added, or evicted).
     #[error("no image {0} is held: add it again")]
     Unknown(String),
@@ -73,22 +70,6 @@ pub struct ImageInfo {
 }
 
 impl PreparedImage {
-    /// Decodes `bytes` within `limits` and cuts them for `facts`' processor.
-    pub fn prepare(
-        bytes: &[u8],
-        facts: &ImageFacts,
-        limits: ImageLimits,
-    ) -> Result<Self, ImageError> {
-        let patches = facts
-            .processor
-            .process(bytes, limits)
-            .map_err(|e| ImageError::Unreadable(e.to_string()))?;
-        Ok(Self {
-            id: image_id(bytes),
-            patches,
-        })
-    }
-
     /// What the app and the server show of it.
     pub fn info(&self) -> ImageInfo {
         let p = &self.patches;

@@ -369,6 +369,11 @@ impl Shared {
     }
 }
 
+/// A `bad_image` refusal saying `why`.
+fn bad_image(why: String) -> JobError {
+    JobError::new(ErrorCode::BadImage, why)
+}
+
 /// Locks, recovering from a poisoned mutex (the data is a plain snapshot, always valid).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -458,15 +463,56 @@ impl EngineHandle {
         bytes: &[u8],
         limits: crate::contract::ImageLimits,
     ) -> Result<crate::contract::ImageInfo, JobError> {
-        let image_error =
-            |e: crate::images::ImageError| JobError::new(ErrorCode::BadImage, e.to_string());
-        let facts = (*lock(&self.shared.vision)).ok_or_else(|| {
-            image_error(crate::images::ImageError::Unsupported(
-                " (it has no vision tower)".into(),
-            ))
-        })?;
-        let image =
-            crate::images::PreparedImage::prepare(bytes, &facts, limits).map_err(image_error)?;
+        let facts = self.image_facts()?;
+        let resized = facts
+            .processor
+            .read(bytes, limits)
+            .map_err(|e| bad_image(e.to_string()))?;
+        self.keep_image(bytes, facts, resized)
+    }
+
+    /// How the loaded model's processor reads images (`None`: it reads none), for a reader
+    /// that decodes and resizes them elsewhere (the app's isolated reader).
+    pub fn image_processor(&self) -> Option<crate::contract::ImageProcessor> {
+        (*lock(&self.shared.vision)).map(|f| f.processor)
+    }
+
+    /// [`EngineHandle::add_image`] for an image another process decoded and resized with
+    /// [`EngineHandle::image_processor`]: `file` is the file's bytes (its id is their
+    /// digest); `resized` is checked against the processor before it is cut.
+    pub fn add_resized_image(
+        &self,
+        file: &[u8],
+        resized: crate::contract::ResizedImage,
+    ) -> Result<crate::contract::ImageInfo, JobError> {
+        let facts = self.image_facts()?;
+        self.keep_image(file, facts, resized)
+    }
+
+    fn image_facts(&self) -> Result<crate::images::ImageFacts, JobError> {
+        (*lock(&self.shared.vision)).ok_or_else(|| {
+            bad_image(
+                crate::images::ImageError::Unsupported(" (it has no vision tower)".into())
+                    .to_string(),
+            )
+        })
+    }
+
+    /// Cuts `resized` into patches and keeps it under the digest of `file`.
+    fn keep_image(
+        &self,
+        file: &[u8],
+        facts: crate::images::ImageFacts,
+        resized: crate::contract::ResizedImage,
+    ) -> Result<crate::contract::ImageInfo, JobError> {
+        let patches = facts
+            .processor
+            .cut(resized)
+            .map_err(|e| bad_image(e.to_string()))?;
+        let image = crate::images::PreparedImage {
+            id: crate::images::image_id(file),
+            patches,
+        };
         let info = image.info();
         // The model may have changed while the image was cut: keep it only for the same one.
         if *lock(&self.shared.vision) == Some(facts) {

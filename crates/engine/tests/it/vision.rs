@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use common::max_diff;
+use kvlab_engine::contract::{ImageLimits, ImageProcessor};
 use kvlab_engine::lab::{
-    ImageLimits, ImageProcessor, KvPrecision, Logits, Model, Patches, PrecisionPolicy, SoftSpan,
-    VisionTower,
+    KvPrecision, Logits, Model, Patches, PrecisionPolicy, SoftSpan, VisionTower,
 };
 use kvlab_engine::LoadOptions;
 

@@ -13,11 +13,9 @@ use std::io::Cursor;
 
 use kvlab_engine::contract::{
     CacheSelection, ConversationChoice, ConversationId, DoneReason, ErrorCode, Event, ImageInfo,
-    ImageLimits, Message, Prompt, SamplingParams,
+    ImageLimits, ImageProcessor, Message, Prompt, SamplingParams,
 };
-use kvlab_engine::lab::{
-    ImageProcessor, KvPrecision, Logits, Model, PrecisionPolicy, SoftSpan, VisionTower,
-};
+use kvlab_engine::lab::{KvPrecision, Logits, Model, PrecisionPolicy, SoftSpan, VisionTower};
 use kvlab_engine::{Engine, EngineHandle, GenerateRequest, LoadOptions, LoadRequest, ModelSource};
 use serde_json::{json, Value};
 
@@ -125,6 +123,15 @@ fn run(engine: &EngineHandle, req: GenerateRequest) -> Result<Answer, (ErrorCode
         }
     }
     Err((ErrorCode::Internal, "no end".into()))
+}
+
+/// A `HOSTILE <fault> -> <outcome>` row for scripts/hostile.sh, past the test harness's
+/// capture of `eprintln!`.
+fn hostile(row: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("HOSTILE {row}\n").as_bytes());
 }
 
 fn add(engine: &EngineHandle, bytes: &[u8]) -> ImageInfo {
@@ -305,7 +312,7 @@ fn hostile_images_and_models_without_a_tower_are_refused_and_leave_nothing() {
         .map(|c| c.id.to_string())
         .collect();
     assert!(!names.iter().any(|n| n == "ghost"), "{names:?}");
-    eprintln!("HOSTILE an image that cannot be read or was never added -> bad_image");
+    hostile("an image that cannot be read or was never added -> bad_image");
 
     // A text model (no tower) refuses images when they are added and when they are named.
     let text = tempfile::tempdir().expect("tempdir");
@@ -330,5 +337,5 @@ fn hostile_images_and_models_without_a_tower_are_refused_and_leave_nothing() {
         let err = run(&plain, ask("t", "Hi", vec!["0".repeat(32)], 512)).expect_err("no tower");
         assert_eq!(err.0, ErrorCode::BadImage, "{}", err.1);
     }
-    eprintln!("HOSTILE an image for a model without a vision tower -> bad_image");
+    hostile("an image for a model without a vision tower -> bad_image");
 }

@@ -99,10 +99,14 @@ export class ChatStore {
   /** Sends `text` with the attached documents (each as a fenced block before it). */
   async send(text: string): Promise<void> {
     if ((!text.trim() && !this.docs.attachments.length) || this.generating || !this.hooks.ready()) return;
-    const docs = this.docs.take();
+    const attached = this.docs.take();
+    const docs = attached.filter((d) => !d.image);
+    const images = attached.flatMap((d) => (d.image ? [{ id: d.image.id, name: d.name, thumbnail: d.image.thumbnail }] : []));
     const body = docs.map((d) => `File \`${d.name}\`:\n\n\`\`\`\n${d.text}\n\`\`\``).join("\n\n");
     const content = body ? `${body}\n\n${text}`.trim() : text;
-    this.messages.push(userMessage(content, docs.length ? docs.map((d) => d.name) : undefined, docs.length ? text : undefined));
+    const message = userMessage(content, docs.length ? docs.map((d) => d.name) : undefined, docs.length ? text : undefined);
+    if (images.length) message.images = images;
+    this.messages.push(message);
     this.messages.push(pendingAnswer());
     await this.run(this.messages.length - 1);
   }

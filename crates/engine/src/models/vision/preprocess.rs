@@ -112,12 +112,23 @@ impl Processor {
 
     /// Decodes `bytes` (PNG, JPEG, WebP or GIF) within `limits` and cuts it into patches.
     pub fn process(&self, bytes: &[u8], limits: ImageLimits) -> Result<Patches> {
-        let image = decode(bytes, limits)?;
-        self.patches(image)
+        self.cut(self.read(bytes, limits)?)
+    }
+
+    /// Decodes `bytes` within `limits` and resizes the picture for the tower: the part of
+    /// [`Processor::process`] that reads the untrusted file.
+    pub fn read(&self, bytes: &[u8], limits: ImageLimits) -> Result<ResizedImage> {
+        self.resize(decode(bytes, limits)?)
     }
 
     /// Cuts a decoded image into patches.
     pub fn patches(&self, image: DynamicImage) -> Result<Patches> {
+        self.cut(self.resize(image)?)
+    }
+
+    /// The decoded image as RGB at the size the tower reads it (the decoding side of the
+    /// processor, which the app runs in its isolated reader).
+    pub fn resize(&self, image: DynamicImage) -> Result<ResizedImage> {
         let rgb = image.to_rgb8();
         let (w, h) = rgb.dimensions();
         let (th, tw) = self.target_size(h, w)?;
@@ -126,6 +137,33 @@ impl Processor {
         } else {
             resize_bicubic(rgb.into_raw(), (w, h), (tw, th))?
         };
+        Ok(ResizedImage {
+            pixels,
+            size: (tw, th),
+            original: (w, h),
+        })
+    }
+
+    /// The patches of an image resized by [`Processor::resize`] (perhaps in another
+    /// process: its size must be the one this processor gives its original, and its pixels
+    /// must fill it).
+    pub fn cut(&self, image: ResizedImage) -> Result<Patches> {
+        let ResizedImage {
+            pixels,
+            size: (tw, th),
+            original: (w, h),
+        } = image;
+        if (h, w) == (0, 0) || self.target_size(h, w)? != (th, tw) {
+            return Err(bad_image(format!(
+                "a {w}×{h} image resized to {tw}×{th}, not to what the processor gives it"
+            )));
+        }
+        if pixels.len() as u64 != u64::from(tw) * u64::from(th) * 3 {
+            return Err(bad_image(format!(
+                "{} bytes of pixels for a {tw}×{th} RGB image",
+                pixels.len()
+            )));
+        }
         let p = self.patch_size;
         let (cols, rows) = (tw as usize / p, th as usize / p);
         let width = p * p * 3;
@@ -151,6 +189,45 @@ impl Processor {
             positions,
             size: (tw, th),
             original: (w, h),
+        })
+    }
+}
+
+/// An image at the size the tower reads it: RGB bytes, row by row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResizedImage {
+    pub pixels: Vec<u8>,
+    /// Its width and height.
+    pub size: (u32, u32),
+    /// The decoded image's width and height (after its EXIF turn).
+    pub original: (u32, u32),
+}
+
+impl ResizedImage {
+    /// The image as bytes for a pipe: four little-endian u32 (width, height, original
+    /// width, original height), then the pixels.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.pixels.len());
+        for v in [self.size.0, self.size.1, self.original.0, self.original.1] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.pixels);
+        out
+    }
+
+    /// Reads [`ResizedImage::to_bytes`]' layout (the sizes are checked when it is cut).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let u = |i: usize| -> Result<u32> {
+            bytes
+                .get(4 * i..4 * i + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or_else(|| bad_image("the reader's reply is cut short"))
+        };
+        Ok(Self {
+            size: (u(0)?, u(1)?),
+            original: (u(2)?, u(3)?),
+            pixels: bytes[16..].to_vec(),
         })
     }
 }
