@@ -76,15 +76,25 @@ pub fn run(args: BenchImageArgs) -> anyhow::Result<()> {
         patches.soft_tokens as f64 / times[0]
     );
     let text = load_hf_config(&args.model.join("config.json"))?;
-    println!("KV bytes of the image's {tokens} tokens at the start of a conversation:");
+    // At a conversation's start TurboQuant layers still hold f16 rows until the calibration
+    // rows have come; after 4,096 tokens of context the image's tokens are coded.
+    const LATER: usize = 4096;
+    println!(
+        "KV bytes of the image's {tokens} tokens: {:>22} {:>26}",
+        "opening a conversation", "after 4,096 tokens of it"
+    );
     for p in presets() {
         let policy = CacheSpec::parse(&p.specs.all)?.to_policy();
-        let b = estimate_kv_bytes(&text, &policy, tokens, REWIND_MARGIN)?;
+        let at = |n| estimate_kv_bytes(&text, &policy, n, REWIND_MARGIN);
+        let first = at(tokens)?;
+        let later = at(LATER + tokens)?.saturating_sub(at(LATER)?);
         println!(
-            "  {:<10} {:>10} bytes ({:.2} MiB)",
+            "  {:<10} {:>12} bytes ({:>5.2} MiB) {:>12} bytes ({:>5.2} MiB)",
             p.label,
-            b,
-            b as f64 / 1048576.0
+            first,
+            first as f64 / 1048576.0,
+            later,
+            later as f64 / 1048576.0
         );
     }
     Ok(())
