@@ -99,5 +99,9 @@ test("a dropped image shows its thumbnail, tokens and KV cost, is sent, and the 
   const shown = await $('[data-testid="message-images"] img');
   assert.equal(await shown.getAttribute("alt"), "model.png");
   assert.equal((await $$('[data-testid="attachment"]')).length, 0);
+  // The memory panel names the images' share of the context: the image's 63 soft tokens.
+  const share = await $('[data-testid="image-tokens"]');
+  await share.waitForExist({ timeout: 10_000 });
   await shot("image-answered.png");
+  assert.equal(await share.getAttribute("data-tokens"), "63");
 });

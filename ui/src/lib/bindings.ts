@@ -287,7 +287,11 @@ last_used_ms: number,
  * formats of their own (a per-layer SPEC, a fitted cache); empty otherwise, where the
  * SPEC says it all.
  */
-layers: Array<LayerBytes>, };
+layers: Array<LayerBytes>, 
+/**
+ * Tokens of it that are images' soft tokens (in memory; 0 on disk or without images).
+ */
+image_tokens?: number, };
 
 export type DefaultModel = { path: string, name: string, };
 

@@ -156,6 +156,14 @@ pub struct ConversationInfo {
     /// SPEC says it all.
     #[serde(default)]
     pub layers: Vec<crate::memory::LayerBytes>,
+    /// Tokens of it that are images' soft tokens (in memory; 0 on disk or without images).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[ts(optional, as = "Option<usize>")]
+    pub image_tokens: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// What a timeline marker records.

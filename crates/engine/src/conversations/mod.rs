@@ -249,6 +249,10 @@ impl Pool {
                     Place::Dropped => (Tier::Dropped, 0, c.tokens, false),
                 };
                 let allocated = self.bytes_of_conversation(c);
+                let image_tokens = match &c.place {
+                    Place::Memory { session, .. } => session.images().iter().map(|i| i.len).sum(),
+                    _ => 0,
+                };
                 // Per layer only where the SPEC has layers of its own to show.
                 let layers = match &c.place {
                     Place::Memory { session, .. } if !c.policy.overrides.is_empty() => {
@@ -268,6 +272,7 @@ impl Pool {
                     busy: c.busy,
                     last_used_ms: c.used_ms,
                     layers,
+                    image_tokens,
                 }
             })
             .collect()

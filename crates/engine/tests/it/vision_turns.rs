@@ -170,6 +170,17 @@ fn an_image_costs_what_was_shown_and_the_answer_is_the_models_own() {
     )
     .expect("with");
     assert_eq!(with.prompt_tokens, plain.prompt_tokens + info.tokens);
+    // The conversation says how much of it is images (the timeline shows the share).
+    let held = |id: &str| {
+        engine
+            .status()
+            .conversations
+            .into_iter()
+            .find(|c| c.id.to_string() == id)
+            .map(|c| c.image_tokens)
+    };
+    assert_eq!(held("with"), Some(info.soft_tokens));
+    assert_eq!(held("plain"), Some(0));
     let f32_cost = shown[0]
         .costs
         .iter()
