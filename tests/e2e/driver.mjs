@@ -174,3 +174,16 @@ export async function invokeInPage(browser, command, args = {}) {
     args,
   );
 }
+
+/** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
+export function dropFile(browser, name, bytes) {
+  return browser.execute(
+    (n, b) => {
+      const dt = new DataTransfer();
+      dt.items.add(new File([new Uint8Array(b)], n));
+      document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+    },
+    name,
+    Array.from(bytes),
+  );
+}

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { ARTIFACTS, launchApp, waitForReady } from "./driver.mjs";
+import { ARTIFACTS, dropFile, launchApp, waitForReady } from "./driver.mjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const FIXTURES = path.join(HERE, "..", "..", "crates", "engine", "tests", "fixtures");
@@ -34,18 +34,7 @@ function visionModel() {
   return dir;
 }
 
-/** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
-function drop(name, bytes) {
-  return app.browser.execute(
-    (n, b) => {
-      const dt = new DataTransfer();
-      dt.items.add(new File([new Uint8Array(b)], n));
-      document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
-    },
-    name,
-    Array.from(bytes),
-  );
-}
+const drop = (name, bytes) => dropFile(app.browser, name, bytes);
 
 before(async () => {
   app = await launchApp({ env: { KVLAB_DATA_DIR: DATA_DIR, KVLAB_DEFAULT_MODEL: visionModel() } });
