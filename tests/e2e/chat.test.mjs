@@ -11,7 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { ARTIFACTS, invokeInPage, launchApp, setNumber, waitForReady } from "./driver.mjs";
+import { ARTIFACTS, dropFile, invokeInPage, launchApp, setNumber, waitForReady } from "./driver.mjs";
 
 const DATA_DIR = mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-chat-"));
 const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "fixtures", "documents");
@@ -21,18 +21,8 @@ const $ = (sel) => app.browser.$(sel);
 const $$ = (sel) => app.browser.$$(sel);
 const shot = (name) => app.browser.saveScreenshot(path.join(ARTIFACTS, name));
 
-/** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
-function drop(name, bytes) {
-  return app.browser.execute(
-    (n, b) => {
-      const dt = new DataTransfer();
-      dt.items.add(new File([new Uint8Array(b)], n));
-      document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
-    },
-    name,
-    Array.from(bytes),
-  );
-}
+/** Drops a file named `name` holding `bytes` on the window (see the driver's dropFile). */
+const drop = (name, bytes) => dropFile(app.browser, name, bytes);
 
 // A precision button is disabled while the previous switch is being applied and its session
 // saved; the sample that shows the new policy can arrive before that ends, so a click must

@@ -14,7 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { ARTIFACTS, invokeInPage, launchApp } from "./driver.mjs";
+import { ARTIFACTS, dropFile, invokeInPage, launchApp } from "./driver.mjs";
 
 const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "fixtures", "documents");
 const DATA_DIR = mkdtempSync(path.join(os.tmpdir(), "kvlab-e2e-hostile-"));
@@ -180,18 +180,8 @@ test("a corrupt session file is set aside and reported; the other session loads"
   row("session file truncated, found at start", "session_corrupt");
 });
 
-/** Drops a file named `name` holding `bytes` on the window, through the DOM drop path. */
-function drop(name, bytes) {
-  return app.browser.execute(
-    (n, b) => {
-      const dt = new DataTransfer();
-      dt.items.add(new File([new Uint8Array(b)], n));
-      document.querySelector(".app").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
-    },
-    name,
-    Array.from(bytes),
-  );
-}
+/** Drops a file named `name` holding `bytes` on the window (see the driver's dropFile). */
+const drop = (name, bytes) => dropFile(app.browser, name, bytes);
 
 async function conversation() {
   return app.browser.execute(() => [...document.querySelectorAll('[data-testid="message"]')].map((m) => m.textContent));

@@ -47,6 +47,11 @@ impl Worker {
         // The checkpoint's headers go now; the model holds its weights.
         drop(inspection.checkpoint);
         let vision = load_vision(&resolved.weights, &request, &tokenizer, &mut card);
+        // The tower's weights are the model's too: the card, the status and the timeline
+        // count what is held.
+        card.weights_bytes += vision
+            .as_ref()
+            .map_or(0, |v| v.tower.weights_bytes() as u64);
         // What loaded decides: a template that cannot be used leaves a base model.
         card.has_chat_template = Some(tokenizer.template().is_some());
         card.supports_thinking = tokenizer.supports_thinking();
@@ -154,7 +159,7 @@ fn load_vision(
         let id = |t: &str| tokenizer.piece_id(t);
         Some(crate::models::vision::config::ImageTokens {
             begin: id("<|image>")?,
-            soft: id("<|image|>")?,
+            soft: tokenizer.control_id(crate::models::Control::Image)?,
             end: id("<image|>")?,
         })
     });

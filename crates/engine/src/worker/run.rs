@@ -631,7 +631,8 @@ impl Worker {
         match &self.loaded {
             Some(l) => {
                 s.model = Some(l.card.clone());
-                s.weights_bytes = l.model.weights_bytes() as u64;
+                // The text model's and the vision tower's (as the card counts them).
+                s.weights_bytes = l.card.weights_bytes;
             }
             None => {
                 s.model = None;

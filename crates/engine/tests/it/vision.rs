@@ -116,19 +116,7 @@ fn an_mmproj_from_llamas_converter_loads_equal_to_safetensors() {
 #[test]
 fn an_image_in_the_prompt_gives_the_references_logits() {
     for style in ["e", "dense"] {
-        let g = golden(style);
-        let dir = common::fixture(&format!("vision/{style}"));
-        let model = Model::load(&dir, &LoadOptions::default()).expect("text model");
-        let t = tower(style);
-        let p = patches(&g["pixel_values"], &g["image_position_ids"], 3);
-        let soft = t.encode(&p).expect("encode").soft_tokens;
-        let ids: Vec<u32> = g["input_ids"]
-            .to_vec1::<i64>()
-            .expect("ids")
-            .iter()
-            .map(|&i| i as u32)
-            .collect();
-        let at = ids.iter().position(|&i| i == 501).expect("image places");
+        let (model, g, ids, at, soft) = image_prompt(style);
         let spans = [SoftSpan { at, rows: soft }];
         let mut cache = model
             .new_cache(&PrecisionPolicy::uniform(KvPrecision::F32))
@@ -167,13 +155,14 @@ fn an_image_in_the_prompt_gives_the_references_logits() {
     }
 }
 
-/// The dense (31B-style) fixture's prompt, its image's soft tokens and where they go.
-fn dense_prompt() -> (Model, HashMap<String, Tensor>, Vec<u32>, usize, Tensor) {
-    let g = golden("dense");
-    let model =
-        Model::load(&common::fixture("vision/dense"), &LoadOptions::default()).expect("text model");
+/// A fixture's (`style`: "e" or "dense") model, golden, prompt ids, where its image's
+/// places start, and the tower's soft tokens for them.
+fn image_prompt(style: &str) -> (Model, HashMap<String, Tensor>, Vec<u32>, usize, Tensor) {
+    let g = golden(style);
+    let dir = common::fixture(&format!("vision/{style}"));
+    let model = Model::load(&dir, &LoadOptions::default()).expect("text model");
     let p = patches(&g["pixel_values"], &g["image_position_ids"], 3);
-    let soft = tower("dense").encode(&p).expect("encode").soft_tokens;
+    let soft = tower(style).encode(&p).expect("encode").soft_tokens;
     let ids: Vec<u32> = g["input_ids"]
         .to_vec1::<i64>()
         .expect("ids")
@@ -186,7 +175,7 @@ fn dense_prompt() -> (Model, HashMap<String, Tensor>, Vec<u32>, usize, Tensor) {
 
 #[test]
 fn an_image_attends_both_ways_in_chunks_in_decode_and_in_every_storage() {
-    let (model, g, ids, at, soft) = dense_prompt();
+    let (model, g, ids, at, soft) = image_prompt("dense");
     let want = &g["logits"];
     let n = ids.len();
     let rows = |t: &Tensor, a: usize, len: usize| t.narrow(0, a, len).expect("rows");
@@ -243,7 +232,7 @@ fn an_image_attends_both_ways_in_chunks_in_decode_and_in_every_storage() {
 
 #[test]
 fn an_image_cut_by_a_chunk_or_two_images_in_one_are_refused_on_a_both_ways_model() {
-    let (model, _, ids, at, soft) = dense_prompt();
+    let (model, _, ids, at, soft) = image_prompt("dense");
     let half = soft.dim(0).expect("rows") / 2;
     for _ in 0..20 {
         let mut cache = model

@@ -145,7 +145,7 @@ fn an_image_costs_what_was_shown_and_the_answer_is_the_models_own() {
     let dir = model_dir("e");
     let engine = load(dir.path());
     let card = engine.status().model.expect("card");
-    let vision = card.vision.expect("the checkpoint's tower");
+    let vision = card.vision.clone().expect("the checkpoint's tower");
     // The checkpoint's processor budget (preprocessor_config.json), not Gemma 4's default.
     assert_eq!(vision.max_soft_tokens, 70);
     let bytes = png(90, 60, 1);
@@ -196,6 +196,13 @@ fn an_image_costs_what_was_shown_and_the_answer_is_the_models_own() {
     // The answer is the model's own: the first token is the argmax of the model alone over
     // the same ids with the tower's soft tokens in the image's places.
     let model = Model::load(dir.path(), &LoadOptions::default()).expect("model");
+    // The tower's weights count as the model's: on the card and in the status the timeline
+    // draws.
+    assert_eq!(
+        card.weights_bytes,
+        model.weights_bytes() as u64 + vision.weights_bytes
+    );
+    assert_eq!(engine.status().weights_bytes, card.weights_bytes);
     let tower = VisionTower::from_safetensors(dir.path(), &LoadOptions::default())
         .expect("tower")
         .expect("has one");
