@@ -237,16 +237,27 @@ pub fn render_within_context(
     Ok(ids)
 }
 
+/// A prompt's ids, the images in them, and those images as held when it was rendered (in
+/// the same order), so a turn that waits in the queue never looks them up again.
+pub(crate) type Rendered = (
+    Vec<u32>,
+    Vec<crate::images::PromptImage>,
+    Vec<std::sync::Arc<crate::images::PreparedImage>>,
+);
+
 /// The prompt's token ids, rendered for the loaded model ([`Prompt::for_model`]), with its
-/// images in their places ([`crate::images::place`]), against a context of `max` tokens. `images`: the loaded model's image facts and the
-/// images the engine holds (`None`: a model that reads none, which refuses a prompt with
-/// images).
+/// images in their places ([`crate::images::place`]), against a context of `max` tokens.
+/// `images`: the loaded model's image facts and the images the engine holds, locked only to
+/// look them up (`None`: a model that reads none, which refuses a prompt with images).
 pub(crate) fn render_with_images(
     tokenizer: &GemmaTokenizer,
     prompt: &Prompt,
     max: usize,
-    images: Option<(&crate::images::ImageFacts, &crate::images::ImageStore)>,
-) -> Result<(Vec<u32>, Vec<crate::images::PromptImage>), GenerateError> {
+    images: Option<(
+        &crate::images::ImageFacts,
+        &std::sync::Mutex<crate::images::ImageStore>,
+    )>,
+) -> Result<Rendered, GenerateError> {
     use crate::images::{ImageError, MAX_IMAGES_PER_PROMPT};
     let named: Vec<(Role, &str)> = match prompt {
         Prompt::Chat { messages, .. } | Prompt::Conversation { messages, .. } => messages
@@ -260,7 +271,7 @@ pub(crate) fn render_with_images(
         .for_model(Some(tokenizer.template().is_some()));
     let ids = render_within_context(tokenizer, &prompt, max)?;
     if named.is_empty() {
-        return Ok((ids, Vec::new()));
+        return Ok((ids, Vec::new(), Vec::new()));
     }
     if named.len() > MAX_IMAGES_PER_PROMPT {
         return Err(ImageError::Mismatch(format!(
@@ -287,17 +298,20 @@ pub(crate) fn render_with_images(
             ImageError::Unsupported(" without a chat template to place them".into()).into(),
         );
     }
-    let held = named
-        .iter()
-        .map(|(_, id)| {
-            store
-                .get(id)
-                .ok_or_else(|| ImageError::Unknown((*id).to_owned()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let held = {
+        let store = store.lock().unwrap_or_else(|p| p.into_inner());
+        named
+            .iter()
+            .map(|(_, id)| {
+                store
+                    .get(id)
+                    .ok_or_else(|| ImageError::Unknown((*id).to_owned()))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
     let (ids, placed) = crate::images::place(&ids, facts.tokens, &held)?;
     check_prompt(ids.len(), max)?;
-    Ok((ids, placed))
+    Ok((ids, placed, held))
 }
 
 /// A prompt of `len` tokens is something to run and fits `max` tokens of context: the one

@@ -75,7 +75,7 @@ impl Worker {
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(ConversationId, Turn), JobError> {
-        let ((prompt, images), guide) = self.rendered(
+        let ((prompt, images, held), guide) = self.rendered(
             &request.prompt,
             request.context,
             (prompt, tokenizer),
@@ -88,7 +88,6 @@ impl Worker {
         let effective = wanted.clone().unwrap_or_else(|| self.policy.clone());
         let id = self.conversation(&request.conversation, &prompt, &effective)?;
         let default = self.policy.clone();
-        let shared = Arc::clone(&self.shared);
         let turn = self.with_pool(|pool, host, loaded| {
             let max_context = request.context_limit(loaded.config.max_position_embeddings);
             let ask = TurnAsk {
@@ -100,9 +99,8 @@ impl Worker {
                     Some(ConversationChoice::Continuing { .. })
                 ),
             };
-            let images_held = &shared.images;
             let mut encode = |image: &crate::images::PromptImage| {
-                encode_image(loaded.vision.as_ref(), images_held, image)
+                encode_image(loaded.vision.as_ref(), &held, image)
             };
             pool.open_turn(host, &id, ask, |session, origin| {
                 Turn::start(
@@ -137,14 +135,12 @@ impl Worker {
         }
         let model = loaded.config.max_position_embeddings;
         let facts = loaded.vision.as_ref().map(|v| v.facts);
-        let store = lock(&self.shared.images);
         let rendered = crate::generate::render_with_images(
             &loaded.tokenizer,
             prompt,
             context.map_or(model, |c| c.min(model)),
-            facts.as_ref().map(|f| (f, &*store)),
+            facts.as_ref().map(|f| (f, &self.shared.images)),
         )?;
-        drop(store);
         let guide = super::submit::guide_for(constraint, prompt, &loaded.tokenizer)?;
         Ok((rendered, guide))
     }
@@ -196,10 +192,10 @@ impl Worker {
         (tokenizer, guide): (&Arc<GemmaTokenizer>, Option<Guide>),
         arrived: Instant,
     ) -> Result<(CompareRun, u64), JobError> {
-        let ((prompt, images), guide) = self.rendered(
+        let ((prompt, images, _), guide) = self.rendered(
             &request.prompt,
             None,
-            ((prompt, Vec::new()), tokenizer),
+            ((prompt, Vec::new(), Vec::new()), tokenizer),
             (request.constraint.as_ref(), guide),
         )?;
         if !images.is_empty() {
@@ -231,17 +227,19 @@ impl Worker {
     }
 }
 
-/// The soft tokens of a prompt's image, by the loaded tower (refused when the model has
-/// none, or the image left the store since the prompt was rendered).
+/// The soft tokens of a prompt's image, by the loaded tower, from the images `held` since
+/// the prompt was rendered (another client's images filling the store meanwhile cannot
+/// take it away).
 fn encode_image(
     vision: Option<&super::run::Vision>,
-    store: &std::sync::Mutex<crate::images::ImageStore>,
+    held: &[Arc<crate::images::PreparedImage>],
     image: &crate::images::PromptImage,
 ) -> Result<candle_core::Tensor, crate::generate::GenerateError> {
     use crate::images::ImageError;
     let vision = vision.ok_or_else(|| ImageError::Unsupported(String::new()))?;
-    let held = lock(store)
-        .get(&image.id)
+    let held = held
+        .iter()
+        .find(|h| h.id == image.id)
         .ok_or_else(|| ImageError::Unknown(image.id.clone()))?;
     let encoded = vision.tower.encode(&held.patches)?;
     if encoded.soft_tokens.dim(0)? != image.len {

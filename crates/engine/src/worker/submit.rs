@@ -173,7 +173,7 @@ impl Request {
                 })
             }
             Request::Compare(request, sink) => {
-                let ((prompt, images), tokenizer) = tokenized(engine, &request.prompt, None)?;
+                let ((prompt, images, _), tokenizer) = tokenized(engine, &request.prompt, None)?;
                 if !images.is_empty() {
                     return Err(JobError::new(
                         crate::contract::ErrorCode::BadImage,
@@ -218,18 +218,16 @@ fn tokenized(
         c.min(config.max_position_embeddings)
     });
     let facts = *lock(&engine.shared.vision);
-    let store = lock(&engine.shared.images);
     let rendered = generate::render_with_images(
         &tokenizer,
         prompt,
         max,
-        facts.as_ref().map(|f| (f, &*store)),
+        facts.as_ref().map(|f| (f, &engine.shared.images)),
     )?;
     Ok((rendered, tokenizer))
 }
 
-/// A prompt's ids and the images in them.
-pub(crate) type Rendered = (Vec<u32>, Vec<crate::images::PromptImage>);
+pub(crate) use crate::generate::Rendered;
 
 /// A request's `constraint` on an answer to `prompt`, compiled over `tokenizer`'s
 /// vocabulary (`None`: unconstrained).

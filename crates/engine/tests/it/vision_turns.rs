@@ -357,3 +357,50 @@ fn hostile_images_and_models_without_a_tower_are_refused_and_leave_nothing() {
     }
     hostile("an image for a model without a vision tower -> bad_image");
 }
+
+#[test]
+fn a_queued_turn_keeps_its_images_when_other_clients_fill_the_store() {
+    let dir = model_dir("e");
+    let engine = load(dir.path());
+    // One stream at a time: the image turn waits behind a long answer.
+    engine.set_pool_settings(kvlab_engine::PoolSettings {
+        parallel: 1,
+        ..engine.pool_settings()
+    });
+    let mine = add(&engine, &png(40, 30, 7));
+    let long = GenerateRequest {
+        max_tokens: 1500,
+        ..ask("long", "Tell me everything.", vec![], 512)
+    };
+    let busy = engine.submit(long).expect("the long answer");
+    let waiting = engine
+        .submit(ask("mine", "What is it?", vec![mine.id.clone()], 512))
+        .expect("queued");
+    // Meanwhile others add more images than the store keeps: mine leaves the store.
+    for k in 0..70 {
+        add(&engine, &png(16, 16, 100 + k));
+    }
+    assert_eq!(engine.status().queued, 1, "the image turn still waits");
+    let again = engine
+        .submit(ask("other", "Hi", vec![mine.id.clone()], 512))
+        .map(|_| ())
+        .expect_err("a new request naming it finds it gone");
+    assert_eq!(again.code, ErrorCode::BadImage);
+    // The queued turn took its image when it was rendered: it still runs.
+    let mut ended = None;
+    for ev in waiting.events() {
+        match ev {
+            Event::Done { reason, .. } => {
+                ended = Some(Ok(reason));
+                break;
+            }
+            Event::Error { code, message } => {
+                ended = Some(Err((code, message)));
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(matches!(ended, Some(Ok(_))), "{ended:?}");
+    drop(busy);
+}
